@@ -1,0 +1,141 @@
+# libflame build. `make` builds lib/ and examples/; `make test` runs every test; `make run`
+# runs the main job on the embedded default. CUDA objects are built when nvcc is found
+# (override with CUDA=0 or CUDA=1).
+
+VERSION := $(shell sed -n 's/^\#define FLAME_VERSION_STRING "\(.*\)"/\1/p' include/flame/flame.h)
+MAJOR   := $(word 1,$(subst ., ,$(VERSION)))
+
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DESTDIR    ?=
+
+CC      ?= cc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA    ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+PYTHON  ?= python3
+
+# -O2 everywhere, -O3 for the CPU kernels (loop vectorization); no -march: the library runs
+# on any x86-64 and OpenBLAS picks its kernels at run time.
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
+CFLAGS  ?= -O2 -g
+BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFLAME_BUILDING \
+               -Iinclude -Isrc $(shell pkg-config --cflags cblas 2>/dev/null)
+LDLIBS  := -lcjson -lopenblas -lpthread -lm
+
+SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
+OBJ := $(SRC:%.c=build/%.o)
+
+ifeq ($(CUDA),1)
+CU_SRC := $(wildcard cuda/*.cu)
+CU_OBJ := $(CU_SRC:%.cu=build/%.o)
+NVFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DFLAME_BUILDING -DFLAME_WITH_CUDA -Iinclude -Isrc \
+           -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+           -gencode arch=compute_90,code=compute_90
+BASE_CFLAGS += -DFLAME_WITH_CUDA
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+else
+CU_SRC :=
+CU_OBJ := build/cuda/no_cuda.o
+endif
+
+SONAME   := libflame.so.$(MAJOR)
+SHLIB    := lib/libflame.so.$(VERSION)
+STLIB    := lib/libflame.a
+EXAMPLES := examples/flame-score
+TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+BENCHES  := bench/beauty-bench
+
+.PHONY: all lib examples test test-c test-python test-gpu bench run install uninstall clean deps
+
+all: lib examples
+
+lib: $(SHLIB) lib/libflame.so.$(MAJOR) lib/libflame.so $(STLIB) lib/flame.pc
+
+build/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(if $(findstring src/cpu/,$<),-O3) -c $< -o $@
+
+build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h) $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+build/cuda/no_cuda.o: src/core/no_cuda.c src/core/device.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(SHLIB): $(OBJ) $(CU_OBJ) src/libflame.map
+	@mkdir -p lib
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=src/libflame.map -Wl,--no-undefined \
+	    -o $@ $(OBJ) $(CU_OBJ) $(LDLIBS)
+
+lib/libflame.so.$(MAJOR): $(SHLIB)
+	ln -sf $(notdir $(SHLIB)) $@
+lib/libflame.so: lib/libflame.so.$(MAJOR)
+	ln -sf $(SONAME) $@
+
+$(STLIB): $(OBJ) $(CU_OBJ)
+	@mkdir -p lib
+	rm -f $@ && ar rcs $@ $^
+
+lib/flame.pc: pkgconfig/flame.pc.in include/flame/flame.h Makefile
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|' \
+	    -e 's|@PRIVATE_LIBS@|$(LDLIBS)|' $< > $@
+
+# Programs link the shared library found next to them (rpath $ORIGIN/../lib).
+PROG_LDFLAGS := -Llib -Wl,-rpath,'$$ORIGIN/../lib' -lflame -lm -lpthread
+PROG_CFLAGS  := -std=c11 $(WARN) -D_DEFAULT_SOURCE -Iinclude -Isrc $(CFLAGS)
+
+examples: $(EXAMPLES)
+examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*.h) $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -Iexamples/flame_score -o $@ $(filter %.c,$^) $(PROG_LDFLAGS) -lcjson
+
+bench: $(BENCHES)
+bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
+
+build/tests/%: tests/%.c tests/testutil.h $(SHLIB) lib/libflame.so $(STLIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(PROG_CFLAGS) -Wl,-rpath,'$(CURDIR)/lib' -o $@ $< $(STLIB) -lcmocka $(LDLIBS)
+
+# ---- set-up: installs what a fresh Debian machine lacks (root or sudo), then nothing else
+deps:
+	@./scripts/install-deps
+
+# ---- the main job: the embedded default model on synthetic requests
+run: deps all
+	./examples/flame-score
+
+# ---- tests
+SHARED ?= $(or $(FLAME_SHARED_DIR),../shared)
+BEAUTY_FLAME := build/beauty.flame.safetensors
+
+$(BEAUTY_FLAME): python/flame/convert.py
+	@mkdir -p build
+	@if [ -f "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" ]; then \
+	    PYTHONPATH=python $(PYTHON) -m flame.convert iclrec "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" $@; \
+	else echo "note: $(SHARED)/data/amazon-beauty absent: the Beauty tests will say they are skipped"; fi
+
+test: deps all $(TESTS) $(BEAUTY_FLAME)
+	@./tests/run-tests.sh $(TESTS)
+
+test-gpu: all $(TESTS)
+	FLAME_REQUIRE_GPU=1 ./tests/run-tests.sh $(TESTS)
+
+install: lib
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/flame $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -m 0644 include/flame/flame.h $(DESTDIR)$(INCLUDEDIR)/flame/flame.h
+	install -m 0755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libflame.so
+	install -m 0644 $(STLIB) $(DESTDIR)$(LIBDIR)/
+	install -m 0644 lib/flame.pc $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/flame/flame.h $(DESTDIR)$(LIBDIR)/libflame.so* \
+	      $(DESTDIR)$(LIBDIR)/libflame.a $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc
+	-rmdir $(DESTDIR)$(INCLUDEDIR)/flame 2>/dev/null
+
+clean:
+	rm -rf build lib/libflame* lib/flame.pc $(EXAMPLES) $(BENCHES)

@@ -1,0 +1,270 @@
+/*
+ * libflame: embeddable scoring of generative-recommendation (GR) transformer models.
+ *
+ * This header is the reference for the whole public API. Conventions that hold for every
+ * function unless its comment says otherwise:
+ *   - Handles are opaque; each has a create/destroy pair and destroy(NULL) is a no-op.
+ *   - Functions return a flame_status. On failure, nothing the caller passed in is modified
+ *     except output buffers that the comment names, and flame_last_error() on the calling
+ *     thread holds a message naming the offending value (file, tensor, index, limit).
+ *   - Pointers the caller passes are borrowed for the duration of the call only.
+ *   - Ids are int64; scores are float32; sizes are bytes; times are microseconds (us).
+ *   - Public structs start with `size_t struct_size`, which the caller sets to
+ *     sizeof(the struct) so fields can be appended in later versions without breaking the ABI.
+ *
+ * Model format: docs/model-format.md. Architecture: SASRec (Kang & McAuley, ICDM 2018) /
+ * BERT-style transformer encoders, and HSTU/FLAME-style GR rankers with the SUMI mask
+ * (single user, multiple items: candidates attend to the whole history and themselves).
+ */
+#ifndef FLAME_FLAME_H
+#define FLAME_FLAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FLAME_BUILDING) && defined(__GNUC__)
+#define FLAME_API __attribute__((visibility("default")))
+#else
+#define FLAME_API
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define FLAME_VERSION_MAJOR 0
+#define FLAME_VERSION_MINOR 1
+#define FLAME_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH */
+#define FLAME_VERSION_NUMBER (FLAME_VERSION_MAJOR * 10000 + FLAME_VERSION_MINOR * 100 + FLAME_VERSION_PATCH)
+#define FLAME_VERSION_STRING "0.1.0"
+
+/* The version of the library actually loaded, as FLAME_VERSION_NUMBER. Thread-safe. */
+FLAME_API unsigned flame_version(void);
+/* The same as a static string "MAJOR.MINOR.PATCH". Thread-safe. */
+FLAME_API const char *flame_version_string(void);
+
+/* ---------------------------------------------------------------- status */
+
+/* Explicit values, append-only: a retired code stays as a gap. */
+typedef enum flame_status {
+    FLAME_OK = 0,
+    FLAME_ERR_INVALID_ARG = 1,      /* an argument or request value is out of range */
+    FLAME_ERR_NOMEM = 2,            /* an allocation failed or a memory budget was exceeded */
+    FLAME_ERR_IO = 3,               /* a file could not be opened, read or mapped */
+    FLAME_ERR_FORMAT = 4,           /* a model file or config is malformed */
+    FLAME_ERR_UNSUPPORTED = 5,      /* valid, but not supported by this build or version */
+    FLAME_ERR_NO_DEVICE = 6,        /* a GPU was asked for and none is usable */
+    FLAME_ERR_BUFFER_TOO_SMALL = 7, /* an output buffer is smaller than the result */
+    FLAME_ERR_INTERNAL = 8          /* a bug in libflame; please report it */
+} flame_status;
+
+/* Static, never-NULL name of a status ("FLAME_ERR_FORMAT"); unknown values give
+ * "FLAME_ERR_UNKNOWN". Thread-safe. */
+FLAME_API const char *flame_status_string(flame_status status);
+
+/* The detailed message of the last failing call made by the calling thread (per-thread
+ * storage), e.g. "tensor 'blocks.0.attn.q.weight' has shape [64, 32], expected [64, 64]".
+ * Empty string if no call on this thread has failed. The pointer stays valid until the next
+ * libflame call on the same thread. */
+FLAME_API const char *flame_last_error(void);
+
+/* ---------------------------------------------------------------- logging */
+
+typedef enum flame_log_level {
+    FLAME_LOG_ERROR = 0,
+    FLAME_LOG_WARN = 1,
+    FLAME_LOG_INFO = 2,
+    FLAME_LOG_DEBUG = 3
+} flame_log_level;
+
+/* Receives log lines (no trailing newline). May be called from any thread that calls into
+ * libflame, concurrently; it must not call back into libflame. */
+typedef void (*flame_log_fn)(flame_log_level level, const char *message, void *user);
+
+/* Installs the process-wide log hook (NULL = no logging, the default) and the most verbose
+ * level delivered. Thread-safe, but lines logged concurrently with the switch may still reach
+ * the previous hook. Returns FLAME_OK, or FLAME_ERR_INVALID_ARG for a level outside
+ * FLAME_LOG_ERROR..FLAME_LOG_DEBUG. */
+FLAME_API flame_status flame_set_log_callback(flame_log_fn fn, void *user, flame_log_level max_level);
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct flame_model flame_model;
+
+/* Loads a flame model file (one safetensors file with a "flame.config" metadata entry;
+ * docs/model-format.md). The file is mmap'ed read-only and validated completely before any
+ * weight is read; F32 weights are used in place, F16/BF16 ones converted once to float32.
+ * The file may be changed or removed after return only if it is not replaced in place
+ * (the mapping keeps the old inode alive).
+ * Ownership: *out is the caller's; free with flame_model_destroy. Engines created from the
+ * model hold a reference, so the caller may destroy the model before its engines.
+ * Thread-safety: a loaded model is immutable and may be shared by any number of threads.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path or out); FLAME_ERR_IO (cannot open,
+ * stat or map); FLAME_ERR_FORMAT (any check of docs/model-format.md fails; the message names
+ * the tensor or config key and the limit); FLAME_ERR_NOMEM. On failure *out is set to NULL. */
+FLAME_API flame_status flame_model_load(const char *path, flame_model **out);
+
+/* Creates a model from a flame.config JSON document (docs/model-format.md) with random
+ * weights drawn deterministically from `seed` (splitmix64; the same seed and config give
+ * bitwise-identical weights on every platform): linear weights and tables uniform in
+ * [-1/sqrt(in), 1/sqrt(in)], biases 0.01 x uniform, LayerNorm weight 1 + 0.1 x uniform.
+ * For tests, benchmarks and the embedded default. Ownership and thread-safety as
+ * flame_model_load. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL argument);
+ * FLAME_ERR_FORMAT (config invalid or out of range); FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_model_create_random(const char *config_json, uint64_t seed, flame_model **out);
+
+/* The embedded default configuration: the reference GR ranking architecture (pre-LN, SUMI,
+ * 3 sigmoid task heads, 4 single-id features per token pooled and projected), scaled to
+ * d_model 256 and 4 blocks so that a 2-core CPU scores a request in milliseconds.
+ * A static string; thread-safe. */
+FLAME_API const char *flame_default_model_config(void);
+
+/* Releases the caller's reference. The memory goes when the last engine using the model is
+ * destroyed too. NULL is a no-op. Not to be called concurrently with other uses of the same
+ * handle by the caller. */
+FLAME_API void flame_model_destroy(flame_model *model);
+
+typedef enum flame_head_type {
+    FLAME_HEAD_DOT = 0,  /* one task: <h_last, item_table[c]> */
+    FLAME_HEAD_SUMI = 1  /* candidates as tokens, sigmoid(MLP_t(h_c)) per task t */
+} flame_head_type;
+
+typedef struct flame_model_info {
+    size_t struct_size;          /* set by the caller to sizeof(flame_model_info) */
+    int32_t d_model;
+    int32_t num_blocks;
+    int32_t num_heads;
+    int32_t ffn_dim;
+    int32_t max_len;             /* history window (most recent items kept) */
+    int32_t num_tasks;           /* score columns per candidate */
+    int32_t num_side_features;   /* side-feature slots each token takes (flame_request) */
+    flame_head_type head;
+    int64_t num_items;           /* rows of the table item ids index: valid ids 0..num_items-1 */
+    uint64_t weight_bytes;       /* float32 weights held in memory (mapped or converted) */
+} flame_model_info;
+
+/* Fills *info (up to info->struct_size bytes). Thread-safe.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, or struct_size smaller than the v1 layout). */
+FLAME_API flame_status flame_model_get_info(const flame_model *model, flame_model_info *info);
+
+/* ---------------------------------------------------------------- configuration */
+
+typedef struct flame_config flame_config;
+
+typedef enum flame_option {
+    /* string: "cpu" (default), "auto" (a GPU if built with CUDA and one is usable, else the
+     * CPU, saying why through the log hook), "cuda" or "cuda:N" (FLAME_ERR_NO_DEVICE at
+     * engine creation when not usable). */
+    FLAME_OPT_DEVICE = 1,
+    /* int: most requests one flame_score_batch call processes in one pass; larger batches are
+     * split. 1..65536, default 256. Bounds scratch memory. */
+    FLAME_OPT_MAX_BATCH = 2,
+    /* int: rows of the item table gathered at once when scoring arbitrary candidate ids with
+     * the dot head. 16..1048576, default 512. */
+    FLAME_OPT_SCORE_CHUNK = 3
+} flame_option;
+
+/* Creates a configuration holding the defaults. Not thread-safe per handle; engines copy
+ * what they need, so a config may be destroyed or reused right after flame_engine_create.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out); FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_config_create(flame_config **out);
+FLAME_API void flame_config_destroy(flame_config *config);
+
+/* Typed setters/getters. Return FLAME_OK; FLAME_ERR_INVALID_ARG for a NULL handle, an
+ * unknown option, an option of the other type, or a value out of the option's range (the
+ * message names the bounds); the stored value is unchanged on failure. */
+FLAME_API flame_status flame_config_set_int(flame_config *config, flame_option option, int64_t value);
+FLAME_API flame_status flame_config_get_int(const flame_config *config, flame_option option, int64_t *value);
+FLAME_API flame_status flame_config_set_string(flame_config *config, flame_option option, const char *value);
+/* Copies the string with its NUL into buf (capacity buf_len bytes); FLAME_ERR_BUFFER_TOO_SMALL
+ * if it does not fit (buf untouched). */
+FLAME_API flame_status flame_config_get_string(const flame_config *config, flame_option option, char *buf, size_t buf_len);
+
+/* ---------------------------------------------------------------- engine */
+
+typedef struct flame_engine flame_engine;
+
+/* Creates an engine that scores with `model` (config NULL = defaults). The engine holds a
+ * reference to the model. Thread-safety: flame_score and flame_score_batch may be called
+ * concurrently from any number of threads on one engine; each call takes a private scratch
+ * workspace from the engine's pool, so calls never share buffers. Results do not depend on
+ * concurrency (bitwise identical).
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model/out);
+ * FLAME_ERR_NO_DEVICE ("cuda"/"cuda:N" asked for but this build or machine has no such GPU);
+ * FLAME_ERR_UNSUPPORTED ("cuda" with a GPU present: this version scores on the CPU only);
+ * FLAME_ERR_NOMEM. On failure *out is NULL. */
+FLAME_API flame_status flame_engine_create(flame_model *model, const flame_config *config, flame_engine **out);
+
+/* Destroys the engine. The caller guarantees no call on it is still running. NULL is a no-op. */
+FLAME_API void flame_engine_destroy(flame_engine *engine);
+
+/* Side-feature bags of one slot for a list of tokens, in CSR form: token t's ids are
+ * ids[offsets[t] .. offsets[t+1]-1]. offsets has num_tokens + 1 entries, offsets[0] == 0,
+ * non-decreasing. An empty bag pools to a zero vector (sum and mean alike). */
+typedef struct flame_bags {
+    const int64_t *offsets;
+    const int64_t *ids;
+} flame_bags;
+
+/* One scoring request: one user, their history and the candidates to score. */
+typedef struct flame_request {
+    size_t struct_size;             /* sizeof(flame_request) */
+    int64_t user_id;                /* carried for logging and caches; not used by v1 models */
+    const int64_t *history;         /* [history_len] item ids, oldest first; NULL if 0 */
+    size_t history_len;             /* any length: only the most recent max_len items are used */
+    const int64_t *candidates;      /* [num_candidates] item ids to score; NULL if 0 */
+    size_t num_candidates;
+    /* [num_side_features] bags over the history tokens (the full history_len, of which the
+     * same most recent max_len are used) and over the candidate tokens; NULL when the model
+     * has no side features. */
+    const flame_bags *history_side;
+    const flame_bags *candidate_side;
+    size_t num_side_features;       /* must equal flame_model_info.num_side_features */
+} flame_request;
+
+/* Scores the request's candidates.
+ * Output: scores[c * num_tasks + t] (float32, row-major [num_candidates x num_tasks]);
+ * scores_len is the capacity in floats. Nothing beyond num_candidates * num_tasks is written,
+ * and on any error nothing is written at all.
+ * Math: docs/model-format.md (embedding bags -> position -> transformer blocks with the
+ * causal/SUMI mask -> dot or sumi head). float32 throughout, GEMMs through CBLAS.
+ * An empty candidate list returns FLAME_OK and writes nothing.
+ * Thread-safe (see flame_engine_create).
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/request with work to do, struct_size
+ * too small, NULL ids with a non-zero length, an item or side-feature id < 0 or >= its
+ * table's rows (the message names token, feature and id), bad CSR offsets, wrong
+ * num_side_features); FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks);
+ * FLAME_ERR_NOMEM (scratch could not grow). */
+FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *request, float *scores, size_t scores_len);
+
+/* Scores several requests (users) in one call; each has its own history and candidates.
+ * Output: the per-request blocks of flame_score, concatenated in request order (request r's
+ * block starts at the sum of num_candidates * num_tasks of the requests before it).
+ * Every request is validated before any is computed, so on error nothing is written; the
+ * message names the request index. Token-wise layers run over all requests' tokens as one
+ * GEMM, and requests sharing one contiguous candidate range share one scoring GEMM.
+ * Thread-safe. Returns the statuses of flame_score, and FLAME_ERR_INVALID_ARG for NULL
+ * requests with num_requests > 0. */
+FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
+                                         float *scores, size_t scores_len);
+
+typedef struct flame_engine_stats {
+    size_t struct_size;            /* sizeof(flame_engine_stats) */
+    uint64_t calls;                /* flame_score + flame_score_batch calls that succeeded */
+    uint64_t requests;             /* requests scored */
+    uint64_t workspaces;           /* scratch workspaces created (= peak concurrent calls) */
+    uint64_t scratch_bytes;        /* bytes held by all workspaces now */
+    uint64_t max_workspace_bytes;  /* largest single workspace */
+} flame_engine_stats;
+
+/* Fills *stats. Thread-safe (counters are read atomically, not as one snapshot).
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, or struct_size too small). */
+FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLAME_FLAME_H */

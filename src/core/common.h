@@ -1,0 +1,44 @@
+/* Internal helpers shared by every part of the library (never installed). */
+#ifndef FLAME_CORE_COMMON_H
+#define FLAME_CORE_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flame/flame.h"
+
+#if defined(__GNUC__)
+#define FL_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define FL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define FL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define FL_PRINTF(a, b)
+#define FL_LIKELY(x) (x)
+#define FL_UNLIKELY(x) (x)
+#endif
+
+/* Records the per-thread detail message and returns `status`, so call sites read
+ * `return fl_error(FLAME_ERR_FORMAT, "tensor '%s' ...", name);`. */
+flame_status fl_error(flame_status status, const char *fmt, ...) FL_PRINTF(2, 3);
+/* Clears the per-thread message (start of every public call that can fail). */
+void fl_clear_error(void);
+
+/* Log through the process-wide hook, if installed and the level is enabled. */
+void fl_log(flame_log_level level, const char *fmt, ...) FL_PRINTF(2, 3);
+
+/* Overflow-checked size arithmetic: false on overflow, *out unchanged then. */
+static inline bool fl_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool fl_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* 64-byte aligned allocation for kernel buffers (one cache line, AVX-512 width). */
+void *fl_aligned_alloc(size_t bytes);
+void fl_aligned_free(void *p);
+
+#endif
