@@ -1,0 +1,160 @@
+/* flame_model_load: map, validate, bind weights (docs/model-format.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/model.h"
+#include "model/safetensors.h"
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf / nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: renormalize */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Converts one tensor to float32 into an owned buffer, then drops the mapped pages it came
+ * from so the model does not keep two copies resident. */
+static flame_status convert(struct flame_model *m, const fl_st_file *f, const fl_st_tensor *t, const float **slot,
+                            uint64_t count)
+{
+    float *dst = fl_aligned_alloc(count * sizeof(float));
+    if (!dst) return fl_error(FLAME_ERR_NOMEM, "out of memory converting tensor '%s' (%llu floats)", t->name,
+                              (unsigned long long)count);
+    const uint8_t *src = f->data + t->begin;
+    for (uint64_t i = 0; i < count; i++) {
+        if (t->dtype == FL_DTYPE_F32) {
+            memcpy(&dst[i], src + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            if (t->dtype == FL_DTYPE_BF16) {
+                uint32_t bits = (uint32_t)h << 16;
+                memcpy(&dst[i], &bits, 4);
+            } else {
+                dst[i] = f16_to_f32(h);
+            }
+        }
+    }
+    flame_status st = fl_model_own(m, dst);
+    if (st) return st;
+    *slot = dst;
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)src + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)src + (t->end - t->begin)) & ~(uintptr_t)(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    return FLAME_OK;
+}
+
+static flame_status bind(struct flame_model *m, fl_st_file *f, const fl_tensor_spec *s)
+{
+    fl_st_tensor *t = fl_st_find(f, s->name);
+    if (!t) return fl_error(FLAME_ERR_FORMAT, "missing tensor '%s'", s->name);
+    t->used = true;
+    bool same = t->ndim == s->ndim;
+    for (int d = 0; same && d < s->ndim; d++) same = t->shape[d] == s->shape[d];
+    if (!same) {
+        char got[160] = "";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        if (s->ndim == 2)
+            return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld, %lld]", s->name, got,
+                            (long long)s->shape[0], (long long)s->shape[1]);
+        return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld]", s->name, got,
+                        (long long)s->shape[0]);
+    }
+    uint64_t count = (uint64_t)s->shape[0] * (uint64_t)(s->ndim == 2 ? s->shape[1] : 1);
+    m->weight_bytes += count * sizeof(float);
+    const uint8_t *src = f->data + t->begin;
+    if (t->dtype == FL_DTYPE_F32 && ((uintptr_t)src & 3) == 0) {
+        *s->slot = (const float *)src; /* used in place: no copy */
+        return FLAME_OK;
+    }
+    return convert(m, f, t, s->slot, count);
+}
+
+static flame_status bind_all(struct flame_model *m, fl_st_file *f)
+{
+    if (!f->config_json) return fl_error(FLAME_ERR_FORMAT, "no \"flame.config\" in __metadata__ (not a flame model; "
+                                                           "see docs/model-format.md)");
+    flame_status st = fl_config_parse(f->config_json, strlen(f->config_json), &m->cfg);
+    if (st) return st;
+    m->blocks = calloc(m->cfg.num_blocks ? m->cfg.num_blocks : 1, sizeof *m->blocks);
+    size_t n = 0;
+    fl_tensor_spec *specs = m->blocks ? fl_tensor_specs(m, &n) : NULL;
+    if (!specs) return fl_error(FLAME_ERR_NOMEM, "out of memory listing model tensors");
+    for (size_t i = 0; i < n && !st; i++) st = bind(m, f, &specs[i]);
+    free(specs);
+    for (size_t i = 0; i < f->num_tensors && !st; i++)
+        if (!f->tensors[i].used)
+            st = fl_error(FLAME_ERR_FORMAT, "unexpected tensor '%s' (not implied by flame.config)", f->tensors[i].name);
+    if (!st) fl_model_finish(m);
+    return st;
+}
+
+flame_status fl_model_load_file(struct flame_model *m, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return fl_error(FLAME_ERR_IO, "cannot open: %s", strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return fl_error(FLAME_ERR_IO, "not a regular file");
+    }
+    if (sb.st_size < 8) {
+        close(fd);
+        return fl_error(FLAME_ERR_FORMAT, "file is %lld bytes, too short for a safetensors header",
+                        (long long)sb.st_size);
+    }
+    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return fl_error(FLAME_ERR_IO, "cannot map: %s", strerror(errno));
+    m->map = map;
+    m->map_len = (size_t)sb.st_size;
+    fl_st_file f;
+    flame_status st = fl_st_parse(map, (uint64_t)sb.st_size, &f);
+    if (st) return st;
+    st = bind_all(m, &f);
+    fl_st_free(&f);
+    return st;
+}
+
+FLAME_API flame_status flame_model_load(const char *path, flame_model **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!path || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_model_load: NULL path or out");
+    struct flame_model *m = fl_model_alloc();
+    if (!m) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a model");
+    flame_status st = fl_model_load_file(m, path);
+    if (st) {
+        fl_model_release(m);
+        char detail[1024];
+        snprintf(detail, sizeof detail, "%s", flame_last_error());
+        return fl_error(st, "'%s': %s", path, detail); /* every message names the file */
+    }
+    fl_log(FLAME_LOG_INFO, "loaded '%s': d_model %d, %d blocks, %llu weight bytes", path, m->cfg.d_model,
+           m->cfg.num_blocks, (unsigned long long)m->weight_bytes);
+    *out = m;
+    return FLAME_OK;
+}

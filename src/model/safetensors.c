@@ -1,0 +1,201 @@
+/* safetensors container checks (docs/model-format.md, "safetensors, as read by libflame").
+ * Every range check is done on 64-bit integers before any tensor byte is touched. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/safetensors.h"
+
+#define BAD(...) fl_error(FLAME_ERR_FORMAT, __VA_ARGS__)
+
+size_t fl_dtype_size(fl_dtype d)
+{
+    switch (d) {
+    case FL_DTYPE_F32: return 4;
+    case FL_DTYPE_F16:
+    case FL_DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
+
+static fl_dtype dtype_of(const char *s)
+{
+    if (!strcmp(s, "F32")) return FL_DTYPE_F32;
+    if (!strcmp(s, "F16")) return FL_DTYPE_F16;
+    if (!strcmp(s, "BF16")) return FL_DTYPE_BF16;
+    return FL_DTYPE_UNKNOWN;
+}
+
+/* A JSON number that is an exact non-negative integer below 2^53 (exact in a double). */
+static bool as_u64(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v)) return false;
+    double d = v->valuedouble;
+    if (!(d >= 0) || d > 9007199254740992.0 || d != floor(d)) return false;
+    *out = (uint64_t)d;
+    return true;
+}
+
+static flame_status parse_entry(const cJSON *e, fl_st_tensor *t)
+{
+    if (!cJSON_IsObject(e)) return BAD("tensor '%s': entry is not an object", t->name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!cJSON_IsString(dt)) return BAD("tensor '%s': dtype is missing or not a string", t->name);
+    snprintf(t->dtype_name, sizeof t->dtype_name, "%s", dt->valuestring);
+    t->dtype = dtype_of(dt->valuestring);
+    if (!cJSON_IsArray(sh)) return BAD("tensor '%s': shape is missing or not an array", t->name);
+    int nd = cJSON_GetArraySize(sh);
+    if (nd > FL_ST_MAX_DIMS) return BAD("tensor '%s': %d dimensions, at most %d", t->name, nd, FL_ST_MAX_DIMS);
+    t->ndim = nd;
+    for (int i = 0; i < nd; i++) {
+        uint64_t v;
+        if (!as_u64(cJSON_GetArrayItem(sh, i), &v) || v > (uint64_t)INT64_MAX)
+            return BAD("tensor '%s': shape[%d] is not a non-negative integer", t->name, i);
+        t->shape[i] = (int64_t)v;
+    }
+    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !as_u64(cJSON_GetArrayItem(off, 0), &t->begin) ||
+        !as_u64(cJSON_GetArrayItem(off, 1), &t->end))
+        return BAD("tensor '%s': data_offsets must be two non-negative integers", t->name);
+    if (t->begin > t->end)
+        return BAD("tensor '%s': data_offsets [%llu, %llu] are reversed", t->name, (unsigned long long)t->begin,
+                   (unsigned long long)t->end);
+    return FLAME_OK;
+}
+
+static int by_begin(const void *a, const void *b)
+{
+    const fl_st_tensor *x = *(fl_st_tensor *const *)a, *y = *(fl_st_tensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const fl_st_tensor *)a)->name, ((const fl_st_tensor *)b)->name);
+}
+
+/* Overlap is checked on sorted ranges; two empty tensors at one offset share no byte. */
+static flame_status check_overlaps(fl_st_file *f)
+{
+    if (f->num_tensors < 2) return FLAME_OK;
+    fl_st_tensor **order = malloc(f->num_tensors * sizeof *order);
+    if (!order) return fl_error(FLAME_ERR_NOMEM, "out of memory checking tensor ranges");
+    for (size_t i = 0; i < f->num_tensors; i++) order[i] = &f->tensors[i];
+    qsort(order, f->num_tensors, sizeof *order, by_begin);
+    flame_status st = FLAME_OK;
+    const fl_st_tensor *reach = NULL; /* the non-empty range reaching furthest so far */
+    for (size_t i = 0; i < f->num_tensors && st == FLAME_OK; i++) {
+        const fl_st_tensor *t = order[i];
+        if (t->begin == t->end) continue;
+        if (reach && t->begin < reach->end)
+            st = BAD("tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", reach->name,
+                     (unsigned long long)reach->begin, (unsigned long long)reach->end, t->name,
+                     (unsigned long long)t->begin, (unsigned long long)t->end);
+        if (!reach || t->end > reach->end) reach = t;
+    }
+    free(order);
+    return st;
+}
+
+static flame_status check_sizes(const fl_st_file *f)
+{
+    for (size_t i = 0; i < f->num_tensors; i++) {
+        const fl_st_tensor *t = &f->tensors[i];
+        if (t->dtype == FL_DTYPE_UNKNOWN)
+            return BAD("tensor '%s' has unsupported dtype '%s' (F32, F16, BF16 are supported)", t->name,
+                       t->dtype_name);
+        uint64_t need = fl_dtype_size(t->dtype);
+        for (int d = 0; d < t->ndim; d++)
+            if (!fl_mul_u64(need, (uint64_t)t->shape[d], &need))
+                return BAD("tensor '%s': shape x dtype size overflows 64 bits", t->name);
+        if (t->end - t->begin != need) {
+            char dims[128] = "";
+            for (int d = 0; d < t->ndim; d++)
+                snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", d ? ", " : "",
+                         (long long)t->shape[d]);
+            return BAD("tensor '%s': byte range is %llu bytes but shape [%s] x %s needs %llu", t->name,
+                       (unsigned long long)(t->end - t->begin), dims, t->dtype_name, (unsigned long long)need);
+        }
+    }
+    return FLAME_OK;
+}
+
+static flame_status parse_metadata(const cJSON *meta, fl_st_file *f)
+{
+    if (!cJSON_IsObject(meta)) return BAD("__metadata__ is not an object");
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(meta, "flame.config");
+    if (!cfg) return FLAME_OK;
+    if (!cJSON_IsString(cfg)) return BAD("__metadata__.flame.config is not a string");
+    f->config_json = strdup(cfg->valuestring);
+    return f->config_json ? FLAME_OK : fl_error(FLAME_ERR_NOMEM, "out of memory reading flame.config");
+}
+
+static flame_status parse_header(const cJSON *root, fl_st_file *f)
+{
+    if (!cJSON_IsObject(root)) return BAD("safetensors header is not a JSON object");
+    size_t n = 0;
+    for (const cJSON *e = root->child; e; e = e->next) n += strcmp(e->string, "__metadata__") != 0;
+    f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
+    if (!f->tensors) return fl_error(FLAME_ERR_NOMEM, "out of memory reading %zu tensor entries", n);
+    for (const cJSON *e = root->child; e; e = e->next) {
+        if (!strcmp(e->string, "__metadata__")) {
+            flame_status st = parse_metadata(e, f);
+            if (st) return st;
+            continue;
+        }
+        fl_st_tensor *t = &f->tensors[f->num_tensors++];
+        t->name = strdup(e->string);
+        if (!t->name) return fl_error(FLAME_ERR_NOMEM, "out of memory reading tensor names");
+        flame_status st = parse_entry(e, t);
+        if (st) return st;
+        if (t->end > f->data_len)
+            return BAD("tensor '%s' ends at byte %llu, past the data buffer (%llu bytes)", t->name,
+                       (unsigned long long)t->end, (unsigned long long)f->data_len);
+    }
+    qsort(f->tensors, f->num_tensors, sizeof *f->tensors, by_name);
+    for (size_t i = 1; i < f->num_tensors; i++)
+        if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name))
+            return BAD("tensor '%s' appears twice in the header", f->tensors[i].name);
+    flame_status st = check_overlaps(f);
+    return st ? st : check_sizes(f);
+}
+
+flame_status fl_st_parse(const uint8_t *bytes, uint64_t len, fl_st_file *f)
+{
+    memset(f, 0, sizeof *f);
+    if (len < 8) return BAD("file is %llu bytes, too short for a safetensors header", (unsigned long long)len);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | bytes[i];
+    if (n > len - 8)
+        return BAD("header length %llu exceeds the file size (%llu bytes)", (unsigned long long)n,
+                   (unsigned long long)len);
+    if (n > FLAME_MAX_HEADER_BYTES)
+        return BAD("header length %llu exceeds the cap of %llu bytes", (unsigned long long)n,
+                   (unsigned long long)FLAME_MAX_HEADER_BYTES);
+    f->data = bytes + 8 + n;
+    f->data_len = len - 8 - n;
+    cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, (size_t)n);
+    if (!root) return BAD("safetensors header (%llu bytes) is not valid JSON", (unsigned long long)n);
+    flame_status st = parse_header(root, f);
+    cJSON_Delete(root);
+    if (st) fl_st_free(f);
+    return st;
+}
+
+void fl_st_free(fl_st_file *f)
+{
+    for (size_t i = 0; i < f->num_tensors; i++) free(f->tensors[i].name);
+    free(f->tensors);
+    free(f->config_json);
+    memset(f, 0, sizeof *f);
+}
+
+fl_st_tensor *fl_st_find(fl_st_file *f, const char *name)
+{
+    fl_st_tensor key = {.name = (char *)name};
+    return bsearch(&key, f->tensors, f->num_tensors, sizeof key, by_name);
+}
