@@ -1,0 +1,53 @@
+/* flame_score / flame_score_batch: argument checks, validation of every request, then the
+ * forward pass in slices of at most FLAME_OPT_MAX_BATCH requests. */
+#include "engine/engine.h"
+
+FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
+                                         float *scores, size_t scores_len)
+{
+    fl_clear_error();
+    if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "engine is NULL");
+    if (num_requests && !requests) return fl_error(FLAME_ERR_INVALID_ARG, "requests is NULL with num_requests %zu",
+                                                   num_requests);
+    uint64_t total = 0;
+    flame_status st = fl_validate_requests(engine->model, requests, num_requests, &total);
+    if (st) return st;
+    if (total > scores_len)
+        return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, the requests need %llu",
+                        scores_len, (unsigned long long)total);
+    if (total && !scores) return fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
+    if (total == 0) {
+        atomic_fetch_add(&engine->calls, 1);
+        atomic_fetch_add(&engine->requests, num_requests);
+        return FLAME_OK; /* nothing to write: no work */
+    }
+    fl_workspace *ws = fl_workspace_acquire(engine);
+    if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
+    const int32_t tasks = engine->model->cfg.num_tasks;
+    const size_t slice = (size_t)engine->cfg.max_batch;
+    size_t need = 0;
+    for (size_t r0 = 0; r0 < num_requests; r0 += slice) {
+        size_t b = fl_forward_bytes(engine->model, requests + r0, num_requests - r0 < slice ? num_requests - r0 : slice);
+        if (b > need) need = b;
+    }
+    st = fl_workspace_reserve(engine, ws, need); /* all memory up front: no half-written scores */
+    float *out = scores;
+    for (size_t r0 = 0; r0 < num_requests && !st; r0 += slice) {
+        size_t n = num_requests - r0 < slice ? num_requests - r0 : slice;
+        st = fl_forward_cpu(engine, ws, requests + r0, n, out);
+        for (size_t r = r0; r < r0 + n; r++) out += requests[r].num_candidates * (size_t)tasks;
+    }
+    fl_workspace_release(engine, ws);
+    if (st) return st;
+    atomic_fetch_add(&engine->calls, 1);
+    atomic_fetch_add(&engine->requests, num_requests);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *request, float *scores,
+                                   size_t scores_len)
+{
+    fl_clear_error();
+    if (!request) return fl_error(FLAME_ERR_INVALID_ARG, "request is NULL");
+    return flame_score_batch(engine, request, 1, scores, scores_len);
+}

@@ -1,0 +1,68 @@
+/* CPU kernels. Each family has one contract that the GPU version (cuda/) honours too.
+ * Kernels know nothing of requests, models or caches: plain arrays, row-major, float32.
+ * Preconditions (ids in range, valid CSR offsets) are checked by the caller before launch. */
+#ifndef FLAME_CPU_KERNELS_H
+#define FLAME_CPU_KERNELS_H
+
+#include "core/common.h"
+
+typedef enum fl_pooling_kind { FL_KPOOL_SUM = 0, FL_KPOOL_MEAN = 1 } fl_pooling_kind;
+typedef enum fl_act_kind { FL_KACT_NONE = 0, FL_KACT_GELU_ERF, FL_KACT_GELU_TANH, FL_KACT_RELU } fl_act_kind;
+
+/* One feature's bags over a run of tokens, read from one table. */
+typedef struct fl_emb_feature {
+    const float *table;      /* [rows, dim] */
+    int64_t rows;
+    int32_t dim;
+    fl_pooling_kind pooling; /* sum, or mean over the bag (an empty bag gives zeros either way) */
+    const int64_t *offsets;  /* [num_tokens + 1]: token t's ids are ids[offsets[t]..offsets[t+1]); NULL: ids[t] alone */
+    const int64_t *ids;
+    int32_t out_col;         /* first output column this feature adds into */
+} fl_emb_feature;
+
+/* Table-batched embedding bag: for each token t and feature f,
+ *   out[t, f.out_col : f.out_col + f.dim] += pool_{i in bag(t, f)} f.table[i, :]
+ * after out[t, 0:width] is zeroed. Features sharing out_col 0 are summed ("sum" combine);
+ * disjoint columns concatenate. One pass over the tokens, all features per token. */
+void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int64_t num_tokens, float *out,
+                          int64_t ldo, int32_t width);
+
+/* out = LN(x + residual) row-wise over d columns (residual may be NULL; out may alias x):
+ *   LN(z) = (z - mean) / sqrt(var + eps) * w + b     (eps_inside_sqrt)
+ *   LN(z) = (z - mean) / (sqrt(var) + eps) * w + b   (otherwise); biased variance,
+ * accumulated in double. Ba et al., "Layer Normalization", 2016. */
+void fl_cpu_layernorm(int64_t rows, int32_t d, const float *x, int64_t ldx, const float *residual, int64_t ldr,
+                      const float *w, const float *b, float eps, bool eps_inside_sqrt, float *out, int64_t ldo);
+
+/* y = act(x W^T + bias + beta * y): x [rows, in], W [out, in] (torch.nn.Linear layout),
+ * y [rows, out]. beta 0 (y is write-only) or 1 (residual add; act must be NONE). GEMM via CBLAS. */
+void fl_cpu_linear(int64_t rows, int32_t in, int32_t out, const float *x, int64_t ldx, const float *w,
+                   const float *bias, float beta, fl_act_kind act, float *y, int64_t ldy);
+
+/* Elementwise activation in place over rows x cols (ld-strided). gelu_erf: x/2 (1 + erf(x/sqrt 2));
+ * gelu_tanh: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016); relu. */
+void fl_cpu_activation(int64_t rows, int32_t cols, float *x, int64_t ld, fl_act_kind act);
+
+/* Scratch floats fl_cpu_attention_sumi needs for a sequence of n_hist history tokens. */
+size_t fl_cpu_attention_scratch(int64_t n_hist);
+
+/* SUMI attention for one sequence of T = n_hist + n_cand tokens, H heads of width dh
+ * (head h = columns h*dh .. h*dh+dh-1 of each row):
+ *   query at position p < n_hist sees keys j <= p (causal history);
+ *   query at position p >= n_hist (a candidate) sees every history key and key p itself;
+ *   key_valid (optional, [T]) removes padding keys; a query that sees no key outputs zeros.
+ * out_i = softmax_j(q_i . k_j / sqrt(dh)) v_j over the visible j (Vaswani et al. 2017).
+ * q: [nq rows, ldq], the queries for positions qpos[0..nq) (NULL: positions 0..nq-1), ascending.
+ * k, v: [T rows, ldkv]. out: [nq rows, ldo]. scratch: fl_cpu_attention_scratch(n_hist) floats. */
+void fl_cpu_attention_sumi(int64_t n_hist, int64_t n_cand, int32_t heads, int32_t dh, const float *q, int64_t ldq,
+                           const int32_t *qpos, int64_t nq, const float *k, const float *v, int64_t ldkv,
+                           const uint8_t *key_valid, float *out, int64_t ldo, float *scratch);
+
+/* Dot-product scores for gathered rows: out[c * stride] = <h, table[ids[c], :]> over d columns. */
+void fl_cpu_dot_gather(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t n, float *out,
+                       int64_t stride);
+
+/* In-place logistic sigmoid over n values with the given stride. */
+void fl_cpu_sigmoid(float *x, int64_t n, int64_t stride);
+
+#endif

@@ -1,0 +1,101 @@
+/* Request validation: every id, offset and length is checked before any computation, so a
+ * bad request gets a message naming the value and the scores buffer stays untouched. */
+#include <stdio.h>
+
+#include "engine/engine.h"
+
+#define BAD(...) fl_error(FLAME_ERR_INVALID_ARG, __VA_ARGS__)
+
+static flame_status check_csr(size_t r, const char *what, const char *feature, const flame_bags *b, size_t n)
+{
+    if (n == 0) return FLAME_OK;
+    if (!b->offsets) return BAD("request %zu: %s side feature '%s': offsets is NULL", r, what, feature);
+    if (b->offsets[0] != 0)
+        return BAD("request %zu: %s side feature '%s': offsets[0] = %lld, expected 0", r, what, feature,
+                   (long long)b->offsets[0]);
+    for (size_t t = 0; t < n; t++)
+        if (b->offsets[t + 1] < b->offsets[t])
+            return BAD("request %zu: %s side feature '%s': offsets[%zu] = %lld < offsets[%zu] = %lld", r, what,
+                       feature, t + 1, (long long)b->offsets[t + 1], t, (long long)b->offsets[t]);
+    if (b->offsets[n] > 0 && !b->ids) return BAD("request %zu: %s side feature '%s': ids is NULL", r, what, feature);
+    return FLAME_OK;
+}
+
+static flame_status check_id(size_t r, const char *what, size_t token, const fl_model_cfg *c, int f, int64_t id)
+{
+    const fl_table_cfg *t = &c->tables[c->features[f].table];
+    if (id < 0 || id >= t->rows)
+        return BAD("request %zu: %s token %zu, feature '%s' (table '%s'): id %lld out of range [0, %lld)", r, what,
+                   token, c->features[f].name, t->name, (long long)id, (long long)t->rows);
+    return FLAME_OK;
+}
+
+/* Checks the features of tokens [first, first + count) of one token list (history or candidates). */
+static flame_status check_tokens(size_t r, const char *what, const fl_model_cfg *c, const int64_t *items,
+                                 const flame_bags *side, size_t total, size_t first, size_t count)
+{
+    for (int f = 0; f < c->num_features; f++) {
+        int s = c->features[f].side_slot;
+        if (s >= 0) {
+            flame_status st = check_csr(r, what, c->features[f].name, &side[s], total);
+            if (st) return st;
+        }
+        for (size_t t = first; t < first + count; t++) {
+            if (s < 0) {
+                flame_status st = check_id(r, what, t, c, f, items[t]);
+                if (st) return st;
+                continue;
+            }
+            for (int64_t i = side[s].offsets[t]; i < side[s].offsets[t + 1]; i++) {
+                flame_status st = check_id(r, what, t, c, f, side[s].ids[i]);
+                if (st) return st;
+            }
+        }
+    }
+    return FLAME_OK;
+}
+
+static flame_status check_request(const struct flame_model *m, size_t r, const flame_request *q)
+{
+    const fl_model_cfg *c = &m->cfg;
+    if (q->struct_size < sizeof(flame_request))
+        return BAD("request %zu: struct_size = %zu, expected at least %zu", r, q->struct_size, sizeof(flame_request));
+    if (q->history_len && !q->history) return BAD("request %zu: history is NULL with history_len %zu", r, q->history_len);
+    if (q->num_candidates && !q->candidates)
+        return BAD("request %zu: candidates is NULL with num_candidates %zu", r, q->num_candidates);
+    if (q->num_side_features != (size_t)c->num_side)
+        return BAD("request %zu: num_side_features = %zu, the model has %d", r, q->num_side_features, c->num_side);
+    bool sumi = c->head == FLAME_HEAD_SUMI;
+    if (c->num_side && q->history_len && !q->history_side)
+        return BAD("request %zu: history_side is NULL, the model needs %d side features", r, c->num_side);
+    if (c->num_side && sumi && q->num_candidates && !q->candidate_side)
+        return BAD("request %zu: candidate_side is NULL, the model needs %d side features", r, c->num_side);
+    size_t n = q->history_len < (size_t)c->max_len ? q->history_len : (size_t)c->max_len;
+    flame_status st = check_tokens(r, "history", c, q->history, q->history_side, q->history_len, q->history_len - n, n);
+    if (st) return st;
+    if (sumi)
+        return check_tokens(r, "candidate", c, q->candidates, q->candidate_side, q->num_candidates, 0,
+                            q->num_candidates);
+    const fl_table_cfg *t = &c->tables[c->dot_table];
+    for (size_t i = 0; i < q->num_candidates; i++)
+        if (q->candidates[i] < 0 || q->candidates[i] >= t->rows)
+            return BAD("request %zu: candidate %zu (head table '%s'): id %lld out of range [0, %lld)", r, i, t->name,
+                       (long long)q->candidates[i], (long long)t->rows);
+    return FLAME_OK;
+}
+
+flame_status fl_validate_requests(const struct flame_model *m, const flame_request *reqs, size_t n,
+                                  uint64_t *total_scores)
+{
+    uint64_t total = 0;
+    for (size_t r = 0; r < n; r++) {
+        flame_status st = check_request(m, r, &reqs[r]);
+        if (st) return st;
+        uint64_t block;
+        if (!fl_mul_u64(reqs[r].num_candidates, (uint64_t)m->cfg.num_tasks, &block) ||
+            !fl_add_u64(total, block, &total))
+            return BAD("request %zu: the number of scores overflows 64 bits", r);
+    }
+    *total_scores = total;
+    return FLAME_OK;
+}

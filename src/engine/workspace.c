@@ -1,0 +1,50 @@
+/* Per-call scratch: a pool of arenas so concurrent calls never share buffers and a steady
+ * state allocates nothing. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+
+fl_workspace *fl_workspace_acquire(struct flame_engine *e)
+{
+    pthread_mutex_lock(&e->pool_lock);
+    fl_workspace *ws = e->free_list;
+    if (ws) e->free_list = ws->next;
+    pthread_mutex_unlock(&e->pool_lock);
+    if (ws) return ws;
+    ws = calloc(1, sizeof *ws);
+    if (ws) atomic_fetch_add(&e->workspaces, 1);
+    return ws;
+}
+
+void fl_workspace_release(struct flame_engine *e, fl_workspace *ws)
+{
+    pthread_mutex_lock(&e->pool_lock);
+    ws->next = e->free_list;
+    e->free_list = ws;
+    pthread_mutex_unlock(&e->pool_lock);
+}
+
+flame_status fl_workspace_reserve(struct flame_engine *e, fl_workspace *ws, size_t bytes)
+{
+    ws->used = 0;
+    if (bytes <= ws->cap) return FLAME_OK;
+    size_t cap = bytes + bytes / 4; /* headroom so slowly growing requests do not realloc each call */
+    uint8_t *p = fl_aligned_alloc(cap);
+    if (!p) return fl_error(FLAME_ERR_NOMEM, "out of memory for %zu bytes of scratch", cap);
+    fl_aligned_free(ws->base);
+    atomic_fetch_add(&e->scratch_bytes, cap - ws->cap);
+    ws->base = p;
+    ws->cap = cap;
+    uint_fast64_t prev = atomic_load(&e->max_workspace_bytes);
+    while (cap > prev && !atomic_compare_exchange_weak(&e->max_workspace_bytes, &prev, cap)) {
+    }
+    return FLAME_OK;
+}
+
+void *fl_workspace_take(fl_workspace *ws, size_t bytes)
+{
+    void *p = ws->base + ws->used;
+    ws->used += fl_ws_round(bytes);
+    return p;
+}
