@@ -1,0 +1,104 @@
+/* flame-score: the main job of libflame.
+ *   flame-score                      the embedded default model on synthetic requests
+ *   flame-score --model M --sequences FILE --eval loo --k 5,10,20 --exclude-history [--json]
+ *                                    leave-last-out full-sort evaluation of a dot-head model */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flame/flame.h"
+#include "modes.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: flame-score [--requests N] [--candidates M] [--seed S] [--json]\n"
+            "       flame-score --model FILE --sequences FILE --eval loo [--k 5,10,20] [--exclude-history]\n"
+            "                   [--batch B] [--json]\n"
+            "With no --model, scores synthetic requests with the embedded default model (random weights).\n");
+}
+
+/* Parses "5,10,20" into ks; -1 with a message on a bad list. */
+static int parse_ks(const char *s, eval_options *o)
+{
+    o->num_ks = 0;
+    while (*s) {
+        char *end;
+        long k = strtol(s, &end, 10);
+        if (end == s || k < 1 || k > 100000 || o->num_ks == MAX_KS || (*end && *end != ',')) {
+            fprintf(stderr, "flame-score: --k '%s': expected up to %d comma-separated integers in [1, 100000]\n", s,
+                    MAX_KS);
+            return -1;
+        }
+        o->ks[o->num_ks++] = (int)k;
+        s = *end ? end + 1 : end;
+    }
+    return o->num_ks ? 0 : -1;
+}
+
+static int parse_size(const char *flag, const char *v, size_t lo, size_t hi, size_t *out)
+{
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        fprintf(stderr, "flame-score: %s '%s': expected an integer in [%zu, %zu]\n", flag, v, lo, hi);
+        return -1;
+    }
+    *out = (size_t)x;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    eval_options ev = {.ks = {5, 10, 20}, .num_ks = 3, .batch = 1};
+    default_options def = {.requests = 200, .candidates = 128, .seed = 42};
+    const char *eval = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = !strcmp(a, "--model") || !strcmp(a, "--sequences") || !strcmp(a, "--eval") || !strcmp(a, "--k") ||
+                    !strcmp(a, "--batch") || !strcmp(a, "--requests") || !strcmp(a, "--candidates") ||
+                    !strcmp(a, "--seed");
+        if (takes && !v) {
+            fprintf(stderr, "flame-score: %s needs a value\n", a);
+            return 2;
+        }
+        size_t n = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            ev.json = def.json = 1;
+        } else if (!strcmp(a, "--exclude-history")) {
+            ev.exclude_history = 1;
+        } else if (!strcmp(a, "--model")) {
+            ev.model = v;
+        } else if (!strcmp(a, "--sequences")) {
+            ev.sequences = v;
+        } else if (!strcmp(a, "--eval")) {
+            eval = v;
+        } else if (!strcmp(a, "--k")) {
+            if (parse_ks(v, &ev)) return 2;
+        } else if (!strcmp(a, "--batch")) {
+            if (parse_size(a, v, 1, 65536, &ev.batch)) return 2;
+        } else if (!strcmp(a, "--requests")) {
+            if (parse_size(a, v, 1, 10000000, &def.requests)) return 2;
+        } else if (!strcmp(a, "--candidates")) {
+            if (parse_size(a, v, 1, 100000, &def.candidates)) return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (parse_size(a, v, 0, (size_t)-1, &n)) return 2;
+            def.seed = n;
+        } else {
+            fprintf(stderr, "flame-score: unknown argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i += takes;
+    }
+    if (!ev.model && !ev.sequences && !eval) return run_default(&def);
+    if (!ev.model || !ev.sequences || !eval || strcmp(eval, "loo")) {
+        fprintf(stderr, "flame-score: evaluation needs --model, --sequences and --eval loo\n");
+        usage(stderr);
+        return 2;
+    }
+    return run_eval(&ev);
+}

@@ -1,0 +1,71 @@
+#include "sequences.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int push(void **buf, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap) return 0;
+    size_t c = *cap ? 2 * *cap : 4096;
+    void *p = realloc(*buf, c * elem);
+    if (!p) return -1;
+    *buf = p;
+    *cap = c;
+    return 0;
+}
+
+int sequences_read(const char *path, sequences *s)
+{
+    memset(s, 0, sizeof *s);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "flame-score: cannot open '%s': %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t icap = 0, ocap = 0, n = 0, line_no = 0;
+    char *line = NULL;
+    size_t len = 0;
+    int rc = 0;
+    if (push((void **)&s->offsets, &ocap, 0, sizeof(size_t))) rc = -1;
+    else s->offsets[0] = 0;
+    while (rc == 0 && getline(&line, &len, f) != -1) {
+        line_no++;
+        char *p = line, *end;
+        errno = 0;
+        strtoll(p, &end, 10); /* the user id: not needed for scoring */
+        if (end == p) continue; /* blank line */
+        for (p = end;;) {
+            long long v = strtoll(p, &end, 10);
+            if (end == p) break;
+            if (errno || v < 0) {
+                fprintf(stderr, "flame-score: %s:%zu: item id '%.*s' is not a non-negative integer\n", path, line_no,
+                        (int)(end - p), p);
+                rc = -1;
+                break;
+            }
+            if (push((void **)&s->items, &icap, n, sizeof(int64_t))) {
+                rc = -1;
+                break;
+            }
+            s->items[n++] = v;
+            p = end;
+        }
+        if (rc == 0 && (push((void **)&s->offsets, &ocap, s->num_users + 1, sizeof(size_t)) == 0))
+            s->offsets[++s->num_users] = n;
+        else
+            rc = -1;
+    }
+    free(line);
+    fclose(f);
+    if (rc) sequences_free(s);
+    return rc;
+}
+
+void sequences_free(sequences *s)
+{
+    free(s->items);
+    free(s->offsets);
+    memset(s, 0, sizeof *s);
+}
