@@ -1,0 +1,75 @@
+"""safetensors reading and writing for F32/F16/BF16, numpy only.
+
+numpy has no bfloat16, so BF16 is handled as raw uint16 bits: reading shifts them into the
+high half of a float32; writing rounds float32 to nearest-even. The safetensors package
+does the container work (header, alignment) so that files are written by an implementation
+independent of libflame's loader.
+"""
+import json
+import struct
+
+import numpy as np
+import safetensors
+
+DTYPES = ("F32", "F16", "BF16")
+_NUMPY = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+_SPEC_NAME = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def bf16_bits_to_f32(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16_bits(x):
+    """Round-to-nearest-even float32 -> bfloat16 bits (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+
+
+def read_header(path):
+    """(metadata dict, {name: entry}) straight from the file's JSON header."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    meta = header.pop("__metadata__", None) or {}
+    return meta, header
+
+
+def read(path):
+    """(metadata, {name: float32 array}, {name: dtype string}); F16/BF16 widened exactly."""
+    meta, _ = read_header(path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    tensors, dtypes = {}, {}
+    for name, entry in safetensors.deserialize(raw):
+        dt = entry["dtype"]
+        if dt not in _NUMPY:
+            raise ValueError(f"tensor '{name}' has unsupported dtype '{dt}'")
+        a = np.frombuffer(bytes(entry["data"]), dtype=_NUMPY[dt]).reshape(entry["shape"])
+        tensors[name] = bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
+        dtypes[name] = dt
+    return meta, tensors, dtypes
+
+
+def encode(a, dtype):
+    """float array -> contiguous little-endian array holding `dtype`'s bytes."""
+    if dtype == "BF16":
+        return f32_to_bf16_bits(np.asarray(a, dtype=np.float32))
+    return np.ascontiguousarray(a, dtype=_NUMPY[dtype])
+
+
+def write(path, tensors, metadata=None, dtype="F32"):
+    """Writes {name: float array} as `dtype` (one of DTYPES, or a {name: dtype} dict)."""
+    keep, specs = [], {}
+    for name, a in tensors.items():
+        dt = dtype[name] if isinstance(dtype, dict) else dtype
+        if dt not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dt!r}")
+        b = encode(a, dt)
+        keep.append(b)
+        if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.8 takes pointers
+            specs[name] = safetensors.TensorSpec(dtype=_SPEC_NAME[dt], shape=list(b.shape),
+                                                 data_ptr=b.ctypes.data, data_len=b.nbytes)
+        else:
+            specs[name] = {"dtype": _SPEC_NAME[dt], "shape": list(b.shape), "data": b.tobytes()}
+    safetensors.serialize_file(specs, str(path), metadata=metadata)

@@ -1,0 +1,115 @@
+"""libflame (through ctypes) against the float64 numpy reference on random small models
+covering every option of docs/model-format.md, stored as F32, F16 and BF16 files.
+These tests FAIL (not skip) when lib/libflame.so is missing: `make` builds it first."""
+import json
+
+import numpy as np
+import pytest
+
+import flame_testlib as lib
+from flame import _native, convert, layout, reference, st_io
+
+RTOL = 1e-5  # float32 engine vs float64 reference, relative to the request's largest score
+
+
+@pytest.fixture(scope="module")
+def native():
+    try:
+        _native.lib()
+    except FileNotFoundError as e:
+        pytest.fail(f"libflame is not built: {e}")
+    return _native
+
+
+def load_pair(tmp_path, native, name, dtype, seed=0):
+    cfg = lib.CASES[name]
+    path = tmp_path / f"{name}.{dtype}.safetensors"
+    reference.save(path, cfg, reference.random_model(cfg, seed), dtype)
+    model = native.Model(path)
+    return reference.load(path), model, native.Engine(model)
+
+
+def requests(cfg, seed):
+    """Empty, short, exactly-full and over-long histories; one candidate and many."""
+    rng = np.random.default_rng(seed)
+    ml = cfg["max_len"]
+    return [lib.random_request(cfg, rng, n, m) for n, m in [(0, 3), (1, 1), (2, 7), (ml, 5), (ml + 5, 33)]]
+
+
+def assert_close(got, want, what):
+    assert got.dtype == np.float32 and got.shape == want.shape, (what, got.shape, want.shape)
+    scale = max(np.max(np.abs(want), initial=0.0), 1e-30)
+    err = np.max(np.abs(got - want), initial=0.0) / scale
+    assert err < RTOL, f"{what}: relative error {err:.3g} >= {RTOL}"
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("name", list(lib.CASES))
+def test_scores_match_reference(tmp_path, native, name, dtype):
+    (cfg, t), model, engine = load_pair(tmp_path, native, name, dtype)
+    info = model.info()
+    assert (info.d_model, info.num_blocks, info.num_heads, info.ffn_dim, info.max_len) == \
+        (cfg["d_model"], cfg["blocks"]["count"], cfg["blocks"]["num_heads"], cfg["blocks"]["ffn_dim"], cfg["max_len"])
+    assert info.num_tasks == layout.num_tasks(cfg) and info.num_side_features == layout.num_side(cfg)
+    assert info.head == (native.HEAD_SUMI if cfg["head"]["type"] == "sumi" else native.HEAD_DOT)
+    assert info.num_items == min(layout.table(cfg, n)["rows"] for n in layout.item_tables(cfg))
+    reqs = requests(cfg, seed=1)
+    for i, r in enumerate(reqs):
+        assert_close(engine.score(*r), reference.score(cfg, t, *r), f"{name}/{dtype} request {i}")
+    for i, got in enumerate(engine.score_batch(reqs)):
+        assert_close(got, reference.score(cfg, t, *reqs[i]), f"{name}/{dtype} batch request {i}")
+
+
+def test_empty_candidates_and_dot_empty_history(tmp_path, native):
+    (cfg, t), _, engine = load_pair(tmp_path, native, "iclrec_like", "F32")
+    assert engine.score([1, 2], []).shape == (0, 1)
+    np.testing.assert_array_equal(engine.score([], [1, 2, 3]), np.zeros((3, 1), np.float32))
+
+
+def expect_error(fn, status, *fragments):
+    with pytest.raises(_native.FlameError) as e:
+        fn()
+    assert e.value.status == status, str(e.value)
+    for f in fragments:
+        assert f in e.value.message, (f, e.value.message)
+
+
+def test_out_of_range_ids_are_invalid_arg(tmp_path, native):
+    (cfg, _), _, engine = load_pair(tmp_path, native, "iclrec_like", "F32")
+    expect_error(lambda: engine.score([1, 2], [3, 40]), native.ERR_INVALID_ARG, "40")
+    expect_error(lambda: engine.score([1, 987654], [3]), native.ERR_INVALID_ARG, "987654")
+    expect_error(lambda: engine.score([-7, 1], [3]), native.ERR_INVALID_ARG, "-7")
+    (cfg, _), _, engine = load_pair(tmp_path, native, "relu_concat_projection_side_sumi", "F32")
+    h, c, hs, cs = lib.random_request(cfg, np.random.default_rng(0), 2, 1)
+    hs[1] = (np.array([0, 1, 2]), np.array([3, 1313]))  # table 'tag' has 13 rows
+    expect_error(lambda: engine.score(h, c, hs, cs), native.ERR_INVALID_ARG, "1313")
+    # a batch is validated as a whole: the message names the bad request
+    hs[1] = (np.array([0, 1, 2]), np.array([3, 4]))
+    expect_error(lambda: engine.score_batch([(h, c, hs, cs), (h, [555], hs, cs)]), native.ERR_INVALID_ARG, "555")
+
+
+def test_bad_file_is_format_error(tmp_path, native):
+    cfg = lib.CASES["iclrec_like"]
+    t = reference.random_model(cfg, 0)
+    del t["blocks.1.ffn.fc1.bias"]
+    st_io.write(tmp_path / "bad.safetensors", t, {"flame.config": json.dumps(cfg)})
+    expect_error(lambda: native.Model(tmp_path / "bad.safetensors"), native.ERR_FORMAT, "blocks.1.ffn.fc1.bias")
+
+
+def test_version(native):
+    L = native.lib()
+    assert L.flame_version() == 100 and L.flame_version_string() == b"0.1.0"
+    assert L.flame_status_string(native.ERR_INVALID_ARG) == b"FLAME_ERR_INVALID_ARG"
+
+
+def test_beauty_model_matches_reference(tmp_path, native, beauty_dir):
+    """The real converted checkpoint, all 12,103 items as candidates, a sample of users."""
+    dst = tmp_path / "beauty.safetensors"
+    assert convert.main(["iclrec", str(beauty_dir / "iclrec-beauty.safetensors"), str(dst)]) == 0
+    cfg, t = reference.load(dst)
+    engine = native.Engine(native.Model(dst))
+    lines = (beauty_dir / "Beauty.txt").read_text().splitlines()
+    items = np.arange(cfg["tables"][0]["rows"])
+    for line in lines[::997]:
+        seq = np.array(line.split()[1:], dtype=np.int64)[:-1]
+        assert_close(engine.score(seq, items), reference.score(cfg, t, seq, items), f"Beauty user {line.split()[0]}")
