@@ -1,0 +1,590 @@
+/* flame_score / flame_score_batch behaviour: input validation, edge cases of the request,
+ * batching and concurrency, configuration and lifetimes. */
+#include <pthread.h>
+
+#include "testutil.h"
+#include "model/model.h"
+
+/* sumi ranker with two side features (sum and mean) on concat + projection */
+static const char *sumi_config =
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":12,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
+    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
+    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
+    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
+    "\"combine\":\"concat\",\"projection\":true,"
+    "\"position\":{\"rule\":\"from_recent\",\"rows\":13,\"candidate_position\":12},"
+    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
+    "\"final_layernorm\":true,"
+    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+
+/* SASRec-style dot model */
+static const char *dot_config =
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":8},\"input_layernorm\":true,"
+    "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
+    "\"layernorm\":{\"eps\":1e-12},\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+
+typedef struct fixture {
+    flame_model *sumi, *dot;
+    flame_engine *es, *ed;
+} fixture;
+
+static int setup(void **state)
+{
+    tu_seed();
+    fixture *f = calloc(1, sizeof *f);
+    if (flame_model_create_random(sumi_config, 7, &f->sumi) || flame_model_create_random(dot_config, 9, &f->dot) ||
+        flame_engine_create(f->sumi, NULL, &f->es) || flame_engine_create(f->dot, NULL, &f->ed)) {
+        fprintf(stderr, "setup: %s\n", flame_last_error());
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    flame_engine_destroy(f->es);
+    flame_engine_destroy(f->ed);
+    flame_model_destroy(f->sumi);
+    flame_model_destroy(f->dot);
+    free(f);
+    return 0;
+}
+
+/* A sumi request with random ids: side bags of 1 artist and 0..3 genres per token. */
+typedef struct sreq {
+    int64_t hist[64], cand[64];
+    int64_t hoff[2][65], hids[2][200], coff[2][65], cids[2][200];
+    flame_bags hs[2], cs[2];
+    flame_request r;
+} sreq;
+
+static void make_sumi(sreq *q, size_t n, size_t m)
+{
+    memset(q, 0, sizeof *q);
+    for (size_t i = 0; i < n; i++) q->hist[i] = tu_below(100);
+    for (size_t i = 0; i < m; i++) q->cand[i] = tu_below(100);
+    int64_t rows[2] = {20, 5};
+    for (int s = 0; s < 2; s++) {
+        for (size_t t = 0; t < n; t++) {
+            int64_t k = s == 0 ? 1 : tu_below(4);
+            for (int64_t i = 0; i < k; i++) q->hids[s][q->hoff[s][t] + i] = tu_below(rows[s]);
+            q->hoff[s][t + 1] = q->hoff[s][t] + k;
+        }
+        for (size_t t = 0; t < m; t++) {
+            int64_t k = s == 0 ? 1 : tu_below(4);
+            for (int64_t i = 0; i < k; i++) q->cids[s][q->coff[s][t] + i] = tu_below(rows[s]);
+            q->coff[s][t + 1] = q->coff[s][t] + k;
+        }
+        q->hs[s] = (flame_bags){q->hoff[s], q->hids[s]};
+        q->cs[s] = (flame_bags){q->coff[s], q->cids[s]};
+    }
+    q->r = (flame_request){.struct_size = sizeof(flame_request), .history = q->hist, .history_len = n,
+                           .candidates = q->cand, .num_candidates = m, .history_side = q->hs,
+                           .candidate_side = q->cs, .num_side_features = 2};
+}
+
+static flame_request dot_req(int64_t *hist, size_t n, int64_t *cand, size_t m)
+{
+    return (flame_request){.struct_size = sizeof(flame_request), .history = hist, .history_len = n,
+                           .candidates = cand, .num_candidates = m};
+}
+
+static bool all_nan(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isnan(x[i])) return false;
+    return true;
+}
+
+static bool all_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return false;
+    return true;
+}
+
+/* ---- validation: a clear status and message, and the output untouched */
+
+static void test_bad_item_ids(void **state)
+{
+    fixture *f = *state;
+    int64_t hist[5] = {1, 2, -1, 4, 5}, cand[3] = {1, 2, 3};
+    float s[8];
+    tu_poison(s, 8);
+    flame_request r = dot_req(hist, 5, cand, 3);
+    assert_status_msg(flame_score(f->ed, &r, s, 8), FLAME_ERR_INVALID_ARG,
+                      "request 0: history token 2, feature 'item' (table 'item'): id -1 out of range [0, 100)");
+    hist[2] = 100;
+    assert_status_msg(flame_score(f->ed, &r, s, 8), FLAME_ERR_INVALID_ARG, "id 100 out of range [0, 100)");
+    hist[2] = 3;
+    cand[1] = 1000;
+    assert_status_msg(flame_score(f->ed, &r, s, 8), FLAME_ERR_INVALID_ARG,
+                      "candidate 1 (head table 'item'): id 1000 out of range [0, 100)");
+    assert_true(all_nan(s, 8));
+}
+
+static void test_bad_side_features(void **state)
+{
+    fixture *f = *state;
+    sreq q;
+    make_sumi(&q, 5, 4);
+    float s[16];
+    tu_poison(s, 16);
+    q.hids[0][q.hoff[0][3]] = 20; /* artist table has 20 rows */
+    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG,
+                      "history token 3, feature 'artist' (table 'artist'): id 20 out of range [0, 20)");
+    make_sumi(&q, 5, 4);
+    q.coff[1][0] = 1;
+    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "candidate side feature 'genre': offsets[0] = 1");
+    make_sumi(&q, 5, 4);
+    q.hoff[1][3] = q.hoff[1][2] + 100;
+    q.hoff[1][4] = q.hoff[1][2];
+    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "offsets[4]");
+    make_sumi(&q, 5, 4);
+    q.r.num_side_features = 1;
+    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "num_side_features = 1, the model has 2");
+    q.r.num_side_features = 2;
+    q.r.history_side = NULL;
+    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "history_side is NULL");
+    assert_true(all_nan(s, 16));
+}
+
+static void test_bad_arguments(void **state)
+{
+    fixture *f = *state;
+    int64_t hist[2] = {1, 2}, cand[2] = {3, 4};
+    float s[4];
+    tu_poison(s, 4);
+    flame_request r = dot_req(hist, 2, cand, 2);
+    assert_status_msg(flame_score(NULL, &r, s, 4), FLAME_ERR_INVALID_ARG, "engine is NULL");
+    assert_status_msg(flame_score(f->ed, NULL, s, 4), FLAME_ERR_INVALID_ARG, "request is NULL");
+    assert_status_msg(flame_score(f->ed, &r, NULL, 4), FLAME_ERR_INVALID_ARG, "scores is NULL");
+    assert_status_msg(flame_score(f->ed, &r, s, 1), FLAME_ERR_BUFFER_TOO_SMALL, "room for 1 floats, the requests need 2");
+    r.struct_size = 8;
+    assert_status_msg(flame_score(f->ed, &r, s, 4), FLAME_ERR_INVALID_ARG, "struct_size = 8");
+    r = dot_req(NULL, 2, cand, 2);
+    assert_status_msg(flame_score(f->ed, &r, s, 4), FLAME_ERR_INVALID_ARG, "history is NULL with history_len 2");
+    r = dot_req(hist, 2, NULL, 2);
+    assert_status_msg(flame_score(f->ed, &r, s, 4), FLAME_ERR_INVALID_ARG, "candidates is NULL");
+    assert_status_msg(flame_score_batch(f->ed, NULL, 3, s, 4), FLAME_ERR_INVALID_ARG, "requests is NULL");
+    /* the second request is bad: nothing at all is written, the message names it */
+    flame_request two[2] = {dot_req(hist, 2, cand, 1), dot_req(hist, 2, cand, 1)};
+    int64_t bad = -5;
+    two[1].candidates = &bad;
+    assert_status_msg(flame_score_batch(f->ed, two, 2, s, 4), FLAME_ERR_INVALID_ARG, "request 1: candidate 0");
+    assert_true(all_nan(s, 4));
+}
+
+/* ---- edge cases of the request */
+
+static void test_empty_candidates(void **state)
+{
+    fixture *f = *state;
+    int64_t hist[3] = {1, 2, 3};
+    flame_request r = dot_req(hist, 3, NULL, 0);
+    assert_int_equal(flame_score(f->ed, &r, NULL, 0), FLAME_OK);
+    float s[4];
+    tu_poison(s, 4);
+    assert_int_equal(flame_score(f->ed, &r, s, 4), FLAME_OK);
+    sreq q;
+    make_sumi(&q, 4, 0);
+    assert_int_equal(flame_score(f->es, &q.r, s, 4), FLAME_OK);
+    assert_true(all_nan(s, 4));
+}
+
+static void test_short_histories(void **state)
+{
+    fixture *f = *state;
+    int64_t hist[1] = {42}, cand[5] = {0, 1, 2, 3, 4};
+    float s[5];
+    /* dot head, empty history: no user state, every candidate scores exactly 0 */
+    flame_request r = dot_req(NULL, 0, cand, 5);
+    tu_poison(s, 5);
+    assert_int_equal(flame_score(f->ed, &r, s, 5), FLAME_OK);
+    for (int i = 0; i < 5; i++) assert_true(s[i] == 0.0f);
+    /* one item: finite, and the candidates are told apart */
+    r = dot_req(hist, 1, cand, 5);
+    tu_poison(s, 5);
+    assert_int_equal(flame_score(f->ed, &r, s, 5), FLAME_OK);
+    assert_true(all_finite(s, 5));
+    assert_true(s[0] != s[1]);
+    /* sumi head: 0 and 1 history items give finite probabilities */
+    for (size_t n = 0; n < 2; n++) {
+        sreq q;
+        make_sumi(&q, n, 6);
+        float p[12];
+        tu_poison(p, 12);
+        assert_int_equal(flame_score(f->es, &q.r, p, 12), FLAME_OK);
+        for (int i = 0; i < 12; i++) assert_true(p[i] > 0.0f && p[i] < 1.0f);
+    }
+}
+
+static void test_long_history_keeps_most_recent(void **state)
+{
+    fixture *f = *state;
+    int64_t hist[30], cand[7];
+    for (int i = 0; i < 30; i++) hist[i] = tu_below(100);
+    for (int i = 0; i < 7; i++) cand[i] = tu_below(100);
+    float a[7], b[7];
+    flame_request full = dot_req(hist, 30, cand, 7), last = dot_req(hist + 22, 8, cand, 7); /* max_len 8 */
+    assert_int_equal(flame_score(f->ed, &full, a, 7), FLAME_OK);
+    assert_int_equal(flame_score(f->ed, &last, b, 7), FLAME_OK);
+    assert_memory_equal(a, b, sizeof a);
+    flame_request shorter = dot_req(hist + 23, 7, cand, 7);
+    assert_int_equal(flame_score(f->ed, &shorter, b, 7), FLAME_OK);
+    assert_memory_not_equal(a, b, sizeof a); /* the window really is 8 items */
+    /* sumi: side bags are windowed with the items (max_len 12) */
+    sreq q;
+    make_sumi(&q, 40, 5);
+    float p[10], p2[10];
+    assert_int_equal(flame_score(f->es, &q.r, p, 10), FLAME_OK);
+    sreq w = q;
+    /* the same last 12 tokens, rebuilt as a 12-token request */
+    for (int s = 0; s < 2; s++) {
+        int64_t base = q.hoff[s][28];
+        for (int t = 0; t <= 12; t++) w.hoff[s][t] = q.hoff[s][28 + t] - base;
+        memcpy(w.hids[s], q.hids[s] + base, (size_t)(q.hoff[s][40] - base) * sizeof(int64_t));
+        w.hs[s] = (flame_bags){w.hoff[s], w.hids[s]};
+        w.cs[s] = (flame_bags){w.coff[s], w.cids[s]};
+    }
+    memcpy(w.hist, q.hist + 28, 12 * sizeof(int64_t));
+    w.r.history = w.hist;
+    w.r.history_len = 12;
+    w.r.candidates = w.cand;
+    w.r.history_side = w.hs;
+    w.r.candidate_side = w.cs;
+    assert_int_equal(flame_score(f->es, &w.r, p2, 10), FLAME_OK);
+    assert_memory_equal(p, p2, sizeof p);
+}
+
+/* An empty bag pools to zeros: the same scores as a bag holding a row that is all zeros. */
+static void test_empty_bag_equals_zero_row(void **state)
+{
+    flame_model *m = NULL;
+    flame_engine *e = NULL;
+    assert_int_equal(flame_model_create_random(sumi_config, 11, &m), FLAME_OK);
+    memset((float *)m->tables[2] + 4 * 8, 0, 8 * sizeof(float)); /* genre row 4 := 0 */
+    assert_int_equal(flame_engine_create(m, NULL, &e), FLAME_OK);
+    sreq q;
+    make_sumi(&q, 6, 3);
+    for (int t = 0; t <= 6; t++) q.hoff[1][t] = 0; /* every history genre bag empty */
+    float a[6], b[6];
+    assert_int_equal(flame_score(e, &q.r, a, 6), FLAME_OK);
+    int64_t zero_ids[6] = {4, 4, 4, 4, 4, 4};
+    for (int t = 0; t <= 6; t++) q.hoff[1][t] = t;
+    q.hs[1].ids = zero_ids;
+    assert_int_equal(flame_score(e, &q.r, b, 6), FLAME_OK);
+    for (int i = 0; i < 6; i++) assert_float_equal(a[i], b[i], 1e-6);
+    flame_engine_destroy(e);
+    flame_model_destroy(m);
+}
+
+/* SUMI: a candidate's scores do not depend on the other candidates. */
+static void test_sumi_candidates_independent(void **state)
+{
+    fixture *f = *state;
+    sreq q;
+    make_sumi(&q, 9, 6);
+    float all[12], one[2];
+    assert_int_equal(flame_score(f->es, &q.r, all, 12), FLAME_OK);
+    for (int c = 0; c < 6; c++) {
+        sreq s1 = q;
+        s1.cand[0] = q.cand[c];
+        for (int k = 0; k < 2; k++) {
+            s1.coff[k][0] = 0;
+            s1.coff[k][1] = q.coff[k][c + 1] - q.coff[k][c];
+            memcpy(s1.cids[k], q.cids[k] + q.coff[k][c], (size_t)s1.coff[k][1] * sizeof(int64_t));
+            s1.hs[k] = (flame_bags){s1.hoff[k], s1.hids[k]};
+            s1.cs[k] = (flame_bags){s1.coff[k], s1.cids[k]};
+        }
+        s1.r.history = s1.hist;
+        s1.r.candidates = s1.cand;
+        s1.r.num_candidates = 1;
+        s1.r.history_side = s1.hs;
+        s1.r.candidate_side = s1.cs;
+        assert_int_equal(flame_score(f->es, &s1.r, one, 2), FLAME_OK);
+        assert_float_equal(one[0], all[2 * c], 1e-6);
+        assert_float_equal(one[1], all[2 * c + 1], 1e-6);
+    }
+}
+
+/* ---- batching */
+
+static void test_batch_matches_single(void **state)
+{
+    fixture *f = *state;
+    enum { R = 9 };
+    sreq q[R];
+    size_t total = 0;
+    for (int i = 0; i < R; i++) {
+        make_sumi(&q[i], (size_t)tu_below(30), (size_t)tu_below(10));
+        total += q[i].r.num_candidates * 2;
+    }
+    flame_request reqs[R];
+    for (int i = 0; i < R; i++) reqs[i] = q[i].r;
+    float *batch = malloc((total + 1) * sizeof(float)), *split = malloc((total + 1) * sizeof(float));
+    double *single = malloc((total + 1) * sizeof(double));
+    tu_poison(batch, total + 1);
+    assert_int_equal(flame_score_batch(f->es, reqs, R, batch, total), FLAME_OK);
+    assert_true(isnan(batch[total])); /* nothing written past the blocks */
+    size_t off = 0;
+    for (int i = 0; i < R; i++) {
+        float one[64];
+        assert_int_equal(flame_score(f->es, &reqs[i], one, 64), FLAME_OK);
+        for (size_t j = 0; j < reqs[i].num_candidates * 2; j++) single[off + j] = one[j];
+        off += reqs[i].num_candidates * 2;
+    }
+    assert_rel_err_below(batch, single, total, 1e-5);
+    /* the same batch split into passes of 2 requests */
+    flame_config *cfg = NULL;
+    flame_engine *e2 = NULL;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_MAX_BATCH, 2), FLAME_OK);
+    assert_int_equal(flame_engine_create(f->sumi, cfg, &e2), FLAME_OK);
+    flame_config_destroy(cfg);
+    tu_poison(split, total + 1);
+    assert_int_equal(flame_score_batch(e2, reqs, R, split, total), FLAME_OK);
+    assert_rel_err_below(split, single, total, 1e-5);
+    flame_engine_destroy(e2);
+    free(batch);
+    free(split);
+    free(single);
+}
+
+/* Dot head: requests sharing a contiguous range share a GEMM; mixed with gathered
+ * candidates and an empty history, every block still matches the single-request result. */
+static void test_dot_batch_shared_range(void **state)
+{
+    fixture *f = *state;
+    int64_t range[100], scattered[10], hist[6][8];
+    for (int i = 0; i < 100; i++) range[i] = i;
+    for (int i = 0; i < 10; i++) scattered[i] = tu_below(100);
+    flame_request r[6];
+    size_t lens[6] = {8, 3, 0, 5, 8, 1};
+    for (int i = 0; i < 6; i++) {
+        for (int j = 0; j < 8; j++) hist[i][j] = tu_below(100);
+        r[i] = dot_req(hist[i], lens[i], i == 3 ? scattered : range + 20, i == 3 ? 10 : 80);
+    }
+    float out[6 * 80];
+    tu_poison(out, 6 * 80);
+    assert_int_equal(flame_score_batch(f->ed, r, 6, out, 6 * 80), FLAME_OK);
+    size_t off = 0;
+    for (int i = 0; i < 6; i++) {
+        float one[80];
+        double want[80];
+        assert_int_equal(flame_score(f->ed, &r[i], one, 80), FLAME_OK);
+        for (size_t j = 0; j < r[i].num_candidates; j++) want[j] = one[j];
+        assert_rel_err_below(out + off, want, r[i].num_candidates, 1e-5);
+        off += r[i].num_candidates;
+    }
+    assert_true(isnan(out[off]));
+}
+
+/* ---- concurrency: 8 threads at once give bitwise the results of one thread */
+
+typedef struct job {
+    flame_engine *e;
+    sreq *q;
+    int n;
+    float *out; /* [n][128] */
+    int rounds;
+    int failures;
+} job;
+
+static void *worker(void *arg)
+{
+    job *j = arg;
+    for (int round = 0; round < j->rounds; round++)
+        for (int i = 0; i < j->n; i++) {
+            float tmp[128];
+            if (flame_score(j->e, &j->q[i].r, tmp, 128) != FLAME_OK ||
+                memcmp(tmp, j->out + i * 128, j->q[i].r.num_candidates * 2 * sizeof(float)) != 0)
+                j->failures++;
+        }
+    return NULL;
+}
+
+static void test_eight_threads_bitwise(void **state)
+{
+    fixture *f = *state;
+    enum { N = 12, THREADS = 8 };
+    sreq *q = malloc(N * sizeof *q);
+    float *ref = malloc(N * 128 * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        make_sumi(&q[i], (size_t)(1 + tu_below(40)), (size_t)(1 + tu_below(40)));
+        assert_int_equal(flame_score(f->es, &q[i].r, ref + i * 128, 128), FLAME_OK);
+    }
+    pthread_t th[THREADS];
+    job jobs[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        jobs[t] = (job){f->es, q, N, ref, 5, 0};
+        pthread_create(&th[t], NULL, worker, &jobs[t]);
+    }
+    int failures = 0;
+    for (int t = 0; t < THREADS; t++) {
+        pthread_join(th[t], NULL);
+        failures += jobs[t].failures;
+    }
+    assert_int_equal(failures, 0);
+    flame_engine_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_engine_get_stats(f->es, &st), FLAME_OK);
+    assert_true(st.workspaces >= 2 && st.workspaces <= THREADS + 1);
+    free(q);
+    free(ref);
+}
+
+/* ---- configuration, devices, lifetimes */
+
+static void test_config_options(void **state)
+{
+    flame_config *c = NULL;
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    int64_t v = 0;
+    assert_int_equal(flame_config_get_int(c, FLAME_OPT_MAX_BATCH, &v), FLAME_OK);
+    assert_int_equal(v, 256);
+    assert_status_msg(flame_config_set_int(c, FLAME_OPT_MAX_BATCH, 0), FLAME_ERR_INVALID_ARG,
+                      "FLAME_OPT_MAX_BATCH = 0 is out of range [1, 65536]");
+    assert_int_equal(flame_config_get_int(c, FLAME_OPT_MAX_BATCH, &v), FLAME_OK);
+    assert_int_equal(v, 256); /* unchanged by the failed set */
+    assert_status_msg(flame_config_set_int(c, FLAME_OPT_DEVICE, 1), FLAME_ERR_INVALID_ARG, "not an integer option");
+    assert_status_msg(flame_config_set_int(c, (flame_option)99, 1), FLAME_ERR_INVALID_ARG, "option 99");
+    assert_status_msg(flame_config_set_string(c, FLAME_OPT_DEVICE, "tpu"), FLAME_ERR_INVALID_ARG, "'tpu'");
+    assert_status_msg(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda:x"), FLAME_ERR_INVALID_ARG, "'cuda:x'");
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda:1"), FLAME_OK);
+    char buf[8];
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, sizeof buf), FLAME_OK);
+    assert_string_equal(buf, "cuda:1");
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, 3), FLAME_ERR_BUFFER_TOO_SMALL, "needs 7 bytes");
+    flame_config_destroy(c);
+    flame_config_destroy(NULL);
+}
+
+typedef struct log_capture {
+    char last[512];
+    int lines;
+} log_capture;
+
+static void on_log(flame_log_level level, const char *msg, void *user)
+{
+    log_capture *c = user;
+    snprintf(c->last, sizeof c->last, "%s", msg);
+    c->lines++;
+}
+
+static void test_device_choice(void **state)
+{
+    fixture *f = *state;
+    flame_config *c = NULL;
+    flame_engine *e = (flame_engine *)0x1;
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    flame_status st = flame_engine_create(f->dot, c, &e);
+    /* this version scores on the CPU: no GPU -> NO_DEVICE; a GPU -> UNSUPPORTED */
+    assert_true(st == FLAME_ERR_NO_DEVICE || st == FLAME_ERR_UNSUPPORTED);
+    assert_non_null(strstr(flame_last_error(), "device 'cuda'"));
+    assert_null(e);
+    log_capture cap = {0};
+    assert_int_equal(flame_set_log_callback(on_log, &cap, FLAME_LOG_INFO), FLAME_OK);
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "auto"), FLAME_OK);
+    assert_int_equal(flame_engine_create(f->dot, c, &e), FLAME_OK);
+    assert_non_null(strstr(cap.last, "using the CPU"));
+    assert_int_equal(flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR), FLAME_OK);
+    assert_status_msg(flame_set_log_callback(on_log, &cap, (flame_log_level)9), FLAME_ERR_INVALID_ARG, "log level 9");
+    flame_engine_destroy(e);
+    flame_config_destroy(c);
+}
+
+static void test_lifetimes_and_names(void **state)
+{
+    flame_model *m = NULL;
+    flame_engine *e = NULL;
+    assert_int_equal(flame_model_create_random(dot_config, 1, &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &e), FLAME_OK);
+    flame_model_destroy(m); /* the engine keeps the model alive */
+    int64_t hist[3] = {1, 2, 3}, cand[2] = {4, 5};
+    float s[2];
+    flame_request r = dot_req(hist, 3, cand, 2);
+    assert_int_equal(flame_score(e, &r, s, 2), FLAME_OK);
+    assert_true(all_finite(s, 2));
+    flame_engine_destroy(e);
+    flame_engine_destroy(NULL);
+    flame_model_destroy(NULL);
+    assert_string_equal(flame_status_string(FLAME_ERR_FORMAT), "FLAME_ERR_FORMAT");
+    assert_string_equal(flame_status_string((flame_status)1234), "FLAME_ERR_UNKNOWN");
+    assert_int_equal(flame_version(), FLAME_VERSION_NUMBER);
+    assert_string_equal(flame_version_string(), FLAME_VERSION_STRING);
+    /* the same seed and config give the same weights */
+    flame_model *a = NULL, *b = NULL;
+    assert_int_equal(flame_model_create_random(dot_config, 5, &a), FLAME_OK);
+    assert_int_equal(flame_model_create_random(dot_config, 5, &b), FLAME_OK);
+    assert_memory_equal(a->blocks[1].fc2.w, b->blocks[1].fc2.w, 32 * 16 * sizeof(float));
+    flame_model_destroy(a);
+    flame_model_destroy(b);
+    assert_status_msg(flame_model_create_random("{\"format\":\"x\"}", 1, &a), FLAME_ERR_FORMAT, "'format' must be");
+}
+
+/* Per-call scratch for the Beauty architecture (d 64, 1 block, 50-item window, 12,103
+ * items scored) stays under 1 MB. */
+static void test_beauty_sized_scratch(void **state)
+{
+    const char *cfg =
+        "{\"format\":\"flame\",\"version\":1,\"d_model\":64,\"max_len\":50,"
+        "\"tables\":[{\"name\":\"item\",\"rows\":12103,\"dim\":64}],"
+        "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+        "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":50},\"input_layernorm\":true,"
+        "\"blocks\":{\"count\":1,\"num_heads\":2,\"ffn_dim\":256,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
+        "\"layernorm\":{\"eps\":1e-12},\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+    flame_model *m = NULL;
+    flame_engine *e = NULL;
+    assert_int_equal(flame_model_create_random(cfg, 3, &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &e), FLAME_OK);
+    int64_t *cand = malloc(12103 * sizeof(int64_t)), hist[50];
+    for (int i = 0; i < 12103; i++) cand[i] = i;
+    for (int i = 0; i < 50; i++) hist[i] = 1 + tu_below(12102);
+    float *s = malloc(12103 * sizeof(float));
+    flame_request r = dot_req(hist, 50, cand, 12103);
+    assert_int_equal(flame_score(e, &r, s, 12103), FLAME_OK);
+    r.candidates = cand + 100; /* a shuffled list goes the gather path */
+    cand[100] = 7;
+    r.num_candidates = 1000;
+    assert_int_equal(flame_score(e, &r, s, 12103), FLAME_OK);
+    flame_engine_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_engine_get_stats(e, &st), FLAME_OK);
+    fprintf(stderr, "# Beauty-sized call: %llu bytes of scratch\n", (unsigned long long)st.max_workspace_bytes);
+    assert_true(st.max_workspace_bytes > 0 && st.max_workspace_bytes < 1000000);
+    assert_int_equal(st.calls, 2);
+    assert_int_equal(st.requests, 2);
+    free(cand);
+    free(s);
+    flame_engine_destroy(e);
+    flame_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_item_ids),
+        cmocka_unit_test(test_bad_side_features),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_empty_candidates),
+        cmocka_unit_test(test_short_histories),
+        cmocka_unit_test(test_long_history_keeps_most_recent),
+        cmocka_unit_test(test_empty_bag_equals_zero_row),
+        cmocka_unit_test(test_sumi_candidates_independent),
+        cmocka_unit_test(test_batch_matches_single),
+        cmocka_unit_test(test_dot_batch_shared_range),
+        cmocka_unit_test(test_eight_threads_bitwise),
+        cmocka_unit_test(test_config_options),
+        cmocka_unit_test(test_device_choice),
+        cmocka_unit_test(test_lifetimes_and_names),
+        cmocka_unit_test(test_beauty_sized_scratch),
+    };
+    return cmocka_run_group_tests_name("engine", tests, setup, teardown);
+}

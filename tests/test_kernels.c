@@ -1,0 +1,343 @@
+/* Every CPU kernel against an independent float64 reference on fresh random inputs
+ * (normwise relative error < 1e-5); outputs are poisoned with NaN first. */
+#include "testutil.h"
+#include "cpu/kernels.h"
+
+#define TOL 1e-5
+
+static int setup(void **state)
+{
+    tu_seed();
+    return 0;
+}
+
+static float *randf(size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    tu_fill(x, n);
+    return x;
+}
+
+/* ---- embedding bag */
+
+static void check_embedding(bool concat)
+{
+    const int64_t rows[3] = {50, 7, 300};
+    const int32_t dims[3] = {8, 8, 8};
+    const int64_t T = 1 + tu_below(40);
+    float *tables[3];
+    for (int t = 0; t < 3; t++) tables[t] = randf((size_t)(rows[t] * dims[t]));
+    int64_t *item_ids = malloc((size_t)T * sizeof(int64_t));
+    for (int64_t t = 0; t < T; t++) item_ids[t] = tu_below(rows[0]);
+    /* two bagged features: sum and mean; bags of 0..4 ids (empty bags included) */
+    int64_t *off[2], *ids[2];
+    for (int f = 0; f < 2; f++) {
+        off[f] = malloc((size_t)(T + 1) * sizeof(int64_t));
+        ids[f] = malloc((size_t)(4 * T + 1) * sizeof(int64_t));
+        off[f][0] = 0;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t n = tu_below(5);
+            for (int64_t i = 0; i < n; i++) ids[f][off[f][t] + i] = tu_below(rows[f + 1]);
+            off[f][t + 1] = off[f][t] + n;
+        }
+    }
+    int32_t width = concat ? 24 : 8;
+    fl_emb_feature fe[3] = {
+        {tables[0], rows[0], dims[0], FL_KPOOL_SUM, NULL, item_ids, 0},
+        {tables[1], rows[1], dims[1], FL_KPOOL_SUM, off[0], ids[0], concat ? 8 : 0},
+        {tables[2], rows[2], dims[2], FL_KPOOL_MEAN, off[1], ids[1], concat ? 16 : 0},
+    };
+    const int64_t ldo = width + 3; /* a strided output must leave the gap alone */
+    float *out = malloc((size_t)(T * ldo) * sizeof(float));
+    tu_poison(out, (size_t)(T * ldo));
+    fl_cpu_embedding_bag(fe, 3, T, out, ldo, width);
+    double *want = calloc((size_t)(T * width), sizeof(double));
+    float *got = malloc((size_t)(T * width) * sizeof(float));
+    for (int64_t t = 0; t < T; t++) {
+        for (int j = 0; j < 8; j++) want[t * width + j] += tables[0][item_ids[t] * 8 + j];
+        for (int f = 0; f < 2; f++) {
+            int64_t n = off[f][t + 1] - off[f][t];
+            for (int64_t i = off[f][t]; i < off[f][t + 1]; i++)
+                for (int j = 0; j < 8; j++) {
+                    double v = tables[f + 1][ids[f][i] * 8 + j];
+                    want[t * width + fe[f + 1].out_col + j] += f == 1 ? v / (double)n : v;
+                }
+        }
+        memcpy(got + t * width, out + t * ldo, (size_t)width * sizeof(float));
+        for (int j = width; j < ldo; j++) assert_true(isnan(out[t * ldo + j]));
+    }
+    assert_rel_err_below(got, want, (size_t)(T * width), TOL);
+    for (int t = 0; t < 3; t++) free(tables[t]);
+    for (int f = 0; f < 2; f++) {
+        free(off[f]);
+        free(ids[f]);
+    }
+    free(item_ids);
+    free(out);
+    free(want);
+    free(got);
+}
+
+static void test_embedding_bag_sum_combine(void **state)
+{
+    for (int rep = 0; rep < 20; rep++) check_embedding(false);
+}
+
+static void test_embedding_bag_concat(void **state)
+{
+    for (int rep = 0; rep < 20; rep++) check_embedding(true);
+}
+
+static void test_embedding_empty_bag_is_zero(void **state)
+{
+    float table[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t off[3] = {0, 0, 0}, ids[1] = {0};
+    for (int pool = 0; pool < 2; pool++) {
+        fl_emb_feature fe = {table, 2, 4, (fl_pooling_kind)pool, off, ids, 0};
+        float out[8];
+        tu_poison(out, 8);
+        fl_cpu_embedding_bag(&fe, 1, 2, out, 4, 4);
+        for (int i = 0; i < 8; i++) assert_true(out[i] == 0.0f);
+    }
+}
+
+/* ---- LayerNorm */
+
+static void test_layernorm(void **state)
+{
+    for (int rep = 0; rep < 30; rep++) {
+        int64_t rows = 1 + tu_below(20);
+        int32_t d = 1 + (int32_t)tu_below(300);
+        bool inside = rep & 1, with_res = rep & 2, in_place = rep & 4;
+        float eps = inside ? 1e-12f : 1e-5f;
+        float *x = randf((size_t)(rows * d)), *r = randf((size_t)(rows * d)), *w = randf((size_t)d), *b = randf((size_t)d);
+        for (int64_t i = 0; i < rows * d; i++) x[i] = x[i] * 3.0f + 0.5f; /* non-zero mean */
+        double *want = malloc((size_t)(rows * d) * sizeof(double));
+        for (int64_t i = 0; i < rows; i++) {
+            double mean = 0, var = 0;
+            for (int j = 0; j < d; j++) mean += (double)x[i * d + j] + (with_res ? r[i * d + j] : 0.0);
+            mean /= d;
+            for (int j = 0; j < d; j++) {
+                double z = (double)x[i * d + j] + (with_res ? r[i * d + j] : 0.0) - mean;
+                var += z * z;
+            }
+            var /= d;
+            double den = inside ? sqrt(var + eps) : sqrt(var) + eps;
+            for (int j = 0; j < d; j++) {
+                double z = (double)x[i * d + j] + (with_res ? r[i * d + j] : 0.0);
+                want[i * d + j] = (z - mean) / den * w[j] + b[j];
+            }
+        }
+        float *out = in_place ? x : malloc((size_t)(rows * d) * sizeof(float));
+        if (!in_place) tu_poison(out, (size_t)(rows * d));
+        fl_cpu_layernorm(rows, d, x, d, with_res ? r : NULL, d, w, b, eps, inside, out, d);
+        assert_rel_err_below(out, want, (size_t)(rows * d), TOL);
+        if (!in_place) free(out);
+        free(x);
+        free(r);
+        free(w);
+        free(b);
+        free(want);
+    }
+}
+
+/* ---- linear + activations */
+
+static double act_ref(double v, fl_act_kind a)
+{
+    switch (a) {
+    case FL_KACT_RELU: return v > 0 ? v : 0;
+    case FL_KACT_GELU_ERF: return 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+    case FL_KACT_GELU_TANH: return 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    default: return v;
+    }
+}
+
+static void test_linear(void **state)
+{
+    for (int rep = 0; rep < 40; rep++) {
+        int64_t rows = 1 + tu_below(30);
+        int32_t in = 1 + (int32_t)tu_below(200), out = 8 + (int32_t)tu_below(200);
+        fl_act_kind act = (fl_act_kind)(rep % 4);
+        float beta = (rep / 4) % 2 && act == FL_KACT_NONE ? 1.0f : 0.0f;
+        float *x = randf((size_t)(rows * in)), *w = randf((size_t)out * in), *b = randf((size_t)out);
+        float *y = randf((size_t)(rows * out));
+        double *want = malloc((size_t)(rows * out) * sizeof(double));
+        for (int64_t i = 0; i < rows; i++)
+            for (int32_t o = 0; o < out; o++) {
+                double s = b[o] + beta * (double)y[i * out + o];
+                for (int32_t k = 0; k < in; k++) s += (double)x[i * in + k] * w[(int64_t)o * in + k];
+                want[i * out + o] = act_ref(s, act);
+            }
+        if (beta == 0.0f) tu_poison(y, (size_t)(rows * out));
+        fl_cpu_linear(rows, in, out, x, in, w, b, beta, act, y, out);
+        assert_rel_err_below(y, want, (size_t)(rows * out), TOL);
+        free(x);
+        free(w);
+        free(b);
+        free(y);
+        free(want);
+    }
+}
+
+static void test_sigmoid_extremes(void **state)
+{
+    float x[6] = {-1000.0f, -20.0f, 0.0f, 3.0f, 20.0f, 1000.0f};
+    double want[6];
+    for (int i = 0; i < 6; i++) want[i] = 1.0 / (1.0 + exp(-(double)x[i]));
+    fl_cpu_sigmoid(x, 6, 1);
+    for (int i = 0; i < 6; i++) {
+        assert_false(isnan(x[i]));
+        assert_true(fabs(x[i] - want[i]) <= 1e-7 * fmax(1e-30, fabs(want[i])) + 1e-38);
+    }
+}
+
+static void test_dot_gather(void **state)
+{
+    for (int rep = 0; rep < 20; rep++) {
+        int32_t d = 1 + (int32_t)tu_below(130);
+        /* at least 16 outputs: a normwise error over one near-cancelling dot product measures float32, not the kernel */
+        int64_t rows = 1 + tu_below(100), n = 16 + tu_below(60);
+        float *h = randf((size_t)d), *table = randf((size_t)(rows * d));
+        int64_t *ids = malloc((size_t)(n + 1) * sizeof(int64_t));
+        for (int64_t i = 0; i < n; i++) ids[i] = tu_below(rows);
+        float *out = malloc((size_t)(2 * n + 1) * sizeof(float));
+        tu_poison(out, (size_t)(2 * n + 1));
+        double *want = malloc((size_t)(n + 1) * sizeof(double));
+        float *got = malloc((size_t)(n + 1) * sizeof(float));
+        for (int64_t i = 0; i < n; i++) {
+            double s = 0;
+            for (int32_t j = 0; j < d; j++) s += (double)h[j] * table[ids[i] * d + j];
+            want[i] = s;
+        }
+        fl_cpu_dot_gather(h, d, table, ids, n, out, 2);
+        for (int64_t i = 0; i < n; i++) got[i] = out[2 * i];
+        if (n) assert_rel_err_below(got, want, (size_t)n, TOL);
+        free(h);
+        free(table);
+        free(ids);
+        free(out);
+        free(want);
+        free(got);
+    }
+}
+
+/* ---- SUMI attention */
+
+/* Plain reference: explicit visibility test per (query, key), softmax in double. */
+static void attention_ref(int64_t nh, int64_t nc, int32_t H, int32_t dh, const float *q, const int32_t *qpos,
+                          int64_t nq, const float *k, const float *v, const uint8_t *valid, double *out)
+{
+    int64_t T = nh + nc, d = (int64_t)H * dh;
+    double *p = malloc((size_t)T * sizeof(double));
+    for (int64_t i = 0; i < nq; i++) {
+        int64_t pos = qpos ? qpos[i] : i;
+        for (int32_t h = 0; h < H; h++) {
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < T; j++) {
+                bool vis = pos < nh ? j <= pos : (j < nh || j == pos);
+                vis = vis && (!valid || valid[j]);
+                p[j] = -INFINITY;
+                if (!vis) continue;
+                double s = 0;
+                for (int32_t e = 0; e < dh; e++) s += (double)q[i * d + h * dh + e] * k[j * d + h * dh + e];
+                p[j] = s / sqrt((double)dh);
+                if (p[j] > mx) mx = p[j];
+            }
+            double sum = 0;
+            for (int64_t j = 0; j < T; j++) sum += p[j] == -INFINITY ? 0 : exp(p[j] - mx);
+            for (int32_t e = 0; e < dh; e++) {
+                double acc = 0;
+                for (int64_t j = 0; j < T; j++)
+                    if (p[j] != -INFINITY) acc += exp(p[j] - mx) / sum * v[j * d + h * dh + e];
+                out[i * d + h * dh + e] = acc; /* no visible key: 0 */
+            }
+        }
+    }
+    free(p);
+}
+
+static void check_attention(int64_t nh, int64_t nc, int32_t H, int32_t dh, bool subset, bool masked)
+{
+    int64_t T = nh + nc, d = (int64_t)H * dh;
+    float *k = randf((size_t)(T * d)), *v = randf((size_t)(T * d));
+    for (int64_t i = 0; i < T * d; i++) k[i] *= 3.0f; /* peaky softmax */
+    int32_t *qpos = malloc((size_t)(T + 1) * sizeof(int32_t));
+    int64_t nq = 0;
+    for (int64_t p = 0; p < T; p++)
+        if (!subset || tu_below(2)) qpos[nq++] = (int32_t)p;
+    float *q = randf((size_t)((nq + 1) * d));
+    uint8_t *valid = NULL;
+    if (masked) {
+        valid = malloc((size_t)T);
+        for (int64_t j = 0; j < T; j++) valid[j] = tu_below(4) != 0;
+        if (T) valid[0] = 0; /* query 0 then sees nothing: its row must be zeros */
+    }
+    float *out = malloc((size_t)((nq + 1) * d) * sizeof(float));
+    tu_poison(out, (size_t)((nq + 1) * d));
+    float *scratch = malloc(fl_cpu_attention_scratch(nh) * sizeof(float));
+    fl_cpu_attention_sumi(nh, nc, H, dh, q, d, subset ? qpos : NULL, nq, k, v, d, valid, out, d, scratch);
+    double *want = malloc((size_t)((nq + 1) * d) * sizeof(double));
+    attention_ref(nh, nc, H, dh, q, subset ? qpos : NULL, nq, k, v, valid, want);
+    if (nq) assert_rel_err_below(out, want, (size_t)(nq * d), TOL);
+    if (masked && nq && qpos[0] == 0 && nh > 0)
+        for (int64_t e = 0; e < d; e++) assert_true(out[e] == 0.0f);
+    free(k);
+    free(v);
+    free(q);
+    free(qpos);
+    free(valid);
+    free(out);
+    free(scratch);
+    free(want);
+}
+
+static void test_attention_causal_history_only(void **state)
+{
+    for (int rep = 0; rep < 10; rep++) check_attention(1 + tu_below(100), 0, 1 + (int32_t)tu_below(4), 8 << tu_below(3), false, false);
+}
+
+static void test_attention_sumi(void **state)
+{
+    for (int rep = 0; rep < 10; rep++)
+        check_attention(tu_below(150), 1 + tu_below(70), 1 + (int32_t)tu_below(4), 8 << tu_below(3), false, false);
+}
+
+static void test_attention_query_subset(void **state)
+{
+    for (int rep = 0; rep < 10; rep++)
+        check_attention(tu_below(150), tu_below(70) + 1, 2, 16, true, false);
+}
+
+static void test_attention_padding_mask_and_empty_rows(void **state)
+{
+    for (int rep = 0; rep < 10; rep++) check_attention(1 + tu_below(100), tu_below(30), 2, 8, rep & 1, true);
+    /* every key masked: every row is zeros, never NaN */
+    int64_t T = 6, d = 8;
+    float *k = randf(T * d), *v = randf(T * d), *q = randf(T * d), out[48], scratch[64 * 6];
+    uint8_t none[6] = {0};
+    tu_poison(out, 48);
+    fl_cpu_attention_sumi(4, 2, 1, 8, q, d, NULL, T, k, v, d, none, out, d, scratch);
+    for (int i = 0; i < 48; i++) assert_true(out[i] == 0.0f);
+    free(k);
+    free(v);
+    free(q);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embedding_bag_sum_combine),
+        cmocka_unit_test(test_embedding_bag_concat),
+        cmocka_unit_test(test_embedding_empty_bag_is_zero),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_sigmoid_extremes),
+        cmocka_unit_test(test_dot_gather),
+        cmocka_unit_test(test_attention_causal_history_only),
+        cmocka_unit_test(test_attention_sumi),
+        cmocka_unit_test(test_attention_query_subset),
+        cmocka_unit_test(test_attention_padding_mask_and_empty_rows),
+    };
+    return cmocka_run_group_tests_name("cpu kernels", tests, setup, NULL);
+}

@@ -1,0 +1,243 @@
+/* Model loader: one test per malformed-file class of docs/model-format.md, each asserting
+ * the status and the message; plus the dtypes that load. */
+#include <fcntl.h>
+
+#include "testutil.h"
+#include "model/model.h"
+
+/* Smallest valid model: one 10 x 4 item table, no blocks, dot head. */
+static const char *tiny_config =
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":4,\"max_len\":8,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":10,\"dim\":4}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+    "\"blocks\":{\"count\":0,\"num_heads\":1,\"ffn_dim\":4,\"norm\":\"post\",\"activation\":\"relu\"},"
+    "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+
+/* {"__metadata__":{"flame.config":"<config, quotes escaped>"}<, tensors>} */
+static char *header(const char *config, const char *tensors)
+{
+    static char buf[8192];
+    char esc[4096];
+    size_t j = 0;
+    for (const char *c = config; *c && j + 2 < sizeof esc; c++) {
+        if (*c == '"') esc[j++] = '\\';
+        esc[j++] = *c;
+    }
+    esc[j] = '\0';
+    if (config[0])
+        snprintf(buf, sizeof buf, "{\"__metadata__\":{\"flame.config\":\"%s\"}%s%s}", esc, tensors[0] ? "," : "",
+                 tensors);
+    else
+        snprintf(buf, sizeof buf, "{%s}", tensors);
+    return buf;
+}
+
+static float data[1024];
+
+static flame_status load(const char *path)
+{
+    flame_model *m = (flame_model *)0x1; /* must be reset to NULL on failure */
+    flame_status st = flame_model_load(path, &m);
+    if (st != FLAME_OK) assert_null(m);
+    flame_model_destroy(m);
+    return st;
+}
+
+static void test_valid_tiny_model_loads(void **state)
+{
+    const char *p = tu_write_st("ok.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
+                                                             "\"data_offsets\":[0,160]}"),
+                                0, data, 160);
+    assert_int_equal(load(p), FLAME_OK);
+}
+
+static void test_header_length_beyond_file(void **state)
+{
+    /* the issue's example: a header length of 132,095,296 in a 1 KB file */
+    char junk[1017]; /* 1016 characters + 8 length bytes = 1 KiB */
+    memset(junk, ' ', sizeof junk - 1);
+    junk[sizeof junk - 1] = '\0';
+    const char *p = tu_write_st("hdrlen.st", junk, 132095296, NULL, 0);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "header length 132095296 exceeds the file size (1024 bytes)");
+}
+
+static void test_header_length_beyond_cap(void **state)
+{
+    /* a sparse file larger than the cap, so only the cap can reject the length */
+    const char *p = tu_write_st("cap.st", "{}", (100u << 20) + 1, NULL, 0);
+    int fd = open(p, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)(101u << 20)), 0);
+    close(fd);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "exceeds the cap of 104857600 bytes");
+}
+
+static void test_file_too_short(void **state)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/short.st", tu_tmpdir());
+    FILE *f = fopen(path, "wb");
+    fwrite("abc", 1, 3, f);
+    fclose(f);
+    assert_status_msg(load(path), FLAME_ERR_FORMAT, "too short");
+}
+
+static void test_byte_range_disagrees_with_shape(void **state)
+{
+    /* the issue's example: an F32 [1000, 1000] tensor declared over 4 bytes */
+    const char *p = tu_write_st("size.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[1000,"
+                                                               "1000],\"data_offsets\":[0,4]}"),
+                                0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "tensor 'tables.item.weight': byte range is 4 bytes but shape [1000, 1000] x F32 needs 4000000");
+}
+
+static void test_overlapping_ranges(void **state)
+{
+    const char *p = tu_write_st("overlap.st",
+                                header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
+                                                    "\"data_offsets\":[0,160]},\"x\":{\"dtype\":\"F32\",\"shape\":[4],"
+                                                    "\"data_offsets\":[150,166]}"),
+                                0, data, 200);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "overlap");
+}
+
+static void test_shared_range(void **state)
+{
+    const char *p = tu_write_st("shared.st",
+                                header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
+                                                    "\"data_offsets\":[0,160]},\"alias\":{\"dtype\":\"F32\",\"shape\":"
+                                                    "[10,4],\"data_offsets\":[0,160]}"),
+                                0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensors 'alias' [0, 160) and 'tables.item.weight' [0, 160) overlap");
+}
+
+static void test_range_past_end(void **state)
+{
+    const char *p = tu_write_st("past.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
+                                                               "\"data_offsets\":[0,160]}"),
+                                0, data, 100);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "ends at byte 160, past the data buffer (100 bytes)");
+}
+
+static void test_unknown_dtype(void **state)
+{
+    const char *p = tu_write_st("dtype.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"I7\",\"shape\":[10,4],"
+                                                                "\"data_offsets\":[0,160]}"),
+                                0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "unsupported dtype 'I7'");
+}
+
+static void test_unknown_dtype_still_range_checked(void **state)
+{
+    /* strict checks do not depend on knowing the dtype: the overlap is found first */
+    const char *p = tu_write_st("dtype2.st",
+                                header(tiny_config, "\"a\":{\"dtype\":\"Q3\",\"shape\":[3],\"data_offsets\":[0,100]},"
+                                                    "\"b\":{\"dtype\":\"Q3\",\"shape\":[3],\"data_offsets\":[50,120]}"),
+                                0, data, 200);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "overlap");
+    p = tu_write_st("dtype3.st", header(tiny_config, "\"a\":{\"dtype\":\"Q3\",\"shape\":[3],\"data_offsets\":[0,900]}"), 0,
+                    data, 200);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "past the data buffer");
+}
+
+static void test_missing_tensor(void **state)
+{
+    const char *p = tu_write_st("missing.st", header(tiny_config, ""), 0, data, 0);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "missing tensor 'tables.item.weight'");
+}
+
+static void test_wrong_shape(void **state)
+{
+    const char *p = tu_write_st("shape.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,3],"
+                                                                "\"data_offsets\":[0,120]}"),
+                                0, data, 120);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.weight' has shape [10, 3], expected [10, 4]");
+}
+
+static void test_unexpected_tensor(void **state)
+{
+    const char *p = tu_write_st("extra.st",
+                                header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
+                                                    "\"data_offsets\":[0,160]},\"blocks.0.attn.q.weight\":{\"dtype\":"
+                                                    "\"F32\",\"shape\":[1],\"data_offsets\":[160,164]}"),
+                                0, data, 164);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "unexpected tensor 'blocks.0.attn.q.weight'");
+}
+
+static void test_config_out_of_range(void **state)
+{
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg, "%s", tiny_config);
+    memcpy(strstr(cfg, "\"d_model\":4"), "\"d_model\":0", 11);
+    const char *p = tu_write_st("cfg.st", header(cfg, ""), 0, data, 0);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "d_model = 0 is out of range [1, 65536]");
+    snprintf(cfg, sizeof cfg, "%s", tiny_config);
+    memcpy(strstr(cfg, "\"num_heads\":1"), "\"num_heads\":3", 13);
+    p = tu_write_st("cfg2.st", header(cfg, ""), 0, data, 0);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "d_model 4 is not a multiple of blocks.num_heads 3");
+}
+
+static void test_no_config_and_bad_json(void **state)
+{
+    const char *p = tu_write_st("nocfg.st", header("", "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"), 0,
+                                data, 4);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "no \"flame.config\"");
+    p = tu_write_st("json.st", "{\"x\": [", 0, NULL, 0);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "not valid JSON");
+}
+
+static void test_io_error_names_file(void **state)
+{
+    assert_status_msg(load("/nonexistent/model.st"), FLAME_ERR_IO, "'/nonexistent/model.st'");
+    assert_status_msg(flame_model_load(NULL, NULL), FLAME_ERR_INVALID_ARG, "NULL");
+}
+
+/* F16 and BF16 weights convert exactly (normal, subnormal, negative, zero). */
+static void test_half_dtypes_convert(void **state)
+{
+    static const char *dtypes[] = {"F16", "BF16"};
+    /* F16: 1.5, -2, 2^-24 (smallest subnormal), 0 ; BF16: 1.5, -2, 2^-133 (subnormal), 0 */
+    static const uint16_t bits[2][4] = {{0x3e00, 0xc000, 0x0001, 0x0000}, {0x3fc0, 0xc000, 0x0001, 0x0000}};
+    const float want[2][4] = {{1.5f, -2.0f, 5.9604645e-8f, 0.0f}, {1.5f, -2.0f, 9.18354962e-41f, 0.0f}};
+    for (int d = 0; d < 2; d++) {
+        uint16_t raw[40];
+        for (int i = 0; i < 40; i++) raw[i] = bits[d][i % 4];
+        char tensors[256];
+        snprintf(tensors, sizeof tensors,
+                 "\"tables.item.weight\":{\"dtype\":\"%s\",\"shape\":[10,4],\"data_offsets\":[0,80]}", dtypes[d]);
+        const char *p = tu_write_st("half.st", header(tiny_config, tensors), 0, raw, sizeof raw);
+        flame_model *m = NULL;
+        assert_int_equal(flame_model_load(p, &m), FLAME_OK);
+        for (int i = 0; i < 40; i++) assert_true(m->tables[0][i] == want[d][i % 4]);
+        flame_model_info info = {.struct_size = sizeof info};
+        assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+        assert_int_equal(info.weight_bytes, 160);
+        assert_int_equal(info.num_items, 10);
+        flame_model_destroy(m);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_tiny_model_loads),
+        cmocka_unit_test(test_header_length_beyond_file),
+        cmocka_unit_test(test_header_length_beyond_cap),
+        cmocka_unit_test(test_file_too_short),
+        cmocka_unit_test(test_byte_range_disagrees_with_shape),
+        cmocka_unit_test(test_overlapping_ranges),
+        cmocka_unit_test(test_shared_range),
+        cmocka_unit_test(test_range_past_end),
+        cmocka_unit_test(test_unknown_dtype),
+        cmocka_unit_test(test_unknown_dtype_still_range_checked),
+        cmocka_unit_test(test_missing_tensor),
+        cmocka_unit_test(test_wrong_shape),
+        cmocka_unit_test(test_unexpected_tensor),
+        cmocka_unit_test(test_config_out_of_range),
+        cmocka_unit_test(test_no_config_and_bad_json),
+        cmocka_unit_test(test_io_error_names_file),
+        cmocka_unit_test(test_half_dtypes_convert),
+    };
+    return cmocka_run_group_tests_name("loader", tests, NULL, NULL);
+}
