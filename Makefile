@@ -51,7 +51,7 @@ BENCHES  := bench/beauty-bench
 
 all: lib examples
 
-lib: $(SHLIB) lib/libflame.so.$(MAJOR) lib/libflame.so $(STLIB) lib/flame.pc
+lib: $(SHLIB) lib/libflame.so.$(MAJOR) lib/libflame.so $(STLIB)
 
 build/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
@@ -79,9 +79,9 @@ $(STLIB): $(OBJ) $(CU_OBJ)
 	@mkdir -p lib
 	rm -f $@ && ar rcs $@ $^
 
-lib/flame.pc: pkgconfig/flame.pc.in include/flame/flame.h Makefile
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|' \
-	    -e 's|@PRIVATE_LIBS@|$(LDLIBS)|' $< > $@
+# flame.pc is generated at install time so it names the PREFIX/LIBDIR/INCLUDEDIR installed to.
+PC_SED := -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|' \
+          -e 's|@PRIVATE_LIBS@|$(LDLIBS)|'
 
 # Programs link the shared library found next to them (rpath $ORIGIN/../lib).
 PROG_LDFLAGS := -Llib -Wl,-rpath,'$$ORIGIN/../lib' -lflame -lm -lpthread
@@ -130,7 +130,7 @@ install: lib
 	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libflame.so
 	install -m 0644 $(STLIB) $(DESTDIR)$(LIBDIR)/
-	install -m 0644 lib/flame.pc $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc
+	sed $(PC_SED) pkgconfig/flame.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc
 
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/flame/flame.h $(DESTDIR)$(LIBDIR)/libflame.so* \
@@ -138,4 +138,4 @@ uninstall:
 	-rmdir $(DESTDIR)$(INCLUDEDIR)/flame 2>/dev/null
 
 clean:
-	rm -rf build lib/libflame* lib/flame.pc $(EXAMPLES) $(BENCHES)
+	rm -rf build lib/libflame* $(EXAMPLES) $(BENCHES)

@@ -218,6 +218,65 @@ static void test_half_dtypes_convert(void **state)
     }
 }
 
+/* Resident memory in bytes (/proc/self/statm). */
+static size_t rss_bytes(void)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f || fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    if (f) fclose(f);
+    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A loaded model costs its float32 weights plus at most 10%: F32 tensors are used in the
+ * mapping (no copy), F16 ones are converted once and their mapped pages dropped. Scoring
+ * every item touches every weight. */
+static void test_model_memory_is_weights_plus_10_percent(void **state)
+{
+    enum { ROWS = 10000, DIM = 1024 };
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\"format\":\"flame\",\"version\":1,\"d_model\":%d,\"max_len\":4,"
+             "\"tables\":[{\"name\":\"item\",\"rows\":%d,\"dim\":%d}],"
+             "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+             "\"blocks\":{\"count\":0,\"num_heads\":1,\"ffn_dim\":1,\"norm\":\"post\",\"activation\":\"relu\"},"
+             "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
+             DIM, ROWS, DIM);
+    const size_t weights = (size_t)ROWS * DIM * 4;
+    int64_t *cand = malloc(ROWS * sizeof(int64_t)), hist[2] = {1, 2};
+    float *scores = malloc(ROWS * sizeof(float));
+    for (int i = 0; i < ROWS; i++) cand[i] = i;
+    static const char *dtypes[] = {"F32", "F16"};
+    for (int d = 0; d < 2; d++) {
+        size_t esize = d ? 2 : 4, bytes = (size_t)ROWS * DIM * esize;
+        uint8_t *raw = malloc(bytes);
+        for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)(d ? (i & 1 ? 0x3c : 0x00) : (i % 4 == 3 ? 0x3f : 0));
+        char tensors[256];
+        snprintf(tensors, sizeof tensors, "\"tables.item.weight\":{\"dtype\":\"%s\",\"shape\":[%d,%d],"
+                 "\"data_offsets\":[0,%zu]}", dtypes[d], ROWS, DIM, bytes);
+        const char *p = tu_write_st("big.st", header(cfg, tensors), 0, raw, bytes);
+        free(raw);
+        size_t before = rss_bytes();
+        flame_model *m = NULL;
+        flame_engine *e = NULL;
+        assert_int_equal(flame_model_load(p, &m), FLAME_OK);
+        assert_int_equal(flame_engine_create(m, NULL, &e), FLAME_OK);
+        flame_request r = {.struct_size = sizeof r, .history = hist, .history_len = 2, .candidates = cand,
+                           .num_candidates = ROWS};
+        assert_int_equal(flame_score(e, &r, scores, ROWS), FLAME_OK);
+        size_t grown = rss_bytes() - before;
+        fprintf(stderr, "# %s model: %zu bytes of weights, RSS grew %zu bytes\n", dtypes[d], weights, grown);
+        assert_true(grown <= weights + weights / 10);
+        if (d == 0) /* used in place: the view points into the mapping */
+            assert_true((const uint8_t *)m->tables[0] >= (const uint8_t *)m->map &&
+                        (const uint8_t *)m->tables[0] < (const uint8_t *)m->map + m->map_len);
+        flame_engine_destroy(e);
+        flame_model_destroy(m);
+    }
+    free(cand);
+    free(scores);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -238,6 +297,7 @@ int main(void)
         cmocka_unit_test(test_no_config_and_bad_json),
         cmocka_unit_test(test_io_error_names_file),
         cmocka_unit_test(test_half_dtypes_convert),
+        cmocka_unit_test(test_model_memory_is_weights_plus_10_percent),
     };
     return cmocka_run_group_tests_name("loader", tests, NULL, NULL);
 }

@@ -104,11 +104,15 @@ static inline const char *tu_write_st(const char *name, const char *header, uint
     snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
     FILE *f = fopen(path, "wb");
     if (!f) abort();
-    uint64_t n = header_len_override ? header_len_override : strlen(header);
+    /* pad the header with spaces to a multiple of 8, as safetensors writers do, so the data
+     * buffer is aligned (F32 tensors are then used in place) */
+    size_t pad = header_len_override ? 0 : (8 - strlen(header) % 8) % 8;
+    uint64_t n = header_len_override ? header_len_override : strlen(header) + pad;
     unsigned char len[8];
     for (int i = 0; i < 8; i++) len[i] = (unsigned char)(n >> (8 * i));
     fwrite(len, 1, 8, f);
     fwrite(header, 1, strlen(header), f);
+    fwrite("        ", 1, pad, f);
     if (data_len) fwrite(data, 1, data_len, f);
     fclose(f);
     return path;
