@@ -127,6 +127,11 @@ static void test_bad_item_ids(void **state)
     cand[1] = 1000;
     assert_status_msg(flame_score(f->ed, &r, s, 8), FLAME_ERR_INVALID_ARG,
                       "candidate 1 (head table 'item'): id 1000 out of range [0, 100)");
+    /* an id older than the 8-item window is not read, but still rejected */
+    int64_t longh[12] = {-7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    r = dot_req(longh, 12, cand, 3);
+    cand[1] = 2;
+    assert_status_msg(flame_score(f->ed, &r, s, 8), FLAME_ERR_INVALID_ARG, "history token 0, feature 'item' (table 'item'): id -7");
     assert_true(all_nan(s, 8));
 }
 

@@ -214,12 +214,14 @@ typedef struct flame_request {
     size_t struct_size;             /* sizeof(flame_request) */
     int64_t user_id;                /* carried for logging and caches; not used by v1 models */
     const int64_t *history;         /* [history_len] item ids, oldest first; NULL if 0 */
-    size_t history_len;             /* any length: only the most recent max_len items are used */
+    size_t history_len;             /* any length: only the most recent max_len items are used
+                                     * (all are validated) */
     const int64_t *candidates;      /* [num_candidates] item ids to score; NULL if 0 */
     size_t num_candidates;
     /* [num_side_features] bags over the history tokens (the full history_len, of which the
      * same most recent max_len are used) and over the candidate tokens; NULL when the model
-     * has no side features. */
+     * has no side features. candidate_side may be NULL under the dot head, which reads only
+     * candidate ids. */
     const flame_bags *history_side;
     const flame_bags *candidate_side;
     size_t num_side_features;       /* must equal flame_model_info.num_side_features */

@@ -70,8 +70,9 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
         return BAD("request %zu: history_side is NULL, the model needs %d side features", r, c->num_side);
     if (c->num_side && sumi && q->num_candidates && !q->candidate_side)
         return BAD("request %zu: candidate_side is NULL, the model needs %d side features", r, c->num_side);
-    size_t n = q->history_len < (size_t)c->max_len ? q->history_len : (size_t)c->max_len;
-    flame_status st = check_tokens(r, "history", c, q->history, q->history_side, q->history_len, q->history_len - n, n);
+    /* the whole history, not only the window: ids that fall out of it are not read, but a bad
+     * one still says the caller's data is wrong */
+    flame_status st = check_tokens(r, "history", c, q->history, q->history_side, q->history_len, 0, q->history_len);
     if (st) return st;
     if (sumi)
         return check_tokens(r, "candidate", c, q->candidates, q->candidate_side, q->num_candidates, 0,
