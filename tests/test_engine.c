@@ -1,6 +1,7 @@
 /* flame_score / flame_score_batch behaviour: input validation, edge cases of the request,
  * batching and concurrency, configuration and lifetimes. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "testutil.h"
 #include "model/model.h"
@@ -126,13 +127,42 @@ static void test_bad_item_ids(void **state)
     hist[2] = 3;
     cand[1] = 1000;
     assert_status_msg(flame_score(f->ed, &r, s, 8), FLAME_ERR_INVALID_ARG,
-                      "candidate 1 (head table 'item'): id 1000 out of range [0, 100)");
+                      "candidate 1 (table 'item'): id 1000 out of range [0, 100)");
     /* an id older than the 8-item window is not read, but still rejected */
     int64_t longh[12] = {-7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
     r = dot_req(longh, 12, cand, 3);
     cand[1] = 2;
     assert_status_msg(flame_score(f->ed, &r, s, 8), FLAME_ERR_INVALID_ARG, "history token 0, feature 'item' (table 'item'): id -7");
     assert_true(all_nan(s, 8));
+}
+
+/* Item ids index every item table: with a 30-row feature table and a 20-row head table,
+ * num_items is 20 and a history id of 25 is refused (it could never be a candidate). */
+static void test_item_ids_fit_every_item_table(void **state)
+{
+    const char *cfg =
+        "{\"format\":\"flame\",\"version\":1,\"d_model\":8,\"max_len\":4,"
+        "\"tables\":[{\"name\":\"item\",\"rows\":30,\"dim\":8},{\"name\":\"out\",\"rows\":20,\"dim\":8}],"
+        "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+        "\"blocks\":{\"count\":1,\"num_heads\":2,\"ffn_dim\":8,\"norm\":\"pre\",\"activation\":\"relu\"},"
+        "\"head\":{\"type\":\"dot\",\"table\":\"out\"}}";
+    flame_model *m = NULL;
+    flame_engine *e = NULL;
+    assert_int_equal(flame_model_create_random(cfg, 2, &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &e), FLAME_OK);
+    flame_model_info info = {.struct_size = sizeof info};
+    assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+    assert_int_equal(info.num_items, 20);
+    int64_t hist[2] = {1, 25}, cand[2] = {0, 19};
+    float s[2];
+    flame_request r = dot_req(hist, 2, cand, 2);
+    assert_status_msg(flame_score(e, &r, s, 2), FLAME_ERR_INVALID_ARG, "id 25 out of range [0, 20)");
+    hist[1] = 19;
+    assert_int_equal(flame_score(e, &r, s, 2), FLAME_OK);
+    cand[1] = 20;
+    assert_status_msg(flame_score(e, &r, s, 2), FLAME_ERR_INVALID_ARG, "candidate 1 (table 'out'): id 20 out of range [0, 20)");
+    flame_engine_destroy(e);
+    flame_model_destroy(m);
 }
 
 static void test_bad_side_features(void **state)
@@ -220,6 +250,15 @@ static void test_short_histories(void **state)
     assert_int_equal(flame_score(f->ed, &r, s, 5), FLAME_OK);
     assert_true(all_finite(s, 5));
     assert_true(s[0] != s[1]);
+    /* sumi head, empty history: history_side may be NULL (nothing to describe) */
+    sreq q0;
+    make_sumi(&q0, 0, 3);
+    q0.r.history = NULL;
+    q0.r.history_side = NULL;
+    float p0[6];
+    tu_poison(p0, 6);
+    assert_int_equal(flame_score(f->es, &q0.r, p0, 6), FLAME_OK);
+    for (int i = 0; i < 6; i++) assert_true(p0[i] > 0.0f && p0[i] < 1.0f);
     /* sumi head: 0 and 1 history items give finite probabilities */
     for (size_t n = 0; n < 2; n++) {
         sreq q;
@@ -506,6 +545,48 @@ static void test_device_choice(void **state)
     flame_config_destroy(c);
 }
 
+/* Hooks swapped while other threads log: every line reaches a hook with its own user pointer. */
+typedef struct hook_tag {
+    int id;
+    atomic_int mismatches, lines;
+} hook_tag;
+static void hook_a(flame_log_level level, const char *msg, void *user)
+{
+    hook_tag *t = user;
+    atomic_fetch_add(&t->lines, 1);
+    if (t->id != 1) atomic_fetch_add(&t->mismatches, 1);
+}
+static void hook_b(flame_log_level level, const char *msg, void *user)
+{
+    hook_tag *t = user;
+    atomic_fetch_add(&t->lines, 1);
+    if (t->id != 2) atomic_fetch_add(&t->mismatches, 1);
+}
+static atomic_int stop_logging;
+static void *log_spammer(void *arg)
+{
+    flame_config *c = NULL;
+    flame_config_create(&c);
+    while (!atomic_load(&stop_logging)) flame_config_set_int(c, FLAME_OPT_MAX_BATCH, 0); /* logs at DEBUG */
+    flame_config_destroy(c);
+    return NULL;
+}
+static void test_log_hook_swaps_are_safe(void **state)
+{
+    hook_tag a = {.id = 1}, b = {.id = 2};
+    pthread_t th[2];
+    atomic_store(&stop_logging, 0);
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, log_spammer, NULL);
+    /* swap until the spammers have delivered plenty of lines under changing hooks (bounded) */
+    for (int i = 0; i < 5000000 && atomic_load(&a.lines) + atomic_load(&b.lines) < 5000; i++)
+        flame_set_log_callback(i & 1 ? hook_a : hook_b, i & 1 ? (void *)&a : (void *)&b, FLAME_LOG_DEBUG);
+    atomic_store(&stop_logging, 1);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR);
+    assert_true(atomic_load(&a.lines) + atomic_load(&b.lines) > 0);
+    assert_int_equal(atomic_load(&a.mismatches) + atomic_load(&b.mismatches), 0);
+}
+
 static void test_lifetimes_and_names(void **state)
 {
     flame_model *m = NULL;
@@ -576,6 +657,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_item_ids),
+        cmocka_unit_test(test_item_ids_fit_every_item_table),
         cmocka_unit_test(test_bad_side_features),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_empty_candidates),
@@ -588,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_eight_threads_bitwise),
         cmocka_unit_test(test_config_options),
         cmocka_unit_test(test_device_choice),
+        cmocka_unit_test(test_log_hook_swaps_are_safe),
         cmocka_unit_test(test_lifetimes_and_names),
         cmocka_unit_test(test_beauty_sized_scratch),
     };

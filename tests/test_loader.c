@@ -1,6 +1,7 @@
 /* Model loader: one test per malformed-file class of docs/model-format.md, each asserting
  * the status and the message; plus the dtypes that load. */
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include "testutil.h"
 #include "model/model.h"
@@ -193,6 +194,42 @@ static void test_io_error_names_file(void **state)
     assert_status_msg(flame_model_load(NULL, NULL), FLAME_ERR_INVALID_ARG, "NULL");
 }
 
+static const char *tiny_tensor = "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":[0,160]}";
+
+/* Readers disagree on which duplicate wins, so duplicates are refused; so are bytes after the
+ * JSON and names that would put control characters into messages. */
+static void test_ambiguous_headers(void **state)
+{
+    char h[8192], esc[4096];
+    snprintf(h, sizeof h, "%s", header(tiny_config, tiny_tensor));
+    h[strlen(h) - 1] = '\0'; /* reopen the object */
+    snprintf(esc, sizeof esc, "%s,\"__metadata__\":{\"x\":\"y\"}}", h);
+    const char *p = tu_write_st("dupmeta.st", esc, 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "__metadata__ appears 2 times");
+    snprintf(esc, sizeof esc, "{\"__metadata__\":{\"flame.config\":\"{}\",\"flame.config\":\"{}\"},%s}", tiny_tensor);
+    p = tu_write_st("dupcfg.st", esc, 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "key 'flame.config' appears twice in __metadata__");
+    snprintf(esc, sizeof esc, "%s}GARBAGE", h);
+    p = tu_write_st("trail.st", esc, 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "bytes after its JSON");
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg, "%s junk", tiny_config);
+    p = tu_write_st("trailcfg.st", header(cfg, tiny_tensor), 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "flame.config has bytes after its JSON");
+    p = tu_write_st("ctrl.st", header(tiny_config, "\"a\\u001b[31m\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"), 0,
+                    data, 4);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "control character in its name");
+}
+
+static void test_fifo_is_refused_not_waited_on(void **state)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/fifo", tu_tmpdir());
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_status_msg(load(path), FLAME_ERR_IO, "not a regular file");
+    unlink(path);
+}
+
 /* F16 and BF16 weights convert exactly (normal, subnormal, negative, zero). */
 static void test_half_dtypes_convert(void **state)
 {
@@ -296,6 +333,8 @@ int main(void)
         cmocka_unit_test(test_config_out_of_range),
         cmocka_unit_test(test_no_config_and_bad_json),
         cmocka_unit_test(test_io_error_names_file),
+        cmocka_unit_test(test_ambiguous_headers),
+        cmocka_unit_test(test_fifo_is_refused_not_waited_on),
         cmocka_unit_test(test_half_dtypes_convert),
         cmocka_unit_test(test_model_memory_is_weights_plus_10_percent),
     };

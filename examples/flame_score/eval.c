@@ -124,7 +124,8 @@ int run_eval(const eval_options *o)
                 break;
             }
             if (o->exclude_history)
-                for (size_t h = 0; h < reqs[i].history_len; h++) s[hist[h]] = 0.0f;
+                for (size_t h = 0; h < reqs[i].history_len; h++) /* ids < N: the library validated them */
+                    if (hist[h] < (int64_t)N) s[hist[h]] = 0.0f;
             size_t rank = target_rank(s, N, target);
             for (int k = 0; k < o->num_ks; k++)
                 if (rank < (size_t)o->ks[k]) {

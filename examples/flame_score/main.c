@@ -2,6 +2,7 @@
  *   flame-score                      the embedded default model on synthetic requests
  *   flame-score --model M --sequences FILE --eval loo --k 5,10,20 --exclude-history [--json]
  *                                    leave-last-out full-sort evaluation of a dot-head model */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +40,10 @@ static int parse_ks(const char *s, eval_options *o)
 static int parse_size(const char *flag, const char *v, size_t lo, size_t hi, size_t *out)
 {
     char *end;
+    errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi) {
+    /* strtoull accepts "-1" as 2^64-1 and saturates on overflow: refuse both */
+    if (!*v || *v == '-' || *end || errno || x < lo || x > hi) {
         fprintf(stderr, "flame-score: %s '%s': expected an integer in [%zu, %zu]\n", flag, v, lo, hi);
         return -1;
     }
@@ -53,6 +56,7 @@ int main(int argc, char **argv)
     eval_options ev = {.ks = {5, 10, 20}, .num_ks = 3, .batch = 1};
     default_options def = {.requests = 200, .candidates = 128, .seed = 42};
     const char *eval = NULL;
+    int ev_ks_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = !strcmp(a, "--model") || !strcmp(a, "--sequences") || !strcmp(a, "--eval") || !strcmp(a, "--k") ||
@@ -78,6 +82,7 @@ int main(int argc, char **argv)
             eval = v;
         } else if (!strcmp(a, "--k")) {
             if (parse_ks(v, &ev)) return 2;
+            ev_ks_given = 1;
         } else if (!strcmp(a, "--batch")) {
             if (parse_size(a, v, 1, 65536, &ev.batch)) return 2;
         } else if (!strcmp(a, "--requests")) {
@@ -94,7 +99,13 @@ int main(int argc, char **argv)
         }
         i += takes;
     }
-    if (!ev.model && !ev.sequences && !eval) return run_default(&def);
+    if (!ev.model && !ev.sequences && !eval) {
+        if (ev.exclude_history || ev.batch != 1 || ev_ks_given) {
+            fprintf(stderr, "flame-score: --k, --batch and --exclude-history need --eval loo\n");
+            return 2;
+        }
+        return run_default(&def);
+    }
     if (!ev.model || !ev.sequences || !eval || strcmp(eval, "loo")) {
         fprintf(stderr, "flame-score: evaluation needs --model, --sequences and --eval loo\n");
         usage(stderr);

@@ -32,18 +32,26 @@ int sequences_read(const char *path, sequences *s)
     else s->offsets[0] = 0;
     while (rc == 0 && getline(&line, &len, f) != -1) {
         line_no++;
-        char *p = line, *end;
-        errno = 0;
-        strtoll(p, &end, 10); /* the user id: not needed for scoring */
-        if (end == p) continue; /* blank line */
-        for (p = end;;) {
+        char *p = line + strspn(line, " \t\r\n"), *end;
+        if (!*p) continue; /* blank line */
+        int first = 1; /* the user id: checked, not needed for scoring */
+        for (;;) {
+            p += strspn(p, " \t\r\n");
+            if (!*p) break;
+            errno = 0;
             long long v = strtoll(p, &end, 10);
-            if (end == p) break;
-            if (errno || v < 0) {
-                fprintf(stderr, "flame-score: %s:%zu: item id '%.*s' is not a non-negative integer\n", path, line_no,
-                        (int)(end - p), p);
+            size_t tok = strcspn(p, " \t\r\n");
+            /* every token must be a whole non-negative integer: "1e3" or "abc" is an error, not 1 or the end */
+            if (end != p + tok || errno || v < 0) {
+                fprintf(stderr, "flame-score: %s:%zu: %s '%.*s' is not a non-negative integer\n", path, line_no,
+                        first ? "user id" : "item id", (int)(tok < 40 ? tok : 40), p);
                 rc = -1;
                 break;
+            }
+            p = end;
+            if (first) {
+                first = 0;
+                continue;
             }
             if (push((void **)&s->items, &icap, n, sizeof(int64_t))) {
                 rc = -1;
@@ -56,6 +64,14 @@ int sequences_read(const char *path, sequences *s)
             s->offsets[++s->num_users] = n;
         else
             rc = -1;
+    }
+    if (rc == 0 && ferror(f)) {
+        fprintf(stderr, "flame-score: cannot read '%s': %s\n", path, strerror(errno));
+        rc = -1;
+    }
+    if (rc == 0 && s->num_users == 0) {
+        fprintf(stderr, "flame-score: '%s' holds no 'user item item ...' lines\n", path);
+        rc = -1;
     }
     free(line);
     fclose(f);

@@ -175,6 +175,7 @@ int run_default(const default_options *o)
         if (st) {
             fprintf(stderr, "flame-score: request %zu: %s: %s\n", i, flame_status_string(st), flame_last_error());
             rc = 1;
+            break;
         }
         if (i == 0) memcpy(first, scores, o->candidates * (size_t)info.num_tasks * sizeof(float));
         tokens += reqs[i].req.history_len + reqs[i].req.num_candidates;

@@ -85,9 +85,9 @@ typedef enum flame_log_level {
 typedef void (*flame_log_fn)(flame_log_level level, const char *message, void *user);
 
 /* Installs the process-wide log hook (NULL = no logging, the default) and the most verbose
- * level delivered. Thread-safe, but lines logged concurrently with the switch may still reach
- * the previous hook. Returns FLAME_OK, or FLAME_ERR_INVALID_ARG for a level outside
- * FLAME_LOG_ERROR..FLAME_LOG_DEBUG. */
+ * level delivered. Thread-safe: once it returns, no line reaches the previous hook (it waits
+ * for lines being delivered), and every line reaches a hook with that hook's own user pointer.
+ * Returns FLAME_OK, or FLAME_ERR_INVALID_ARG for a level outside FLAME_LOG_ERROR..FLAME_LOG_DEBUG. */
 FLAME_API flame_status flame_set_log_callback(flame_log_fn fn, void *user, flame_log_level max_level);
 
 /* ---------------------------------------------------------------- model */

@@ -27,7 +27,15 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     const size_t slice = (size_t)engine->cfg.max_batch;
     size_t need = 0;
     for (size_t r0 = 0; r0 < num_requests; r0 += slice) {
-        size_t b = fl_forward_bytes(engine->model, requests + r0, num_requests - r0 < slice ? num_requests - r0 : slice);
+        int64_t tokens = 0;
+        size_t b = fl_forward_bytes(engine->model, requests + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
+                                    &tokens);
+        if (tokens > INT32_MAX) { /* GEMM dimensions are 32-bit in CBLAS */
+            fl_workspace_release(engine, ws);
+            return fl_error(FLAME_ERR_INVALID_ARG,
+                            "requests %zu.. hold %lld tokens in one pass, more than 2147483647; lower "
+                            "FLAME_OPT_MAX_BATCH", r0, (long long)tokens);
+        }
         if (b > need) need = b;
     }
     st = fl_workspace_reserve(engine, ws, need); /* all memory up front: no half-written scores */

@@ -44,7 +44,7 @@ flame_status fl_validate_requests(const struct flame_model *m, const flame_reque
 
 /* Scratch bytes fl_forward_cpu needs for these requests (reserve it first so a call either
  * gets all its memory or fails before writing anything). */
-size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, size_t n);
+size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, size_t n, int64_t *tokens);
 
 /* Scores n validated requests in one pass into `scores` (their concatenated blocks). */
 flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,

@@ -137,20 +137,20 @@ static void embed(batch *b)
     for (size_t r = 0; r < b->n; r++) {
         const flame_request *q = &b->reqs[r];
         const seq *s = &b->seqs[r];
-        int32_t col = 0;
-        for (int f = 0; f < c->num_features; f++) {
-            fv[f] = feature_view(c, m, f, q->history, q->history_side, s->start);
-            fv[f].out_col = c->combine_concat ? col : 0;
-            col += fv[f].dim;
+        /* a token list of length 0 is never viewed: its arrays may legitimately be NULL */
+        for (int part = 0; part < 2; part++) {
+            int64_t count = part ? s->m : s->n;
+            if (count == 0) continue;
+            int32_t col = 0;
+            for (int f = 0; f < c->num_features; f++) {
+                fv[f] = part ? feature_view(c, m, f, q->candidates, q->candidate_side, 0)
+                             : feature_view(c, m, f, q->history, q->history_side, s->start);
+                fv[f].out_col = c->combine_concat ? col : 0;
+                col += fv[f].dim;
+            }
+            fl_cpu_embedding_bag(fv, c->num_features, count, dst + (s->off + (part ? s->n : 0)) * ld, ld,
+                                 c->embed_dim);
         }
-        fl_cpu_embedding_bag(fv, c->num_features, s->n, dst + s->off * ld, ld, c->embed_dim);
-        if (!s->m) continue;
-        for (int f = 0; f < c->num_features; f++) {
-            int32_t oc = fv[f].out_col;
-            fv[f] = feature_view(c, m, f, q->candidates, q->candidate_side, 0);
-            fv[f].out_col = oc;
-        }
-        fl_cpu_embedding_bag(fv, c->num_features, s->m, dst + (s->off + s->n) * ld, ld, c->embed_dim);
     }
     if (c->projection)
         fl_cpu_linear(b->T, c->embed_dim, (int32_t)d, b->E, c->embed_dim, m->proj.w, m->proj.b, 0.0f, FL_KACT_NONE,
@@ -343,9 +343,10 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
     return FLAME_OK;
 }
 
-size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, size_t n)
+size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, size_t n, int64_t *tokens)
 {
     batch b = {.model = m, .reqs = reqs, .n = n};
     plan_layout(&b);
+    *tokens = b.T;
     return carve(&b, NULL);
 }

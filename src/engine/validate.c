@@ -6,6 +6,10 @@
 
 #define BAD(...) fl_error(FLAME_ERR_INVALID_ARG, __VA_ARGS__)
 
+/* GEMM dimensions go to CBLAS as 32-bit ints; a pass's token count is bounded again in
+ * fl_forward_bytes' caller. */
+#define FL_MAX_CANDIDATES (1 << 24)
+
 static flame_status check_csr(size_t r, const char *what, const char *feature, const flame_bags *b, size_t n)
 {
     if (n == 0) return FLAME_OK;
@@ -21,19 +25,26 @@ static flame_status check_csr(size_t r, const char *what, const char *feature, c
     return FLAME_OK;
 }
 
-static flame_status check_id(size_t r, const char *what, size_t token, const fl_model_cfg *c, int f, int64_t id)
+/* Item ids must fit every table that item ids index (num_items, the smallest of them), so a
+ * history item can also be a candidate; side ids must fit their own table. */
+static flame_status check_id(size_t r, const char *what, size_t token, const struct flame_model *m, int f, int64_t id)
 {
+    const fl_model_cfg *c = &m->cfg;
     const fl_table_cfg *t = &c->tables[c->features[f].table];
-    if (id < 0 || id >= t->rows)
-        return BAD("request %zu: %s token %zu, feature '%s' (table '%s'): id %lld out of range [0, %lld)", r, what,
-                   token, c->features[f].name, t->name, (long long)id, (long long)t->rows);
+    bool item = c->features[f].side_slot < 0;
+    int64_t limit = item ? m->num_items : t->rows;
+    if (id < 0 || id >= limit)
+        return BAD("request %zu: %s token %zu, feature '%s' (table '%s'): id %lld out of range [0, %lld)%s", r, what,
+                   token, c->features[f].name, item ? c->tables[m->num_items_table].name : t->name, (long long)id,
+                   (long long)limit, item ? " (item ids index every item table)" : "");
     return FLAME_OK;
 }
 
 /* Checks the features of tokens [first, first + count) of one token list (history or candidates). */
-static flame_status check_tokens(size_t r, const char *what, const fl_model_cfg *c, const int64_t *items,
+static flame_status check_tokens(size_t r, const char *what, const struct flame_model *m, const int64_t *items,
                                  const flame_bags *side, size_t total, size_t first, size_t count)
 {
+    const fl_model_cfg *c = &m->cfg;
     for (int f = 0; f < c->num_features; f++) {
         int s = c->features[f].side_slot;
         if (s >= 0) {
@@ -42,12 +53,12 @@ static flame_status check_tokens(size_t r, const char *what, const fl_model_cfg 
         }
         for (size_t t = first; t < first + count; t++) {
             if (s < 0) {
-                flame_status st = check_id(r, what, t, c, f, items[t]);
+                flame_status st = check_id(r, what, t, m, f, items[t]);
                 if (st) return st;
                 continue;
             }
             for (int64_t i = side[s].offsets[t]; i < side[s].offsets[t + 1]; i++) {
-                flame_status st = check_id(r, what, t, c, f, side[s].ids[i]);
+                flame_status st = check_id(r, what, t, m, f, side[s].ids[i]);
                 if (st) return st;
             }
         }
@@ -63,6 +74,8 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
     if (q->history_len && !q->history) return BAD("request %zu: history is NULL with history_len %zu", r, q->history_len);
     if (q->num_candidates && !q->candidates)
         return BAD("request %zu: candidates is NULL with num_candidates %zu", r, q->num_candidates);
+    if (q->num_candidates > FL_MAX_CANDIDATES)
+        return BAD("request %zu: num_candidates = %zu exceeds %d", r, q->num_candidates, FL_MAX_CANDIDATES);
     if (q->num_side_features != (size_t)c->num_side)
         return BAD("request %zu: num_side_features = %zu, the model has %d", r, q->num_side_features, c->num_side);
     bool sumi = c->head == FLAME_HEAD_SUMI;
@@ -72,16 +85,16 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
         return BAD("request %zu: candidate_side is NULL, the model needs %d side features", r, c->num_side);
     /* the whole history, not only the window: ids that fall out of it are not read, but a bad
      * one still says the caller's data is wrong */
-    flame_status st = check_tokens(r, "history", c, q->history, q->history_side, q->history_len, 0, q->history_len);
+    flame_status st = check_tokens(r, "history", m, q->history, q->history_side, q->history_len, 0, q->history_len);
     if (st) return st;
     if (sumi)
-        return check_tokens(r, "candidate", c, q->candidates, q->candidate_side, q->num_candidates, 0,
+        return check_tokens(r, "candidate", m, q->candidates, q->candidate_side, q->num_candidates, 0,
                             q->num_candidates);
-    const fl_table_cfg *t = &c->tables[c->dot_table];
+    const fl_table_cfg *t = &c->tables[m->num_items_table];
     for (size_t i = 0; i < q->num_candidates; i++)
-        if (q->candidates[i] < 0 || q->candidates[i] >= t->rows)
-            return BAD("request %zu: candidate %zu (head table '%s'): id %lld out of range [0, %lld)", r, i, t->name,
-                       (long long)q->candidates[i], (long long)t->rows);
+        if (q->candidates[i] < 0 || q->candidates[i] >= m->num_items)
+            return BAD("request %zu: candidate %zu (table '%s'): id %lld out of range [0, %lld)", r, i, t->name,
+                       (long long)q->candidates[i], (long long)m->num_items);
     return FLAME_OK;
 }
 

@@ -18,7 +18,7 @@ static flame_status get_int(const cJSON *obj, const char *path, const char *key,
         return BAD("'%s%s' must be an integer", path, key);
     double d = v->valuedouble;
     if (d < (double)lo || d > (double)hi)
-        return BAD("%s%s = %.0f is out of range [%lld, %lld]", path, key, d, (long long)lo, (long long)hi);
+        return BAD("%s%s = %.17g is out of range [%lld, %lld]", path, key, d, (long long)lo, (long long)hi);
     *out = (int64_t)d;
     return FLAME_OK;
 }
@@ -297,9 +297,15 @@ static flame_status parse_root(const cJSON *root, fl_model_cfg *c)
 flame_status fl_config_parse(const char *json, size_t len, fl_model_cfg *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     /* cJSON_GetErrorPtr is process-global, so concurrent loads cannot say where it failed. */
     if (!root) return BAD("flame.config is not valid JSON");
+    for (const char *c = end; c < json + len; c++)
+        if (*c != ' ' && *c != '\n' && *c != '\t' && *c != '\r') {
+            cJSON_Delete(root);
+            return BAD("flame.config has bytes after its JSON (at offset %td)", c - json);
+        }
     flame_status st = parse_root(root, cfg);
     cJSON_Delete(root);
     return st;

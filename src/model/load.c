@@ -114,7 +114,8 @@ static flame_status bind_all(struct flame_model *m, fl_st_file *f)
 
 flame_status fl_model_load_file(struct flame_model *m, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; the S_ISREG check refuses it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fl_error(FLAME_ERR_IO, "cannot open: %s", strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {

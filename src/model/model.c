@@ -142,10 +142,16 @@ void fl_model_finish(struct flame_model *m)
 {
     const fl_model_cfg *c = &m->cfg;
     int64_t items = INT64_MAX;
+    m->num_items_table = c->head == FLAME_HEAD_DOT ? c->dot_table : 0;
     for (int f = 0; f < c->num_features; f++)
-        if (c->features[f].side_slot < 0 && c->tables[c->features[f].table].rows < items)
+        if (c->features[f].side_slot < 0 && c->tables[c->features[f].table].rows < items) {
             items = c->tables[c->features[f].table].rows;
-    if (c->head == FLAME_HEAD_DOT && c->tables[c->dot_table].rows < items) items = c->tables[c->dot_table].rows;
+            m->num_items_table = c->features[f].table;
+        }
+    if (c->head == FLAME_HEAD_DOT && c->tables[c->dot_table].rows < items) {
+        items = c->tables[c->dot_table].rows;
+        m->num_items_table = c->dot_table;
+    }
     /* A model whose features are all side features still names candidates by id: no bound
      * beyond int64 then, and ids are only checked against the tables that use them. */
     m->num_items = items;

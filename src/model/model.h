@@ -92,7 +92,8 @@ struct flame_model {
     fl_layernorm input_ln, final_ln;
     fl_block *blocks;
     fl_task tasks[FL_MAX_TASKS];
-    int64_t num_items; /* rows valid for item ids: min over the tables item features index */
+    int64_t num_items; /* rows valid for item ids: min over the tables item ids index */
+    int32_t num_items_table; /* the table that sets num_items (named in messages) */
     uint64_t weight_bytes;
     /* storage: the file mapping and the float32 buffers we converted or generated */
     void *map;

@@ -124,9 +124,22 @@ static flame_status check_sizes(const fl_st_file *f)
     return FLAME_OK;
 }
 
+/* Duplicate keys are refused: readers disagree on which copy wins (cJSON keeps both, and cuts
+ * a key at an escaped NUL), so a file could show different configs to different tools. */
+static flame_status check_unique_keys(const cJSON *obj, const char *where)
+{
+    for (const cJSON *a = obj->child; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (!strcmp(a->string, b->string))
+                return BAD("key '%.60s' appears twice in %s", a->string, where);
+    return FLAME_OK;
+}
+
 static flame_status parse_metadata(const cJSON *meta, fl_st_file *f)
 {
     if (!cJSON_IsObject(meta)) return BAD("__metadata__ is not an object");
+    flame_status st = check_unique_keys(meta, "__metadata__");
+    if (st) return st;
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(meta, "flame.config");
     if (!cfg) return FLAME_OK;
     if (!cJSON_IsString(cfg)) return BAD("__metadata__.flame.config is not a string");
@@ -137,8 +150,13 @@ static flame_status parse_metadata(const cJSON *meta, fl_st_file *f)
 static flame_status parse_header(const cJSON *root, fl_st_file *f)
 {
     if (!cJSON_IsObject(root)) return BAD("safetensors header is not a JSON object");
-    size_t n = 0;
-    for (const cJSON *e = root->child; e; e = e->next) n += strcmp(e->string, "__metadata__") != 0;
+    size_t n = 0, metas = 0;
+    for (const cJSON *e = root->child; e; e = e->next) {
+        bool meta = !strcmp(e->string, "__metadata__");
+        n += !meta;
+        metas += meta;
+    }
+    if (metas > 1) return BAD("__metadata__ appears %zu times in the header", metas);
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors) return fl_error(FLAME_ERR_NOMEM, "out of memory reading %zu tensor entries", n);
     for (const cJSON *e = root->child; e; e = e->next) {
@@ -147,6 +165,9 @@ static flame_status parse_header(const cJSON *root, fl_st_file *f)
             if (st) return st;
             continue;
         }
+        for (const char *c = e->string; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                return BAD("tensor #%zu has a control character in its name", f->num_tensors);
         fl_st_tensor *t = &f->tensors[f->num_tensors++];
         t->name = strdup(e->string);
         if (!t->name) return fl_error(FLAME_ERR_NOMEM, "out of memory reading tensor names");
@@ -178,8 +199,14 @@ flame_status fl_st_parse(const uint8_t *bytes, uint64_t len, fl_st_file *f)
                    (unsigned long long)FLAME_MAX_HEADER_BYTES);
     f->data = bytes + 8 + n;
     f->data_len = len - 8 - n;
-    cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, (size_t)n);
+    const char *text = (const char *)bytes + 8, *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)n, &end, 0);
     if (!root) return BAD("safetensors header (%llu bytes) is not valid JSON", (unsigned long long)n);
+    for (const char *c = end; c < text + n; c++)
+        if (*c != ' ') {
+            cJSON_Delete(root);
+            return BAD("safetensors header has bytes after its JSON (at offset %td)", c - text);
+        }
     flame_status st = parse_header(root, f);
     cJSON_Delete(root);
     if (st) fl_st_free(f);

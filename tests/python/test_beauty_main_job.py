@@ -41,10 +41,16 @@ def test_flame_score_reproduces_beauty_metrics(beauty_dir, beauty_flame):
 
 
 def test_flame_score_rejects_a_bad_sequences_file(beauty_flame, tmp_path):
-    bad = tmp_path / "bad.txt"
-    bad.write_text("1 5 6 7\n2 3 x 4\n3 99999999 1\n")
-    res = subprocess.run([str(REPO / "examples" / "flame-score"), "--model", str(beauty_flame), "--sequences", str(bad),
-                          "--eval", "loo"], capture_output=True, text=True, timeout=60)
-    # 'x' ends line 2's ids; line 3's history id is out of range: a clear error naming it
-    assert res.returncode == 1
-    assert "id 99999999 out of range [0, 12103)" in res.stderr
+    exe = str(REPO / "examples" / "flame-score")
+    cases = {
+        "1 5 6 7\n2 3 1e3 4\n": "2: item id '1e3' is not a non-negative integer",  # never read as 1
+        "1 5 6 7\n3 99999999 1\n": "id 99999999 out of range [0, 12103)",          # the library names the id
+        "": "holds no 'user item item ...' lines",
+    }
+    for text, message in cases.items():
+        bad = tmp_path / "bad.txt"
+        bad.write_text(text)
+        res = subprocess.run([exe, "--model", str(beauty_flame), "--sequences", str(bad), "--eval", "loo"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1, (text, res.stdout)
+        assert message in res.stderr, (text, res.stderr)
