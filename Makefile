@@ -34,7 +34,7 @@ NVFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DFLAME_BUILDING 
            -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_90,code=compute_90
 BASE_CFLAGS += -DFLAME_WITH_CUDA
-LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 else
 CU_SRC :=
 CU_OBJ := build/cuda/no_cuda.o
@@ -57,11 +57,11 @@ build/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(if $(findstring src/cpu/,$<),-O3) -c $< -o $@
 
-build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h) $(wildcard src/*/*.h)
+build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) include/flame/flame.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-build/cuda/no_cuda.o: src/core/no_cuda.c src/core/device.h
+build/cuda/no_cuda.o: src/core/no_cuda.c src/core/device.h src/engine/cuda_backend.h
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) -c $< -o $@
 

@@ -246,7 +246,7 @@ static void test_half_dtypes_convert(void **state)
         const char *p = tu_write_st("half.st", header(tiny_config, tensors), 0, raw, sizeof raw);
         flame_model *m = NULL;
         assert_int_equal(flame_model_load(p, &m), FLAME_OK);
-        for (int i = 0; i < 40; i++) assert_true(m->tables[0][i] == want[d][i % 4]);
+        for (int i = 0; i < 40; i++) assert_true(m->w.tables[0][i] == want[d][i % 4]);
         flame_model_info info = {.struct_size = sizeof info};
         assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
         assert_int_equal(info.weight_bytes, 160);
@@ -305,8 +305,8 @@ static void test_model_memory_is_weights_plus_10_percent(void **state)
         fprintf(stderr, "# %s model: %zu bytes of weights, RSS grew %zu bytes\n", dtypes[d], weights, grown);
         assert_true(grown <= weights + weights / 10);
         if (d == 0) /* used in place: the view points into the mapping */
-            assert_true((const uint8_t *)m->tables[0] >= (const uint8_t *)m->map &&
-                        (const uint8_t *)m->tables[0] < (const uint8_t *)m->map + m->map_len);
+            assert_true((const uint8_t *)m->w.tables[0] >= (const uint8_t *)m->map &&
+                        (const uint8_t *)m->w.tables[0] < (const uint8_t *)m->map + m->map_len);
         flame_engine_destroy(e);
         flame_model_destroy(m);
     }

@@ -73,9 +73,9 @@ int run_eval(const eval_options *o)
         flame_model_destroy(model);
         return 1;
     }
-    st = flame_engine_create(model, NULL, &engine);
+    int bad = make_engine(model, o->device, o->dtype, &engine);
     flame_model_destroy(model); /* the engine holds its own reference */
-    if (st) return fail(st, "creating the engine");
+    if (bad) return 1;
     sequences seq;
     if (sequences_read(o->sequences, &seq)) {
         flame_engine_destroy(engine);

@@ -16,6 +16,7 @@ static void usage(FILE *f)
             "usage: flame-score [--requests N] [--candidates M] [--seed S] [--json]\n"
             "       flame-score --model FILE --sequences FILE --eval loo [--k 5,10,20] [--exclude-history]\n"
             "                   [--batch B] [--json]\n"
+            "both:  [--device cpu|auto|cuda|cuda:N] [--dtype fp32|fp16|bf16]\n"
             "With no --model, scores synthetic requests with the embedded default model (random weights).\n");
 }
 
@@ -51,6 +52,18 @@ static int parse_size(const char *flag, const char *v, size_t lo, size_t hi, siz
     return 0;
 }
 
+int make_engine(flame_model *model, const char *device, const char *dtype, flame_engine **out)
+{
+    flame_config *cfg = NULL;
+    flame_status st = flame_config_create(&cfg);
+    if (st == FLAME_OK && device) st = flame_config_set_string(cfg, FLAME_OPT_DEVICE, device);
+    if (st == FLAME_OK && dtype) st = flame_config_set_string(cfg, FLAME_OPT_DTYPE, dtype);
+    if (st == FLAME_OK) st = flame_engine_create(model, cfg, out);
+    flame_config_destroy(cfg);
+    if (st) fprintf(stderr, "flame-score: creating the engine: %s: %s\n", flame_status_string(st), flame_last_error());
+    return st == FLAME_OK ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     eval_options ev = {.ks = {5, 10, 20}, .num_ks = 3, .batch = 1};
@@ -61,7 +74,7 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = !strcmp(a, "--model") || !strcmp(a, "--sequences") || !strcmp(a, "--eval") || !strcmp(a, "--k") ||
                     !strcmp(a, "--batch") || !strcmp(a, "--requests") || !strcmp(a, "--candidates") ||
-                    !strcmp(a, "--seed");
+                    !strcmp(a, "--seed") || !strcmp(a, "--device") || !strcmp(a, "--dtype");
         if (takes && !v) {
             fprintf(stderr, "flame-score: %s needs a value\n", a);
             return 2;
@@ -74,6 +87,10 @@ int main(int argc, char **argv)
             ev.json = def.json = 1;
         } else if (!strcmp(a, "--exclude-history")) {
             ev.exclude_history = 1;
+        } else if (!strcmp(a, "--device")) {
+            ev.device = def.device = v;
+        } else if (!strcmp(a, "--dtype")) {
+            ev.dtype = def.dtype = v;
         } else if (!strcmp(a, "--model")) {
             ev.model = v;
         } else if (!strcmp(a, "--sequences")) {

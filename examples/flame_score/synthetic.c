@@ -147,9 +147,11 @@ int run_default(const default_options *o)
     flame_model *model = NULL;
     flame_engine *engine = NULL;
     flame_status st = flame_model_create_random(flame_default_model_config(), o->seed, &model);
-    if (st == FLAME_OK) st = flame_engine_create(model, NULL, &engine);
     if (st) {
         fprintf(stderr, "flame-score: %s: %s\n", flame_status_string(st), flame_last_error());
+        return 1;
+    }
+    if (make_engine(model, o->device, o->dtype, &engine)) {
         flame_model_destroy(model);
         return 1;
     }

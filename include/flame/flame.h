@@ -155,16 +155,26 @@ FLAME_API flame_status flame_model_get_info(const flame_model *model, flame_mode
 typedef struct flame_config flame_config;
 
 typedef enum flame_option {
-    /* string: "cpu" (default), "auto" (a GPU if built with CUDA and one is usable, else the
-     * CPU, saying why through the log hook), "cuda" or "cuda:N" (FLAME_ERR_NO_DEVICE at
-     * engine creation when not usable). */
+    /* string: "cpu" (default), "auto" (GPU 0 if the library was built with CUDA and a GPU is
+     * usable, else the CPU, saying why through the log hook), "cuda" (= "cuda:0") or "cuda:N"
+     * (FLAME_ERR_NO_DEVICE at engine creation when not usable). */
     FLAME_OPT_DEVICE = 1,
     /* int: most requests one flame_score_batch call processes in one pass; larger batches are
      * split. 1..65536, default 256. Bounds scratch memory. */
     FLAME_OPT_MAX_BATCH = 2,
     /* int: rows of the item table gathered at once when scoring arbitrary candidate ids with
      * the dot head. 16..1048576, default 512. */
-    FLAME_OPT_SCORE_CHUNK = 3
+    FLAME_OPT_SCORE_CHUNK = 3,
+    /* string: compute dtype on the GPU, "fp32" (default), "fp16" or "bf16". Weights are
+     * converted once at engine creation; accumulation, LayerNorm, softmax and the residual
+     * stream stay float32. The CPU always computes in float32 (it logs that it ignores this). */
+    FLAME_OPT_DTYPE = 4,
+    /* int: most bytes of GPU memory the engine may hold (weights + buffers + workspace);
+     * 0 (default) = no limit. 0..2^50. Exceeding it is FLAME_ERR_NOMEM with the numbers. */
+    FLAME_OPT_DEVICE_MEMORY_BUDGET = 5,
+    /* pointer: the caller's cudaStream_t the engine runs on (cuBLAS idiom); NULL (default) =
+     * a stream the engine creates. The caller keeps the stream alive as long as the engine. */
+    FLAME_OPT_CUDA_STREAM = 6
 } flame_option;
 
 /* Creates a configuration holding the defaults. Not thread-safe per handle; engines copy
@@ -182,6 +192,9 @@ FLAME_API flame_status flame_config_set_string(flame_config *config, flame_optio
 /* Copies the string with its NUL into buf (capacity buf_len bytes); FLAME_ERR_BUFFER_TOO_SMALL
  * if it does not fit (buf untouched). */
 FLAME_API flame_status flame_config_get_string(const flame_config *config, flame_option option, char *buf, size_t buf_len);
+/* Pointer options (FLAME_OPT_CUDA_STREAM): stored as given, never dereferenced by the config. */
+FLAME_API flame_status flame_config_set_pointer(flame_config *config, flame_option option, void *value);
+FLAME_API flame_status flame_config_get_pointer(const flame_config *config, flame_option option, void **value);
 
 /* ---------------------------------------------------------------- engine */
 
@@ -192,10 +205,12 @@ typedef struct flame_engine flame_engine;
  * concurrently from any number of threads on one engine; each call takes a private scratch
  * workspace from the engine's pool, so calls never share buffers. Results do not depend on
  * concurrency (bitwise identical).
+ * On a GPU the weights are uploaded once, here; calls on one GPU engine are serialized on its
+ * stream (create one engine per concurrent stream wanted).
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model/out);
  * FLAME_ERR_NO_DEVICE ("cuda"/"cuda:N" asked for but this build or machine has no such GPU);
- * FLAME_ERR_UNSUPPORTED ("cuda" with a GPU present: this version scores on the CPU only);
- * FLAME_ERR_NOMEM. On failure *out is NULL. */
+ * FLAME_ERR_NOMEM (host memory, or GPU memory / FLAME_OPT_DEVICE_MEMORY_BUDGET exceeded: the
+ * message gives the bytes needed and the limit). On failure *out is NULL. */
 FLAME_API flame_status flame_engine_create(flame_model *model, const flame_config *config, flame_engine **out);
 
 /* Destroys the engine. The caller guarantees no call on it is still running. NULL is a no-op. */
@@ -260,10 +275,14 @@ typedef struct flame_engine_stats {
     uint64_t workspaces;           /* scratch workspaces created (= peak concurrent calls) */
     uint64_t scratch_bytes;        /* bytes held by all workspaces now */
     uint64_t max_workspace_bytes;  /* largest single workspace */
+    uint64_t device_bytes;         /* GPU memory held: weights + activation buffers + GEMM workspace; 0 on the CPU */
+    uint64_t device_weight_bytes;  /* of which weights (in the compute dtype) */
 } flame_engine_stats;
 
-/* Fills *stats. Thread-safe (counters are read atomically, not as one snapshot).
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, or struct_size too small). */
+/* Fills *stats up to stats->struct_size bytes (a caller built against an older header gets
+ * the fields it knows). Thread-safe (counters are read atomically, not as one snapshot).
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, or struct_size smaller than the first
+ * version of the struct, which ended at max_workspace_bytes). */
 FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine_stats *stats);
 
 #ifdef __cplusplus

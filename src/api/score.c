@@ -1,5 +1,6 @@
 /* flame_score / flame_score_batch: argument checks, validation of every request, then the
  * forward pass in slices of at most FLAME_OPT_MAX_BATCH requests. */
+#include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
 FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
@@ -42,7 +43,8 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     float *out = scores;
     for (size_t r0 = 0; r0 < num_requests && !st; r0 += slice) {
         size_t n = num_requests - r0 < slice ? num_requests - r0 : slice;
-        st = fl_forward_cpu(engine, ws, requests + r0, n, out);
+        st = engine->gpu ? fl_cuda_score(engine->gpu, requests + r0, n, out)
+                         : fl_forward_cpu(engine, ws, requests + r0, n, out);
         for (size_t r = r0; r < r0 + n; r++) out += requests[r].num_candidates * (size_t)tasks;
     }
     fl_workspace_release(engine, ws);

@@ -14,14 +14,22 @@ typedef struct int_option {
 static const int_option int_options[] = {
     {FLAME_OPT_MAX_BATCH, "FLAME_OPT_MAX_BATCH", 1, 65536, offsetof(struct flame_config, max_batch)},
     {FLAME_OPT_SCORE_CHUNK, "FLAME_OPT_SCORE_CHUNK", 16, 1048576, offsetof(struct flame_config, score_chunk)},
+    {FLAME_OPT_DEVICE_MEMORY_BUDGET, "FLAME_OPT_DEVICE_MEMORY_BUDGET", 0, (int64_t)1 << 50,
+     offsetof(struct flame_config, device_memory_budget)},
 };
 
 void fl_config_defaults(struct flame_config *c)
 {
     memset(c, 0, sizeof *c);
     strcpy(c->device, "cpu");
+    strcpy(c->dtype, "fp32");
     c->max_batch = 256;
     c->score_chunk = 512;
+}
+
+fl_dtype_opt fl_config_dtype(const struct flame_config *c)
+{
+    return !strcmp(c->dtype, "fp16") ? FL_COMPUTE_FP16 : !strcmp(c->dtype, "bf16") ? FL_COMPUTE_BF16 : FL_COMPUTE_FP32;
 }
 
 static const int_option *find_int(flame_option o)
@@ -78,16 +86,34 @@ static bool valid_device(const char *s)
     return s[5 + n] == '\0' && n <= 4 && atoi(s + 5) < 1024;
 }
 
+/* The string options: where each lives and what it accepts. */
+static char *string_slot(struct flame_config *c, flame_option o, size_t *cap)
+{
+    switch (o) {
+    case FLAME_OPT_DEVICE: *cap = sizeof c->device; return c->device;
+    case FLAME_OPT_DTYPE: *cap = sizeof c->dtype; return c->dtype;
+    default: return NULL;
+    }
+}
+
+static bool valid_string(flame_option o, const char *v)
+{
+    if (o == FLAME_OPT_DEVICE) return valid_device(v);
+    return !strcmp(v, "fp32") || !strcmp(v, "fp16") || !strcmp(v, "bf16");
+}
+
 FLAME_API flame_status flame_config_set_string(flame_config *config, flame_option option, const char *value)
 {
     fl_clear_error();
     if (!config || !value) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_set_string: NULL argument");
-    if (option != FLAME_OPT_DEVICE)
-        return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
-    if (strlen(value) >= sizeof config->device || !valid_device(value))
-        return fl_error(FLAME_ERR_INVALID_ARG,
-                        "FLAME_OPT_DEVICE = '%.40s' is not one of cpu, auto, cuda, cuda:N", value);
-    strcpy(config->device, value);
+    size_t cap = 0;
+    char *slot = string_slot(config, option, &cap);
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
+    if (strlen(value) >= cap || !valid_string(option, value))
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s = '%.40s' is not one of %s",
+                        option == FLAME_OPT_DEVICE ? "FLAME_OPT_DEVICE" : "FLAME_OPT_DTYPE", value,
+                        option == FLAME_OPT_DEVICE ? "cpu, auto, cuda, cuda:N" : "fp32, fp16, bf16");
+    strcpy(slot, value);
     return FLAME_OK;
 }
 
@@ -96,11 +122,33 @@ FLAME_API flame_status flame_config_get_string(const flame_config *config, flame
 {
     fl_clear_error();
     if (!config || !buf) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_string: NULL argument");
-    if (option != FLAME_OPT_DEVICE)
-        return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
-    size_t n = strlen(config->device) + 1;
+    size_t cap = 0;
+    const char *slot = string_slot((struct flame_config *)config, option, &cap);
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
+    size_t n = strlen(slot) + 1;
     if (n > buf_len)
-        return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "FLAME_OPT_DEVICE needs %zu bytes, buffer has %zu", n, buf_len);
-    memcpy(buf, config->device, n);
+        return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "option %d needs %zu bytes, buffer has %zu", (int)option, n,
+                        buf_len);
+    memcpy(buf, slot, n);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_config_set_pointer(flame_config *config, flame_option option, void *value)
+{
+    fl_clear_error();
+    if (!config) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_set_pointer: config is NULL");
+    if (option != FLAME_OPT_CUDA_STREAM)
+        return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
+    config->cuda_stream = value;
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_config_get_pointer(const flame_config *config, flame_option option, void **value)
+{
+    fl_clear_error();
+    if (!config || !value) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_pointer: NULL argument");
+    if (option != FLAME_OPT_CUDA_STREAM)
+        return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
+    *value = config->cuda_stream;
     return FLAME_OK;
 }

@@ -1,8 +1,37 @@
 /* Stand-in for cuda/ when the library is built without CUDA (make CUDA=0). */
 #include "core/device.h"
+#include "engine/cuda_backend.h"
 
 int fl_cuda_device_count(char *why, size_t why_len)
 {
     snprintf(why, why_len, "this libflame was built without CUDA (make CUDA=0 or no nvcc)");
+    return 0;
+}
+
+/* Unreachable: the engine asks for a GPU only when fl_cuda_device_count found one. */
+flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_weights *w, int64_t num_items,
+                                   const struct flame_config *cfg, int device, fl_cuda_engine **out)
+{
+    *out = NULL;
+    return fl_error(FLAME_ERR_NO_DEVICE, "this libflame was built without CUDA");
+}
+
+void fl_cuda_engine_destroy(fl_cuda_engine *g)
+{
+    (void)g;
+}
+
+flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores)
+{
+    return fl_error(FLAME_ERR_INTERNAL, "no CUDA backend in this build");
+}
+
+uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g)
+{
+    return 0;
+}
+
+uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g)
+{
     return 0;
 }

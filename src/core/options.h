@@ -4,12 +4,18 @@
 
 #include "core/common.h"
 
+typedef enum fl_dtype_opt { FL_COMPUTE_FP32 = 0, FL_COMPUTE_FP16 = 1, FL_COMPUTE_BF16 = 2 } fl_dtype_opt;
+
 struct flame_config {
-    char device[32];      /* "cpu", "auto", "cuda", "cuda:N" */
-    int64_t max_batch;    /* requests per pass */
-    int64_t score_chunk;  /* rows gathered at once by the dot head */
+    char device[32];              /* "cpu", "auto", "cuda", "cuda:N" */
+    int64_t max_batch;            /* requests per pass */
+    int64_t score_chunk;          /* rows gathered at once by the dot head */
+    char dtype[8];                /* "fp32", "fp16", "bf16" */
+    int64_t device_memory_budget; /* bytes, 0 = no limit */
+    void *cuda_stream;            /* the caller's cudaStream_t, or NULL for the engine's own */
 };
 
 void fl_config_defaults(struct flame_config *c);
+fl_dtype_opt fl_config_dtype(const struct flame_config *c);
 
 #endif

@@ -1,28 +1,33 @@
-/* Engine lifetime and statistics. */
+/* Engine lifetime, device choice and statistics. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/device.h"
+#include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
-/* Resolves the device option. The forward pass runs on the CPU in this version: "auto" says
- * so through the log hook, "cuda" is refused with the reason. */
-static flame_status choose_device(const struct flame_config *cfg)
+/* Resolves the device option: -1 for the CPU, else the CUDA ordinal. "auto" falls back to
+ * the CPU and says why through the log hook; "cuda"/"cuda:N" fail when unusable. */
+static flame_status choose_device(const struct flame_config *cfg, int *ordinal)
 {
     char why[256] = "";
+    *ordinal = -1;
     if (!strcmp(cfg->device, "cpu")) return FLAME_OK;
     int count = fl_cuda_device_count(why, sizeof why);
     if (!strcmp(cfg->device, "auto")) {
-        fl_log(FLAME_LOG_INFO, "device 'auto': using the CPU (%s)",
-               count ? "this version has no CUDA forward pass" : why);
+        if (count > 0) {
+            *ordinal = 0;
+            return FLAME_OK;
+        }
+        fl_log(FLAME_LOG_INFO, "device 'auto': using the CPU (%s)", why);
         return FLAME_OK;
     }
-    int ordinal = cfg->device[4] == ':' ? atoi(cfg->device + 5) : 0;
+    int n = cfg->device[4] == ':' ? atoi(cfg->device + 5) : 0;
     if (count == 0) return fl_error(FLAME_ERR_NO_DEVICE, "device '%s': %s", cfg->device, why);
-    if (ordinal >= count)
+    if (n >= count)
         return fl_error(FLAME_ERR_NO_DEVICE, "device '%s': only %d CUDA device(s) present", cfg->device, count);
-    return fl_error(FLAME_ERR_UNSUPPORTED, "device '%s': this version has no CUDA forward pass; use 'cpu' or 'auto'",
-                    cfg->device);
+    *ordinal = n;
+    return FLAME_OK;
 }
 
 FLAME_API flame_status flame_engine_create(flame_model *model, const flame_config *config, flame_engine **out)
@@ -35,13 +40,26 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
         cfg = *config;
     else
         fl_config_defaults(&cfg);
-    flame_status st = choose_device(&cfg);
+    int ordinal = -1;
+    flame_status st = choose_device(&cfg, &ordinal);
     if (st) return st;
+    if (ordinal < 0 && strcmp(cfg.dtype, "fp32") != 0)
+        fl_log(FLAME_LOG_INFO, "FLAME_OPT_DTYPE '%s': the CPU computes in fp32", cfg.dtype);
     struct flame_engine *e = calloc(1, sizeof *e);
     if (!e) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating an engine");
     if (pthread_mutex_init(&e->pool_lock, NULL) != 0) {
         free(e);
         return fl_error(FLAME_ERR_INTERNAL, "pthread_mutex_init failed");
+    }
+    if (ordinal >= 0) {
+        st = fl_cuda_engine_create(&model->cfg, &model->w, model->num_items, &cfg, ordinal, &e->gpu);
+        if (st) {
+            pthread_mutex_destroy(&e->pool_lock);
+            free(e);
+            return st;
+        }
+        fl_log(FLAME_LOG_INFO, "engine on cuda:%d (%s), %llu bytes of device memory", ordinal, cfg.dtype,
+               (unsigned long long)fl_cuda_device_bytes(e->gpu));
     }
     e->cfg = cfg;
     e->model = model;
@@ -53,6 +71,7 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
 FLAME_API void flame_engine_destroy(flame_engine *engine)
 {
     if (!engine) return;
+    fl_cuda_engine_destroy(engine->gpu);
     for (fl_workspace *ws = engine->free_list, *next; ws; ws = next) {
         next = ws->next;
         fl_aligned_free(ws->base);
@@ -67,13 +86,20 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
 {
     fl_clear_error();
     if (!engine || !stats) return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_get_stats: NULL argument");
-    if (stats->struct_size < sizeof(flame_engine_stats))
+    const size_t v1 = offsetof(flame_engine_stats, max_workspace_bytes) + sizeof(uint64_t);
+    if (stats->struct_size < v1)
         return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_stats.struct_size = %zu, expected at least %zu",
-                        stats->struct_size, sizeof(flame_engine_stats));
-    stats->calls = atomic_load(&engine->calls);
-    stats->requests = atomic_load(&engine->requests);
-    stats->workspaces = atomic_load(&engine->workspaces);
-    stats->scratch_bytes = atomic_load(&engine->scratch_bytes);
-    stats->max_workspace_bytes = atomic_load(&engine->max_workspace_bytes);
+                        stats->struct_size, v1);
+    flame_engine_stats v = {
+        .struct_size = stats->struct_size,
+        .calls = atomic_load(&engine->calls),
+        .requests = atomic_load(&engine->requests),
+        .workspaces = atomic_load(&engine->workspaces),
+        .scratch_bytes = atomic_load(&engine->scratch_bytes),
+        .max_workspace_bytes = atomic_load(&engine->max_workspace_bytes),
+        .device_bytes = engine->gpu ? fl_cuda_device_bytes(engine->gpu) : 0,
+        .device_weight_bytes = engine->gpu ? fl_cuda_weight_bytes(engine->gpu) : 0,
+    };
+    memcpy(stats, &v, stats->struct_size < sizeof v ? stats->struct_size : sizeof v);
     return FLAME_OK;
 }

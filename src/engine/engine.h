@@ -15,8 +15,11 @@ typedef struct fl_workspace {
     size_t cap, used;
 } fl_workspace;
 
+struct fl_cuda_engine;
+
 struct flame_engine {
     struct flame_model *model;
+    struct fl_cuda_engine *gpu; /* non-NULL: the forward pass runs on this GPU backend */
     struct flame_config cfg;
     pthread_mutex_t pool_lock;
     fl_workspace *free_list; /* workspaces not in use; all are freed at destroy */

@@ -115,7 +115,7 @@ static fl_emb_feature feature_view(const fl_model_cfg *c, const struct flame_mod
 {
     const fl_feature_cfg *fc = &c->features[f];
     const fl_table_cfg *t = &c->tables[fc->table];
-    fl_emb_feature v = {.table = m->tables[fc->table], .rows = t->rows, .dim = t->dim,
+    fl_emb_feature v = {.table = m->w.tables[fc->table], .rows = t->rows, .dim = t->dim,
                         .pooling = (fl_pooling_kind)fc->pooling};
     if (fc->side_slot < 0) {
         v.ids = items + first;
@@ -153,7 +153,7 @@ static void embed(batch *b)
         }
     }
     if (c->projection)
-        fl_cpu_linear(b->T, c->embed_dim, (int32_t)d, b->E, c->embed_dim, m->proj.w, m->proj.b, 0.0f, FL_KACT_NONE,
+        fl_cpu_linear(b->T, c->embed_dim, (int32_t)d, b->E, c->embed_dim, m->w.proj.w, m->w.proj.b, 0.0f, FL_KACT_NONE,
                       b->X, d);
     if (c->position_rule != FL_POS_NONE)
         for (size_t r = 0; r < b->n; r++) {
@@ -165,13 +165,13 @@ static void embed(batch *b)
                 else
                     row = c->position_rule == FL_POS_LEFT_PADDED_SLOT ? c->max_len - s->n + i : s->n - 1 - i;
                 if (row < 0) continue;
-                const float *p = m->position + row * d;
+                const float *p = m->w.position + row * d;
                 float *x = b->X + (s->off + i) * d;
                 for (int64_t j = 0; j < d; j++) x[j] += p[j];
             }
         }
     if (c->input_layernorm)
-        fl_cpu_layernorm(b->T, (int32_t)d, b->X, d, NULL, 0, m->input_ln.w, m->input_ln.b, c->ln_eps,
+        fl_cpu_layernorm(b->T, (int32_t)d, b->X, d, NULL, 0, m->w.input_ln.w, m->w.input_ln.b, c->ln_eps,
                          c->eps_inside_sqrt, b->X, d);
 }
 
@@ -249,7 +249,7 @@ static void head_dot(batch *b, float *scores)
 {
     const struct flame_model *m = b->model;
     const int32_t d = m->cfg.d_model;
-    const float *table = m->tables[m->cfg.dot_table];
+    const float *table = m->w.tables[m->cfg.dot_table];
     float *out = scores;
     size_t r = 0;
     while (r < b->n) {
@@ -301,7 +301,7 @@ static void head_sumi(batch *b, float *scores)
         int64_t ld_in = c->d_model;
         float *bufs[2] = {b->F, b->tmp};
         for (int l = 0; l < tc->num_layers; l++) {
-            const fl_linear *lin = &m->tasks[t].layers[l];
+            const fl_linear *lin = &m->w.tasks[t].layers[l];
             bool final = l == tc->num_layers - 1;
             float *dst = final ? scores + t : bufs[l & 1];
             int64_t ld_out = final ? T : lin->out;
@@ -331,10 +331,10 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
     }
     fill_selection(&b);
     embed(&b);
-    for (int i = 0; i < c->num_blocks; i++) block(&b, &m->blocks[i], i == c->num_blocks - 1);
+    for (int i = 0; i < c->num_blocks; i++) block(&b, &m->w.blocks[i], i == c->num_blocks - 1);
     if (c->num_blocks == 0) gather_rows(b.X, b.sel, b.S, c->d_model, b.XS);
     if (c->final_layernorm)
-        fl_cpu_layernorm(b.S, c->d_model, b.XS, c->d_model, NULL, 0, m->final_ln.w, m->final_ln.b, c->ln_eps,
+        fl_cpu_layernorm(b.S, c->d_model, b.XS, c->d_model, NULL, 0, m->w.final_ln.w, m->w.final_ln.b, c->ln_eps,
                          c->eps_inside_sqrt, b.XS, c->d_model);
     if (c->head == FLAME_HEAD_DOT)
         head_dot(&b, scores);

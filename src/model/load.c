@@ -99,9 +99,9 @@ static flame_status bind_all(struct flame_model *m, fl_st_file *f)
                                                            "see docs/model-format.md)");
     flame_status st = fl_config_parse(f->config_json, strlen(f->config_json), &m->cfg);
     if (st) return st;
-    m->blocks = calloc(m->cfg.num_blocks ? m->cfg.num_blocks : 1, sizeof *m->blocks);
+    m->w.blocks = calloc(m->cfg.num_blocks ? m->cfg.num_blocks : 1, sizeof *m->w.blocks);
     size_t n = 0;
-    fl_tensor_spec *specs = m->blocks ? fl_tensor_specs(m, &n) : NULL;
+    fl_tensor_spec *specs = m->w.blocks ? fl_tensor_specs(m, &n) : NULL;
     if (!specs) return fl_error(FLAME_ERR_NOMEM, "out of memory listing model tensors");
     for (size_t i = 0; i < n && !st; i++) st = bind(m, f, &specs[i]);
     free(specs);

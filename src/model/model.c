@@ -29,7 +29,7 @@ static void model_free(struct flame_model *m)
 {
     for (size_t i = 0; i < m->num_owned; i++) fl_aligned_free(m->owned[i]);
     free(m->owned);
-    free(m->blocks);
+    free(m->w.blocks);
     if (m->map) munmap(m->map, m->map_len);
     free(m);
 }
@@ -101,13 +101,13 @@ fl_tensor_spec *fl_tensor_specs(struct flame_model *m, size_t *count)
     const int32_t d = c->d_model;
     for (int t = 0; t < c->num_tables; t++) {
         snprintf(name, sizeof name, "tables.%s.weight", c->tables[t].name);
-        add(&l, name, c->tables[t].rows, c->tables[t].dim, &m->tables[t], FL_INIT_WEIGHT);
+        add(&l, name, c->tables[t].rows, c->tables[t].dim, &m->w.tables[t], FL_INIT_WEIGHT);
     }
-    if (c->projection) add_linear(&l, "input_proj", &m->proj, d, c->embed_dim);
-    if (c->position_rule != FL_POS_NONE) add(&l, "position.weight", c->position_rows, d, &m->position, FL_INIT_WEIGHT);
-    if (c->input_layernorm) add_layernorm(&l, "input_ln", &m->input_ln, d);
+    if (c->projection) add_linear(&l, "input_proj", &m->w.proj, d, c->embed_dim);
+    if (c->position_rule != FL_POS_NONE) add(&l, "position.weight", c->position_rows, d, &m->w.position, FL_INIT_WEIGHT);
+    if (c->input_layernorm) add_layernorm(&l, "input_ln", &m->w.input_ln, d);
     for (int b = 0; b < c->num_blocks; b++) {
-        fl_block *blk = &m->blocks[b];
+        fl_block *blk = &m->w.blocks[b];
         static const char *const qkvo[] = {"q", "k", "v", "o"};
         fl_linear *lins[] = {&blk->q, &blk->k, &blk->v, &blk->o};
         for (int i = 0; i < 4; i++) {
@@ -123,12 +123,12 @@ fl_tensor_spec *fl_tensor_specs(struct flame_model *m, size_t *count)
         snprintf(name, sizeof name, "blocks.%d.ffn.fc2", b);
         add_linear(&l, name, &blk->fc2, d, c->ffn_dim);
     }
-    if (c->final_layernorm) add_layernorm(&l, "final_ln", &m->final_ln, d);
+    if (c->final_layernorm) add_layernorm(&l, "final_ln", &m->w.final_ln, d);
     if (c->head == FLAME_HEAD_SUMI)
         for (int t = 0; t < c->num_tasks; t++)
             for (int k = 0; k < c->tasks[t].num_layers; k++) {
                 snprintf(name, sizeof name, "heads.%d.layers.%d", t, k);
-                add_linear(&l, name, &m->tasks[t].layers[k], c->tasks[t].width[k + 1], c->tasks[t].width[k]);
+                add_linear(&l, name, &m->w.tasks[t].layers[k], c->tasks[t].width[k + 1], c->tasks[t].width[k]);
             }
     if (l.oom) {
         free(l.v);

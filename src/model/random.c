@@ -58,8 +58,8 @@ FLAME_API flame_status flame_model_create_random(const char *config_json, uint64
     size_t n = 0;
     fl_tensor_spec *specs = NULL;
     if (!st) {
-        m->blocks = calloc(m->cfg.num_blocks ? m->cfg.num_blocks : 1, sizeof *m->blocks);
-        specs = m->blocks ? fl_tensor_specs(m, &n) : NULL;
+        m->w.blocks = calloc(m->cfg.num_blocks ? m->cfg.num_blocks : 1, sizeof *m->w.blocks);
+        specs = m->w.blocks ? fl_tensor_specs(m, &n) : NULL;
         if (!specs) st = fl_error(FLAME_ERR_NOMEM, "out of memory listing model tensors");
     }
     for (size_t i = 0; i < n && !st; i++) st = fill(m, &specs[i], seed);

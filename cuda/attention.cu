@@ -1,0 +1,167 @@
+// SUMI attention, straightforward and exact (the tensor-core flash kernel is separate work).
+// One CTA = up to FL_ATTN_QT queries of one sequence and one head; 4 warps, each owning
+// 4 queries. Key/value tiles of 32 rows are staged in shared memory (float, keys padded by
+// one column so the 32 lanes' rows fall in 32 banks) and shared by all 16 queries; each
+// warp keeps an online softmax per query (Milakov & Gimelshein 2018). A candidate's own key
+// is one extra step after the history tiles.
+#include <math.h>
+
+#include "kernels.cuh"
+
+#define KT 32
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ int query_pos(const fl_attn_tile &t, const int32_t *qpos, int qi)
+{
+    return t.qpos_idx < 0 ? t.pos0 + qi : qpos[t.qpos_idx + qi];
+}
+
+// Folds one score into a running softmax: m max, l sum of exp, o the weighted values.
+template <int DPL>
+__device__ __forceinline__ float rescale(float &m, float &l, float (&o)[DPL], float s_max)
+{
+    const float m_new = fmaxf(m, s_max);
+    const float alpha = m == -INFINITY ? 0.0f : __expf(m - m_new);
+    l *= alpha;
+#pragma unroll
+    for (int d = 0; d < DPL; d++) o[d] *= alpha;
+    m = m_new;
+    return m_new;
+}
+
+template <typename T, int DPL>
+__global__ void __launch_bounds__(128) attn_kernel(const fl_attn_tile *tiles, const int32_t *qpos, int dh, float scale,
+                                                   const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv,
+                                                   T *out, int64_t ldo)
+{
+    extern __shared__ float smem[];
+    const fl_attn_tile tile = tiles[blockIdx.x];
+    const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *qs = smem;                    // [QT][dh], pre-scaled
+    float *ks = qs + FL_ATTN_QT * dh;    // [KT][dh + 1]
+    float *vs = ks + KT * (dh + 1);      // [KT][dh]
+    const int64_t col = (int64_t)h * dh;
+    for (int i = threadIdx.x; i < tile.nq * dh; i += blockDim.x)
+        qs[i] = to_f(q[(tile.q_row + i / dh) * ldq + col + i % dh]) * scale;
+    __syncthreads(); // queries staged (a sequence without history keys skips the tile loop)
+    const int n = tile.n_hist;
+    const int p_last = query_pos(tile, qpos, tile.nq - 1); // positions ascend within a tile
+    const int kend = p_last < n ? p_last + 1 : n;
+
+    float m[4], l[4], o[4][DPL];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) o[j][d] = 0.0f;
+    }
+    for (int kb = 0; kb < kend; kb += KT) {
+        const int nk = kend - kb < KT ? kend - kb : KT;
+        __syncthreads(); // the previous tile (and the query staging) is done with
+        for (int i = threadIdx.x; i < nk * dh; i += blockDim.x) {
+            const int r = i / dh, e = i % dh;
+            const int64_t row = (tile.seq_row + kb + r) * ldkv + col + e;
+            ks[r * (dh + 1) + e] = to_f(k[row]);
+            vs[r * dh + e] = to_f(v[row]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int qi = warp + 4 * j;
+            if (qi >= tile.nq) continue;
+            const int p = query_pos(tile, qpos, qi);
+            const int vis = (p < n ? p + 1 : n) - kb; // visible keys in this tile: lanes < vis
+            if (vis <= 0) continue;
+            float s = -INFINITY;
+            if (lane < vis && lane < nk) {
+                const float *qr = qs + qi * dh, *kr = ks + lane * (dh + 1);
+                s = 0.0f;
+                for (int e = 0; e < dh; e++) s += qr[e] * kr[e];
+            }
+            const float m_new = rescale<DPL>(m[j], l[j], o[j], warp_max(s));
+            const float pj = s == -INFINITY ? 0.0f : __expf(s - m_new);
+            l[j] += warp_sum(pj);
+            const int upto = vis < nk ? vis : nk;
+            for (int kk = 0; kk < upto; kk++) {
+                const float pk = __shfl_sync(0xffffffffu, pj, kk);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) {
+                    const int e = lane + 32 * d;
+                    if (e < dh) o[j][d] += pk * vs[kk * dh + e];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int qi = warp + 4 * j;
+        if (qi >= tile.nq) continue;
+        const int p = query_pos(tile, qpos, qi);
+        if (p >= n) { // a candidate also sees itself
+            const int64_t row = (tile.seq_row + p) * ldkv + col;
+            float part = 0.0f;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) {
+                const int e = lane + 32 * d;
+                if (e < dh) part += qs[qi * dh + e] * to_f(k[row + e]);
+            }
+            const float s = warp_sum(part);
+            const float m_new = rescale<DPL>(m[j], l[j], o[j], s);
+            const float ps = __expf(s - m_new);
+            l[j] += ps;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) {
+                const int e = lane + 32 * d;
+                if (e < dh) o[j][d] += ps * to_f(v[row + e]);
+            }
+        }
+        const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f; // no visible key: zeros, never NaN
+#pragma unroll
+        for (int d = 0; d < DPL; d++) {
+            const int e = lane + 32 * d;
+            if (e < dh) out[(tile.q_row + qi) * ldo + col + e] = from_f<T>(o[j][d] * inv);
+        }
+    }
+}
+
+template <typename T>
+flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
+                               int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
+                               int64_t ldo, cudaStream_t s)
+{
+    if (num_tiles == 0) return FLAME_OK;
+    if (dh > 128) return fl_error(FLAME_ERR_UNSUPPORTED, "CUDA attention supports head dims up to 128, not %d", dh);
+    const size_t smem = sizeof(float) * ((size_t)FL_ATTN_QT * dh + (size_t)KT * (dh + 1) + (size_t)KT * dh);
+    const float scale = 1.0f / sqrtf((float)dh);
+    const dim3 grid((unsigned)num_tiles, (unsigned)heads);
+    if (dh <= 32)
+        attn_kernel<T, 1><<<grid, 128, smem, s>>>(tiles, qpos, dh, scale, q, ldq, k, v, ldkv, out, ldo);
+    else if (dh <= 64)
+        attn_kernel<T, 2><<<grid, 128, smem, s>>>(tiles, qpos, dh, scale, q, ldq, k, v, ldkv, out, ldo);
+    else
+        attn_kernel<T, 4><<<grid, 128, smem, s>>>(tiles, qpos, dh, scale, q, ldq, k, v, ldkv, out, ldo);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+#define INSTANTIATE(T)                                                                                         \
+    template flame_status fl_cuda_attention<T>(const fl_attn_tile *, int64_t, const int32_t *, int32_t, int32_t,   \
+                                               const T *, int64_t, const T *, const T *, int64_t, T *, int64_t,    \
+                                               cudaStream_t);
+INSTANTIATE(float)
+INSTANTIATE(__half)
+INSTANTIATE(__nv_bfloat16)

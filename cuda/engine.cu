@@ -1,0 +1,186 @@
+// GPU engine lifetime: weights are converted to the compute dtype on the host and uploaded
+// once; q/k/v are fused into one [3d, d] matrix so a block needs one GEMM for them.
+#include <stdlib.h>
+#include <string.h>
+
+#include <new>
+
+#include "engine.cuh"
+
+flame_status fl_dev_reserve(fl_cuda_engine *g, uint64_t bytes, const char *what)
+{
+    const uint64_t held = g->weight_bytes + g->buffer_bytes + g->gemm.workspace_bytes;
+    if (g->budget && held + bytes > g->budget)
+        return fl_error(FLAME_ERR_NOMEM, "%s needs %llu bytes of GPU memory; %llu are held and the budget "
+                                         "(FLAME_OPT_DEVICE_MEMORY_BUDGET) is %llu",
+                        what, (unsigned long long)bytes, (unsigned long long)held, (unsigned long long)g->budget);
+    return FLAME_OK;
+}
+
+// Uploads `count` floats as dtype `t` (float, half or bfloat16); the allocation is tracked.
+static flame_status upload(fl_cuda_engine *g, const float *src, uint64_t count, cudaDataType_t t, void **dst)
+{
+    const size_t esize = t == CUDA_R_32F ? 4 : 2, bytes = count * esize;
+    FL_TRY(fl_dev_reserve(g, bytes, "the model's weights"));
+    void **grown = static_cast<void **>(realloc(g->allocs, (g->num_allocs + 1) * sizeof *grown));
+    if (!grown) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
+    g->allocs = grown;
+    FL_CUDA_TRY(cudaMalloc(dst, bytes ? bytes : 16));
+    g->allocs[g->num_allocs++] = *dst;
+    g->weight_bytes += bytes;
+    if (t == CUDA_R_32F) {
+        FL_CUDA_TRY(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice));
+        return FLAME_OK;
+    }
+    uint16_t *tmp = static_cast<uint16_t *>(malloc(bytes ? bytes : 2));
+    if (!tmp) return fl_error(FLAME_ERR_NOMEM, "out of host memory converting weights");
+    for (uint64_t i = 0; i < count; i++) {
+        if (t == CUDA_R_16F) {
+            __half h = __float2half_rn(src[i]);
+            memcpy(&tmp[i], &h, 2);
+        } else {
+            __nv_bfloat16 h = __float2bfloat16_rn(src[i]);
+            memcpy(&tmp[i], &h, 2);
+        }
+    }
+    cudaError_t e = cudaMemcpy(*dst, tmp, bytes, cudaMemcpyHostToDevice);
+    free(tmp);
+    FL_CUDA_TRY(e);
+    return FLAME_OK;
+}
+
+static flame_status upload_f32(fl_cuda_engine *g, const float *src, uint64_t count, float **dst)
+{
+    return upload(g, src, count, CUDA_R_32F, reinterpret_cast<void **>(dst));
+}
+
+static flame_status upload_linear(fl_cuda_engine *g, const fl_linear &l, cudaDataType_t bias_type, fl_dev_linear *d)
+{
+    d->out = l.out;
+    d->in = l.in;
+    FL_TRY(upload(g, l.w, (uint64_t)l.out * l.in, g->ab, &d->w));
+    return upload(g, l.b, (uint64_t)l.out, bias_type, &d->b);
+}
+
+static flame_status upload_block(fl_cuda_engine *g, const fl_block &b, fl_dev_block *d)
+{
+    const int32_t dm = g->cfg.d_model;
+    const size_t sq = (size_t)dm * dm;
+    float *w = static_cast<float *>(malloc(3 * sq * sizeof(float)));
+    float *bias = static_cast<float *>(malloc(3 * (size_t)dm * sizeof(float)));
+    flame_status st = FLAME_OK;
+    if (!w || !bias) st = fl_error(FLAME_ERR_NOMEM, "out of host memory fusing q/k/v");
+    if (!st) {
+        const fl_linear *parts[3] = {&b.q, &b.k, &b.v};
+        for (int i = 0; i < 3; i++) {
+            memcpy(w + i * sq, parts[i]->w, sq * sizeof(float));
+            memcpy(bias + (size_t)i * dm, parts[i]->b, (size_t)dm * sizeof(float));
+        }
+        fl_linear fused = {w, bias, 3 * dm, dm};
+        st = upload_linear(g, fused, g->ab, &d->qkv);
+    }
+    free(w);
+    free(bias);
+    FL_TRY(st);
+    FL_TRY(upload_linear(g, b.o, CUDA_R_32F, &d->o));
+    FL_TRY(upload_linear(g, b.fc1, g->ab, &d->fc1));
+    FL_TRY(upload_linear(g, b.fc2, CUDA_R_32F, &d->fc2));
+    FL_TRY(upload_f32(g, b.ln1.w, dm, &d->ln1_w));
+    FL_TRY(upload_f32(g, b.ln1.b, dm, &d->ln1_b));
+    FL_TRY(upload_f32(g, b.ln2.w, dm, &d->ln2_w));
+    return upload_f32(g, b.ln2.b, dm, &d->ln2_b);
+}
+
+static flame_status upload_model(fl_cuda_engine *g, const fl_weights &w)
+{
+    const fl_model_cfg &c = g->cfg;
+    for (int t = 0; t < c.num_tables; t++)
+        FL_TRY(upload(g, w.tables[t], (uint64_t)c.tables[t].rows * c.tables[t].dim, g->ab, &g->tables[t]));
+    if (c.projection) FL_TRY(upload_linear(g, w.proj, CUDA_R_32F, &g->proj));
+    if (c.position_rule != FL_POS_NONE)
+        FL_TRY(upload_f32(g, w.position, (uint64_t)c.position_rows * c.d_model, &g->position));
+    if (c.input_layernorm) {
+        FL_TRY(upload_f32(g, w.input_ln.w, c.d_model, &g->input_ln_w));
+        FL_TRY(upload_f32(g, w.input_ln.b, c.d_model, &g->input_ln_b));
+    }
+    if (c.final_layernorm) {
+        FL_TRY(upload_f32(g, w.final_ln.w, c.d_model, &g->final_ln_w));
+        FL_TRY(upload_f32(g, w.final_ln.b, c.d_model, &g->final_ln_b));
+    }
+    g->blocks = static_cast<fl_dev_block *>(calloc(c.num_blocks ? c.num_blocks : 1, sizeof(fl_dev_block)));
+    if (!g->blocks) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
+    for (int i = 0; i < c.num_blocks; i++) FL_TRY(upload_block(g, w.blocks[i], &g->blocks[i]));
+    if (c.head == FLAME_HEAD_SUMI)
+        for (int t = 0; t < c.num_tasks; t++)
+            for (int l = 0; l < c.tasks[t].num_layers; l++) {
+                const bool last = l == c.tasks[t].num_layers - 1; // writes float scores
+                FL_TRY(upload_linear(g, w.tasks[t].layers[l], last ? CUDA_R_32F : g->ab, &g->tasks[t][l]));
+            }
+    return FLAME_OK;
+}
+
+extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_weights *w, int64_t num_items,
+                                              const struct flame_config *cfg, int device, fl_cuda_engine **out)
+{
+    *out = nullptr;
+    const int32_t dh = mc->num_heads ? mc->d_model / mc->num_heads : 0;
+    if (mc->num_blocks > 0 && dh > 128)
+        return fl_error(FLAME_ERR_UNSUPPORTED, "the CUDA backend supports head dims up to 128; this model has %d", dh);
+    fl_cuda_engine *g = new (std::nothrow) fl_cuda_engine();
+    if (!g) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
+    pthread_mutex_init(&g->lock, nullptr);
+    g->device = device;
+    g->cfg = *mc;
+    g->num_items = num_items;
+    g->dtype = fl_config_dtype(cfg);
+    g->ab = g->dtype == FL_COMPUTE_FP16 ? CUDA_R_16F : g->dtype == FL_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    g->budget = (uint64_t)cfg->device_memory_budget;
+    flame_status st = FLAME_OK;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) st = fl_error(FLAME_ERR_NO_DEVICE, "cuda:%d: %s", device, cudaGetErrorString(e));
+    if (!st && cfg->cuda_stream) {
+        g->stream = static_cast<cudaStream_t>(cfg->cuda_stream);
+    } else if (!st) {
+        e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+        g->own_stream = e == cudaSuccess;
+        if (e != cudaSuccess) st = fl_error(FLAME_ERR_INTERNAL, "cudaStreamCreate: %s", cudaGetErrorString(e));
+    }
+    if (!st) {
+        const size_t ws = 32u << 20; // cuBLASLt workspace: 32 MiB, what its docs suggest for Hopper
+        st = fl_dev_reserve(g, ws, "the GEMM workspace");
+        if (!st) st = fl_gemm_init(&g->gemm, ws);
+    }
+    if (!st) st = upload_model(g, *w);
+    if (st) {
+        fl_cuda_engine_destroy(g);
+        return st;
+    }
+    *out = g;
+    return FLAME_OK;
+}
+
+extern "C" void fl_cuda_engine_destroy(fl_cuda_engine *g)
+{
+    if (!g) return;
+    cudaSetDevice(g->device);
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    for (size_t i = 0; i < g->num_allocs; i++) cudaFree(g->allocs[i]);
+    free(g->allocs);
+    free(g->blocks);
+    if (g->arena) cudaFree(g->arena);
+    if (g->staging) cudaFreeHost(g->staging);
+    fl_gemm_destroy(&g->gemm);
+    if (g->own_stream) cudaStreamDestroy(g->stream);
+    pthread_mutex_destroy(&g->lock);
+    delete g;
+}
+
+extern "C" uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g)
+{
+    return g->weight_bytes + g->buffer_bytes + g->gemm.workspace_bytes;
+}
+
+extern "C" uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g)
+{
+    return g->weight_bytes;
+}

@@ -1,0 +1,401 @@
+// The forward pass on the GPU for one pass of validated requests (docs/model-format.md).
+// The host packs every index the kernels need (token ids, rebased side-feature CSR,
+// position rows, selected rows, attention tiles, gather lists) into one pinned buffer that
+// goes to the device in one copy; then one stream runs embedding -> blocks -> head, and the
+// scores come back in one copy. Token-wise layers run over all requests' tokens at once, and
+// the last block computes queries and everything after attention only for the rows the head
+// reads, as on the CPU (src/engine/forward.c).
+#include <string.h>
+
+#include "engine.cuh"
+
+namespace {
+
+// Bump allocator over a buffer; `base` NULL only measures.
+struct carver {
+    uint8_t *base;
+    size_t used = 0;
+    template <typename P> P *take(size_t count)
+    {
+        used = (used + 255) & ~(size_t)255; // 256-byte alignment: vector loads and cuBLASLt
+        P *p = base ? reinterpret_cast<P *>(base + used) : nullptr;
+        used += count * sizeof(P);
+        return p;
+    }
+};
+
+// The index data, in the pinned staging buffer and its device copy (same offsets).
+struct indices {
+    int64_t *item;                   // [T] item id per token
+    int64_t *side_off[FL_MAX_FEATURES], *side_ids[FL_MAX_FEATURES];
+    int32_t *prow;                   // [T] position row, -1 none
+    int64_t *sel;                    // [S] rows the head reads
+    int32_t *qpos;                   // [S] their positions in their sequence
+    fl_attn_tile *tiles_full, *tiles_last;
+    int64_t *g_hrow, *g_ids, *g_out; // dot head, gathered candidates
+};
+
+struct pass {
+    fl_cuda_engine *g;
+    const flame_request *reqs;
+    size_t n;
+    int64_t T = 0, S = 0, tiles_full = 0, tiles_last = 0, gathered = 0, total_scores = 0;
+    int64_t side_total[FL_MAX_FEATURES] = {};
+    indices host{}, dev{};
+};
+
+void plan(pass &p)
+{
+    fl_cuda_engine *g = p.g;
+    const fl_model_cfg &c = g->cfg;
+    const bool sumi = c.head == FLAME_HEAD_SUMI;
+    g->seqs.resize(p.n);
+    for (size_t r = 0; r < p.n; r++) {
+        const flame_request &q = p.reqs[r];
+        fl_seq_plan &s = g->seqs[r];
+        s.n = q.history_len < (size_t)c.max_len ? (int64_t)q.history_len : c.max_len;
+        s.start = (int64_t)q.history_len - s.n;
+        s.m = sumi ? (int64_t)q.num_candidates : 0;
+        s.off = p.T;
+        s.sel0 = p.S;
+        s.nsel = sumi ? s.m : (s.n > 0 && q.num_candidates > 0);
+        s.out = p.total_scores;
+        p.T += s.n + s.m;
+        p.S += s.nsel;
+        p.total_scores += (int64_t)q.num_candidates * c.num_tasks;
+        p.tiles_full += ceil_div(s.n + s.m, FL_ATTN_QT);
+        p.tiles_last += ceil_div(s.nsel, FL_ATTN_QT);
+        for (int f = 0; f < c.num_features; f++) {
+            const int slot = c.features[f].side_slot;
+            if (slot < 0) continue;
+            if (s.n) p.side_total[slot] += q.history_side[slot].offsets[s.start + s.n] - q.history_side[slot].offsets[s.start];
+            if (s.m) p.side_total[slot] += q.candidate_side[slot].offsets[s.m];
+        }
+        if (!sumi && s.nsel && q.num_candidates) p.gathered += (int64_t)q.num_candidates; // upper bound
+    }
+}
+
+size_t carve_indices(pass &p, uint8_t *base, indices &ix)
+{
+    const fl_model_cfg &c = p.g->cfg;
+    carver cv{base};
+    ix.item = cv.take<int64_t>(p.T);
+    for (int s = 0; s < c.num_side; s++) {
+        ix.side_off[s] = cv.take<int64_t>(p.T + 1);
+        ix.side_ids[s] = cv.take<int64_t>(p.side_total[s]);
+    }
+    ix.prow = cv.take<int32_t>(p.T);
+    ix.sel = cv.take<int64_t>(p.S);
+    ix.qpos = cv.take<int32_t>(p.S);
+    ix.tiles_full = cv.take<fl_attn_tile>(p.tiles_full);
+    ix.tiles_last = cv.take<fl_attn_tile>(p.tiles_last);
+    ix.g_hrow = cv.take<int64_t>(p.gathered);
+    ix.g_ids = cv.take<int64_t>(p.gathered);
+    ix.g_out = cv.take<int64_t>(p.gathered);
+    return cv.used;
+}
+
+static bool contiguous(const int64_t *ids, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        if (ids[i] != ids[0] + (int64_t)i) return false;
+    return true;
+}
+
+// Fills the staging buffer (host side of `indices`); dot-head GEMM groups go to g->groups.
+void fill(pass &p)
+{
+    fl_cuda_engine *g = p.g;
+    const fl_model_cfg &c = g->cfg;
+    indices &h = p.host;
+    int64_t side_fill[FL_MAX_FEATURES] = {};
+    for (int s = 0; s < c.num_side; s++) h.side_off[s][0] = 0;
+    int64_t tf = 0, tl = 0, ng = 0;
+    g->groups.clear();
+    for (size_t r = 0; r < p.n; r++) {
+        const flame_request &q = p.reqs[r];
+        const fl_seq_plan &s = g->seqs[r];
+        for (int64_t i = 0; i < s.n + s.m; i++) {
+            const bool cand = i >= s.n;
+            const int64_t t = s.off + i, src = cand ? i - s.n : s.start + i;
+            h.item[t] = cand ? q.candidates[src] : q.history[src];
+            for (int slot = 0; slot < c.num_side; slot++) {
+                const flame_bags &b = cand ? q.candidate_side[slot] : q.history_side[slot];
+                const int64_t len = b.offsets[src + 1] - b.offsets[src];
+                memcpy(h.side_ids[slot] + side_fill[slot], b.ids + b.offsets[src], (size_t)len * sizeof(int64_t));
+                side_fill[slot] += len;
+                h.side_off[slot][t + 1] = side_fill[slot];
+            }
+            int64_t row = -1;
+            if (cand)
+                row = c.candidate_position;
+            else if (c.position_rule == FL_POS_LEFT_PADDED_SLOT)
+                row = c.max_len - s.n + i;
+            else if (c.position_rule == FL_POS_FROM_RECENT)
+                row = s.n - 1 - i;
+            h.prow[t] = c.position_rule == FL_POS_NONE ? -1 : (int32_t)row;
+        }
+        for (int64_t q0 = 0; q0 < s.n + s.m; q0 += FL_ATTN_QT)
+            h.tiles_full[tf++] = {s.off, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < FL_ATTN_QT ? s.n + s.m - q0 : FL_ATTN_QT),
+                                  s.off + q0, (int32_t)q0, -1};
+        for (int64_t i = 0; i < s.nsel; i++) {
+            const int64_t pos = c.head == FLAME_HEAD_SUMI ? s.n + i : s.n - 1;
+            h.sel[s.sel0 + i] = s.off + pos;
+            h.qpos[s.sel0 + i] = (int32_t)pos;
+        }
+        for (int64_t i0 = 0; i0 < s.nsel; i0 += FL_ATTN_QT)
+            h.tiles_last[tl++] = {s.off, (int32_t)s.n, (int32_t)(s.nsel - i0 < FL_ATTN_QT ? s.nsel - i0 : FL_ATTN_QT),
+                                  s.sel0 + i0, 0, (int32_t)(s.sel0 + i0)};
+        if (c.head != FLAME_HEAD_DOT || s.nsel == 0 || q.num_candidates == 0) continue;
+        const int64_t m = (int64_t)q.num_candidates;
+        if (contiguous(q.candidates, (size_t)m)) {
+            fl_dot_group *last = g->groups.empty() ? nullptr : &g->groups.back();
+            if (last && last->first_id == q.candidates[0] && last->num == m && last->sel0 + last->count == s.sel0 &&
+                last->out + last->count * m == s.out)
+                last->count++; // the next user of the same range: one more row of the same GEMM
+            else
+                g->groups.push_back({s.sel0, 1, q.candidates[0], m, s.out});
+            continue;
+        }
+        for (int64_t j = 0; j < m; j++) {
+            h.g_hrow[ng] = s.sel0;
+            h.g_ids[ng] = q.candidates[j];
+            h.g_out[ng++] = s.out + j;
+        }
+    }
+    p.gathered = ng;
+}
+
+// Activation buffers on the device, after the index copy.
+struct buffers {
+    float *X, *XS, *scores;
+    void *Y, *QKV, *A, *F, *E, *YS, *Q, *H1, *H2;
+};
+
+size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, buffers &b)
+{
+    const fl_model_cfg &c = p.g->cfg;
+    const int64_t T = p.T, S = p.S, d = c.d_model;
+    int64_t widest = c.ffn_dim > d ? c.ffn_dim : d;
+    for (int t = 0; c.head == FLAME_HEAD_SUMI && t < c.num_tasks; t++)
+        for (int l = 0; l <= c.tasks[t].num_layers; l++) widest = c.tasks[t].width[l] > widest ? c.tasks[t].width[l] : widest;
+    carver cv{base, offset};
+    b.X = cv.take<float>(T * d);
+    b.XS = cv.take<float>(S * d);
+    b.scores = cv.take<float>(p.total_scores);
+    b.Y = cv.take<uint8_t>(T * d * esize);
+    b.QKV = cv.take<uint8_t>(T * 3 * d * esize);
+    b.A = cv.take<uint8_t>(T * d * esize);
+    b.F = cv.take<uint8_t>(T * widest * esize);
+    b.E = cv.take<uint8_t>(c.projection ? T * c.embed_dim * esize : 0);
+    b.YS = cv.take<uint8_t>(S * d * esize);
+    b.Q = cv.take<uint8_t>(S * d * esize);
+    b.H1 = cv.take<uint8_t>(S * widest * esize);
+    b.H2 = cv.take<uint8_t>(S * widest * esize);
+    return cv.used;
+}
+
+flame_status grow(fl_cuda_engine *g, size_t staging, size_t arena)
+{
+    if (staging > g->staging_bytes) {
+        if (g->staging) cudaFreeHost(g->staging);
+        g->staging = nullptr;
+        g->staging_bytes = 0;
+        FL_CUDA_TRY(cudaMallocHost(&g->staging, staging + staging / 4));
+        g->staging_bytes = staging + staging / 4;
+    }
+    if (arena > g->arena_bytes) {
+        const size_t want = arena + arena / 4; // headroom: slowly growing batches do not reallocate each call
+        if (g->arena) cudaFree(g->arena);
+        g->buffer_bytes -= g->arena_bytes;
+        g->arena = nullptr;
+        g->arena_bytes = 0;
+        FL_TRY(fl_dev_reserve(g, want, "this batch's activation buffers"));
+        FL_CUDA_TRY(cudaMalloc(&g->arena, want));
+        g->arena_bytes = want;
+        g->buffer_bytes += want;
+    }
+    return FLAME_OK;
+}
+
+// A linear layer with its activation: cuBLASLt fuses bias, ReLU and tanh-GELU; erf-GELU
+// takes the bias epilogue and one elementwise pass.
+template <typename T>
+flame_status linear_act(fl_cuda_engine *g, int64_t rows, const fl_dev_linear &l, const void *x, int64_t ldx, T *y,
+                        int64_t ldy, fl_activation act)
+{
+    fl_epilogue epi = act == FL_ACT_RELU ? FL_EPI_BIAS_RELU : act == FL_ACT_GELU_TANH ? FL_EPI_BIAS_GELU_TANH : FL_EPI_BIAS;
+    FL_TRY(fl_gemm(&g->gemm, g->stream, rows, l.in, l.out, x, ldx, l.w, l.in, g->ab, l.b, y, ldy, g->ab, 0.0f, epi));
+    if (act == FL_ACT_GELU_ERF) FL_TRY(fl_cuda_activation<T>(y, rows, l.out, ldy, 1, g->stream));
+    return FLAME_OK;
+}
+
+template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &blk, bool last)
+{
+    const fl_model_cfg &c = g->cfg;
+    const int32_t d = c.d_model, H = c.num_heads, dh = d / H;
+    const int64_t NT = p.T, R = last ? p.S : NT;
+    cudaStream_t s = g->stream;
+    T *Y = static_cast<T *>(b.Y), *QKV = static_cast<T *>(b.QKV), *A = static_cast<T *>(b.A);
+    // the attention input: LN1(X) before a pre-LN block, X itself (in T) before a post-LN one
+    FL_TRY(fl_cuda_rows<T>(NT, d, b.X, nullptr, nullptr, blk.ln1_w, blk.ln1_b, c.ln_eps, c.eps_inside_sqrt,
+                           c.pre_ln ? FL_ROW_LN_Y : FL_ROW_COPY, Y, d, s));
+    if (!last) {
+        FL_TRY(fl_gemm(&g->gemm, s, NT, d, 3 * d, Y, d, blk.qkv.w, d, g->ab, blk.qkv.b, QKV, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
+        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_full, p.tiles_full, nullptr, H, dh, QKV, 3 * d, QKV + d, QKV + 2 * d,
+                                    3 * d, A, d, s));
+    } else {
+        // keys and values for every token (rows d..3d of the fused weight), queries for the selected rows only
+        const size_t esz = sizeof(T);
+        FL_TRY(fl_gemm(&g->gemm, s, NT, d, 2 * d, Y, d, static_cast<uint8_t *>(blk.qkv.w) + (size_t)d * d * esz, d, g->ab,
+                       static_cast<uint8_t *>(blk.qkv.b) + (size_t)d * esz, QKV + d, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
+        T *YS = static_cast<T *>(b.YS), *Q = static_cast<T *>(b.Q);
+        FL_TRY(fl_cuda_gather<T>(Y, d, p.dev.sel, p.S, d, YS, d, s));
+        FL_TRY(fl_gemm(&g->gemm, s, p.S, d, d, YS, d, blk.qkv.w, d, g->ab, blk.qkv.b, Q, d, g->ab, 0.0f, FL_EPI_BIAS));
+        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_last, p.tiles_last, p.dev.qpos, H, dh, Q, d, QKV + d, QKV + 2 * d, 3 * d,
+                                    A, d, s));
+        FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
+    }
+    float *X = last ? b.XS : b.X;
+    T *Yr = last ? static_cast<T *>(b.YS) : Y;
+    // X += A Wo^T + bo (the residual add is the GEMM's beta = 1)
+    FL_TRY(fl_gemm(&g->gemm, s, R, d, d, A, d, blk.o.w, d, g->ab, blk.o.b, X, d, CUDA_R_32F, 1.0f, FL_EPI_BIAS));
+    // the FFN input: LN2(X) (pre-LN), or X = LN1(X + attention) itself (post-LN)
+    if (c.pre_ln)
+        FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln2_w, blk.ln2_b, c.ln_eps, c.eps_inside_sqrt,
+                               FL_ROW_LN_Y, Yr, d, s));
+    else
+        FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln1_w, blk.ln1_b, c.ln_eps, c.eps_inside_sqrt,
+                               FL_ROW_LN_X, Yr, d, s));
+    T *F = static_cast<T *>(b.F);
+    FL_TRY(linear_act<T>(g, R, blk.fc1, Yr, d, F, c.ffn_dim, c.activation));
+    FL_TRY(fl_gemm(&g->gemm, s, R, c.ffn_dim, d, F, c.ffn_dim, blk.fc2.w, c.ffn_dim, g->ab, blk.fc2.b, X, d, CUDA_R_32F,
+                   1.0f, FL_EPI_BIAS));
+    if (!c.pre_ln)
+        FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln2_w, blk.ln2_b, c.ln_eps, c.eps_inside_sqrt,
+                               FL_ROW_LN_X, (T *)nullptr, d, s));
+    return FLAME_OK;
+}
+
+template <typename T> flame_status embed(fl_cuda_engine *g, pass &p, buffers &b)
+{
+    const fl_model_cfg &c = g->cfg;
+    fl_dev_features fs{};
+    fs.count = c.num_features;
+    fs.width = c.embed_dim;
+    fs.concat = c.combine_concat;
+    int32_t col = 0;
+    for (int f = 0; f < c.num_features; f++) {
+        const fl_feature_cfg &fc = c.features[f];
+        fl_dev_feature &df = fs.f[f];
+        df.table = g->tables[fc.table];
+        df.dim = c.tables[fc.table].dim;
+        df.pooling = fc.pooling;
+        df.out_col = c.combine_concat ? col : 0;
+        col += df.dim;
+        df.offsets = fc.side_slot < 0 ? nullptr : p.dev.side_off[fc.side_slot];
+        df.ids = fc.side_slot < 0 ? p.dev.item : p.dev.side_ids[fc.side_slot];
+    }
+    const int32_t d = c.d_model;
+    if (c.projection) {
+        FL_TRY(fl_cuda_embedding_bag<T, T>(fs, p.T, static_cast<T *>(b.E), c.embed_dim, g->stream));
+        FL_TRY(fl_gemm(&g->gemm, g->stream, p.T, c.embed_dim, d, b.E, c.embed_dim, g->proj.w, c.embed_dim, g->ab,
+                       g->proj.b, b.X, d, CUDA_R_32F, 0.0f, FL_EPI_BIAS));
+    } else {
+        FL_TRY(fl_cuda_embedding_bag<T, float>(fs, p.T, b.X, d, g->stream));
+    }
+    if (c.position_rule != FL_POS_NONE || c.input_layernorm)
+        FL_TRY(fl_cuda_rows<T>(p.T, d, b.X, g->position, p.dev.prow, g->input_ln_w, g->input_ln_b, c.ln_eps,
+                               c.eps_inside_sqrt, c.input_layernorm ? FL_ROW_LN_X : FL_ROW_COPY, (T *)nullptr, d,
+                               g->stream));
+    return FLAME_OK;
+}
+
+template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
+{
+    const fl_model_cfg &c = g->cfg;
+    const int32_t d = c.d_model;
+    cudaStream_t s = g->stream;
+    T *YS = static_cast<T *>(b.YS);
+    // the head input: final LN (or a copy) of the selected rows, in T
+    FL_TRY(fl_cuda_rows<T>(p.S, d, b.XS, nullptr, nullptr, g->final_ln_w, g->final_ln_b, c.ln_eps, c.eps_inside_sqrt,
+                           c.final_layernorm ? FL_ROW_LN_Y : FL_ROW_COPY, YS, d, s));
+    if (c.head == FLAME_HEAD_DOT) {
+        // requests with an empty history score 0: clear everything, groups and gathers overwrite the rest
+        FL_CUDA_TRY(cudaMemsetAsync(b.scores, 0, (size_t)p.total_scores * sizeof(float), s));
+        const T *table = static_cast<const T *>(g->tables[c.dot_table]);
+        for (const fl_dot_group &gr : g->groups)
+            FL_TRY(fl_gemm(&g->gemm, s, gr.count, d, (int32_t)gr.num, YS + gr.sel0 * d, d, table + gr.first_id * d, d,
+                           g->ab, nullptr, b.scores + gr.out, gr.num, CUDA_R_32F, 0.0f, FL_EPI_NONE));
+        return fl_cuda_dot_gather<T>(YS, d, p.dev.g_hrow, table, d, p.dev.g_ids, p.dev.g_out, p.gathered, b.scores, s);
+    }
+    for (int t = 0; t < c.num_tasks; t++) {
+        const fl_task_cfg &tc = c.tasks[t];
+        const void *in = YS;
+        int64_t ld_in = d;
+        void *bufs[2] = {b.H1, b.H2};
+        for (int l = 0; l < tc.num_layers; l++) {
+            const fl_dev_linear &lin = g->tasks[t][l];
+            if (l == tc.num_layers - 1) { // width 1, float, straight into column t of [S x tasks]
+                FL_TRY(fl_gemm(&g->gemm, s, p.S, lin.in, 1, in, ld_in, lin.w, lin.in, g->ab, lin.b, b.scores + t,
+                               c.num_tasks, CUDA_R_32F, 0.0f, FL_EPI_BIAS));
+                break;
+            }
+            T *out = static_cast<T *>(bufs[l & 1]);
+            FL_TRY(linear_act<T>(g, p.S, lin, in, ld_in, out, lin.out, tc.activation));
+            in = out;
+            ld_in = lin.out;
+        }
+        FL_TRY(fl_cuda_sigmoid(b.scores + t, p.S, c.num_tasks, s));
+    }
+    return FLAME_OK;
+}
+
+template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores)
+{
+    plan(p);
+    if (p.total_scores == 0) return FLAME_OK;
+    const size_t idx_bytes = carve_indices(p, nullptr, p.host);
+    buffers b{};
+    const size_t arena = carve_buffers(p, sizeof(T), nullptr, idx_bytes, b);
+    FL_TRY(grow(g, idx_bytes, arena));
+    carve_indices(p, g->staging, p.host);
+    carve_indices(p, g->arena, p.dev);
+    carve_buffers(p, sizeof(T), g->arena, idx_bytes, b);
+    fill(p);
+    FL_CUDA_TRY(cudaMemcpyAsync(g->arena, g->staging, idx_bytes, cudaMemcpyHostToDevice, g->stream));
+    if (p.S > 0) {
+        FL_TRY(embed<T>(g, p, b));
+        for (int i = 0; i < g->cfg.num_blocks; i++) FL_TRY(block<T>(g, p, b, g->blocks[i], i == g->cfg.num_blocks - 1));
+        if (g->cfg.num_blocks == 0) FL_TRY(fl_cuda_gather<float>(b.X, g->cfg.d_model, p.dev.sel, p.S, g->cfg.d_model, b.XS, g->cfg.d_model, g->stream));
+        FL_TRY(head<T>(g, p, b));
+    } else { // dot head, empty histories only: every score is 0
+        FL_CUDA_TRY(cudaMemsetAsync(b.scores, 0, (size_t)p.total_scores * sizeof(float), g->stream));
+    }
+    FL_CUDA_TRY(cudaMemcpyAsync(scores, b.scores, (size_t)p.total_scores * sizeof(float), cudaMemcpyDeviceToHost,
+                                g->stream));
+    FL_CUDA_TRY(cudaStreamSynchronize(g->stream));
+    return FLAME_OK;
+}
+
+} // namespace
+
+extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores)
+{
+    pthread_mutex_lock(&g->lock);
+    flame_status st = FLAME_OK;
+    cudaError_t e = cudaSetDevice(g->device);
+    if (e != cudaSuccess) st = fl_error(FLAME_ERR_INTERNAL, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(e));
+    pass p{g, reqs, n};
+    if (!st) {
+        if (g->dtype == FL_COMPUTE_FP16)
+            st = run<__half>(g, p, scores);
+        else if (g->dtype == FL_COMPUTE_BF16)
+            st = run<__nv_bfloat16>(g, p, scores);
+        else
+            st = run<float>(g, p, scores);
+    }
+    if (st) cudaStreamSynchronize(g->stream); // nothing of this call may still run after we return
+    pthread_mutex_unlock(&g->lock);
+    return st;
+}

@@ -1,0 +1,145 @@
+// cuBLASLt wrapper. Row-major y = x W^T is column-major y^T = W x^T: A = W (transposed),
+// B = x, m = out, n = rows, k = in. A plan (descriptors, layouts, heuristic's algorithm) is
+// cached per shape, dtype, epilogue and pointer alignment, so steady-state calls make no
+// heuristic query.
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.cuh"
+
+#define MAX_PLANS 64
+
+struct fl_gemm_key {
+    int64_t rows, ldx, ldw, ldy;
+    int32_t in, out;
+    int32_t ab, yt, epi, beta, align; // align: 16-byte alignment bits of x, w, y, bias
+    bool operator==(const fl_gemm_key &o) const { return memcmp(this, &o, sizeof *this) == 0; }
+};
+
+struct fl_gemm_plan {
+    fl_gemm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+
+flame_status fl_gemm_init(fl_gemm_ctx *g, size_t workspace_bytes)
+{
+    FL_CUBLAS_TRY(cublasLtCreate(&g->lt));
+    FL_CUDA_TRY(cudaMalloc(&g->workspace, workspace_bytes));
+    g->workspace_bytes = workspace_bytes;
+    g->plans = static_cast<fl_gemm_plan *>(calloc(MAX_PLANS, sizeof(fl_gemm_plan)));
+    if (!g->plans) return fl_error(FLAME_ERR_NOMEM, "out of memory for GEMM plans");
+    return FLAME_OK;
+}
+
+static void free_plan(fl_gemm_plan *p)
+{
+    cublasLtMatmulDescDestroy(p->desc);
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->c);
+}
+
+void fl_gemm_destroy(fl_gemm_ctx *g)
+{
+    for (int i = 0; i < g->num_plans; i++) free_plan(&g->plans[i]);
+    free(g->plans);
+    if (g->workspace) cudaFree(g->workspace);
+    if (g->lt) cublasLtDestroy(g->lt);
+    *g = fl_gemm_ctx{};
+}
+
+static int align_bits(const void *x, const void *w, const void *y, const void *bias)
+{
+    return (((uintptr_t)x & 15) == 0) | (((uintptr_t)w & 15) == 0) << 1 | (((uintptr_t)y & 15) == 0) << 2 |
+           (((uintptr_t)bias & 15) == 0) << 3;
+}
+
+static uint32_t min_align(const void *p)
+{
+    uint32_t a = 16;
+    while (a > 1 && ((uintptr_t)p & (a - 1))) a >>= 1;
+    return a;
+}
+
+static flame_status make_plan(fl_gemm_ctx *g, const fl_gemm_key &k, const void *x, const void *w, const void *y,
+                              const void *bias, fl_gemm_plan *p)
+{
+    p->key = k;
+    FL_CUBLAS_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (k.epi == FL_EPI_BIAS) epi = CUBLASLT_EPILOGUE_BIAS;
+    if (k.epi == FL_EPI_BIAS_RELU) epi = CUBLASLT_EPILOGUE_RELU_BIAS;
+    if (k.epi == FL_EPI_BIAS_GELU_TANH) epi = CUBLASLT_EPILOGUE_GELU_BIAS;
+    FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (k.epi != FL_EPI_NONE) {
+        cudaDataType_t bt = (cudaDataType_t)k.yt;
+        FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    FL_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->a, (cudaDataType_t)k.ab, k.in, k.out, k.ldw));
+    FL_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->b, (cudaDataType_t)k.ab, k.in, k.rows, k.ldx));
+    FL_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->c, (cudaDataType_t)k.yt, k.out, k.rows, k.ldy));
+    cublasLtMatmulPreference_t pref;
+    FL_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = g->workspace_bytes;
+    uint32_t aa = min_align(w), ab = min_align(x), ac = min_align(y), ad = min_align(bias ? bias : y);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+    (void)ad;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        free_plan(p);
+        return fl_error(FLAME_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for [%lld x %d] . [%d x %d]^T (epilogue %d): %s",
+                        (long long)k.rows, k.in, k.out, k.in, k.epi, fl_cublas_status_name(st));
+    }
+    p->algo = res.algo;
+    return FLAME_OK;
+}
+
+flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, int64_t rows, int32_t in, int32_t out, const void *x, int64_t ldx,
+                     const void *w, int64_t ldw, cudaDataType_t ab, const void *bias, void *y, int64_t ldy,
+                     cudaDataType_t yt, float beta, fl_epilogue epi)
+{
+    if (rows == 0 || out == 0) return FLAME_OK;
+    fl_gemm_key k;
+    memset(&k, 0, sizeof k); // padding takes part in the comparison
+    k.rows = rows;
+    k.ldx = ldx;
+    k.ldw = ldw;
+    k.ldy = ldy;
+    k.in = in;
+    k.out = out;
+    k.ab = ab;
+    k.yt = yt;
+    k.epi = epi;
+    k.beta = beta != 0.0f;
+    k.align = align_bits(x, w, y, bias);
+    fl_gemm_plan *p = nullptr;
+    for (int i = 0; i < g->num_plans && !p; i++)
+        if (g->plans[i].key == k) p = &g->plans[i];
+    if (!p) {
+        fl_gemm_plan fresh;
+        FL_TRY(make_plan(g, k, x, w, y, bias, &fresh));
+        if (g->num_plans == MAX_PLANS) free_plan(&g->plans[--g->num_plans]); // drop the oldest
+        memmove(g->plans + 1, g->plans, g->num_plans * sizeof *g->plans);
+        g->plans[0] = fresh;
+        g->num_plans++;
+        p = &g->plans[0];
+    }
+    if (epi != FL_EPI_NONE)
+        FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const float alpha = 1.0f;
+    FL_CUBLAS_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                                 g->workspace, g->workspace_bytes, s));
+    return FLAME_OK;
+}

@@ -1,0 +1,77 @@
+// Launch wrappers of the CUDA kernels. Same contracts as src/cpu/kernels.h; every wrapper
+// launches nothing for an empty problem (never a grid of size 0) and checks the launch.
+#pragma once
+
+#include "common.cuh"
+
+#define FL_CUDA_MAX_FEATURES 64
+
+// One feature's bags over the packed tokens (device pointers).
+struct fl_dev_feature {
+    const void *table;      // [rows, dim] in the compute dtype
+    int32_t dim;
+    int32_t pooling;        // 0 sum, 1 mean
+    int32_t out_col;
+    const int64_t *offsets; // [T + 1] or NULL: token t's bag is {ids[t]}
+    const int64_t *ids;
+};
+
+struct fl_dev_features {
+    fl_dev_feature f[FL_CUDA_MAX_FEATURES];
+    int32_t count;
+    int32_t width;   // output row width (sum: dim; concat: sum of dims)
+    int32_t concat;  // 1: features own disjoint columns
+};
+
+// Table-batched embedding bag, one launch for all tokens and features:
+// out[t, out_col:out_col+dim] += pool(bag) after the row is zeroed (see src/cpu/kernels.h).
+template <typename T, typename OutT>
+flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s);
+
+// Row-wise residual stream update on X (float, [rows, d], in place):
+//   X += position[prow[r]] (when position != NULL and prow[r] >= 0)
+//   mode LN_X:  X = LN(X); Y = X            (post-LN blocks, input LayerNorm)
+//   mode LN_Y:  Y = LN(X); X unchanged      (pre-LN blocks, final LayerNorm)
+//   mode COPY:  Y = X
+// Y ([rows, ldy], compute dtype) may be NULL. LN statistics in float (two passes).
+enum fl_row_mode { FL_ROW_LN_X = 0, FL_ROW_LN_Y = 1, FL_ROW_COPY = 2 };
+template <typename T>
+flame_status fl_cuda_rows(int64_t rows, int32_t d, float *X, const float *position, const int32_t *prow,
+                          const float *ln_w, const float *ln_b, float eps, bool eps_inside, fl_row_mode mode, T *Y,
+                          int64_t ldy, cudaStream_t s);
+
+// dst[i, :] = src[rows[i], :] for `count` rows of `cols` elements.
+template <typename T>
+flame_status fl_cuda_gather(const T *src, int64_t lds, const int64_t *rows, int64_t count, int32_t cols, T *dst,
+                            int64_t ldd, cudaStream_t s);
+
+// In-place activation (1 gelu_erf, 2 gelu_tanh, 3 relu) over rows x cols.
+template <typename T>
+flame_status fl_cuda_activation(T *x, int64_t rows, int32_t cols, int64_t ld, int act, cudaStream_t s);
+
+// In-place sigmoid over n values with a stride.
+flame_status fl_cuda_sigmoid(float *x, int64_t n, int64_t stride, cudaStream_t s);
+
+// One attention work item: up to FL_ATTN_QT queries of one sequence.
+#define FL_ATTN_QT 16
+struct fl_attn_tile {
+    int64_t seq_row;   // first token row of the sequence in K/V
+    int32_t n_hist;    // history tokens of the sequence
+    int32_t nq;        // queries in this tile (<= FL_ATTN_QT)
+    int64_t q_row;     // first query row in Q / out
+    int32_t pos0;      // position of the first query when qpos == NULL (consecutive positions)
+    int32_t qpos_idx;  // index into qpos of the first query, or -1 for consecutive positions
+};
+
+// SUMI attention (contract of fl_cpu_attention_sumi): history query p sees keys <= p, a
+// candidate query sees every history key and itself; no visible key gives zeros.
+// q [rows, ldq], k and v [rows, ldkv] (head h at columns h*dh), out [rows, ldo]; dh <= 128.
+template <typename T>
+flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
+                               int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
+                               int64_t ldo, cudaStream_t s);
+
+// scores[o[i]] = <h[hrow[i], :], table[ids[i], :]> for n candidates (dot head, gathered rows).
+template <typename T>
+flame_status fl_cuda_dot_gather(const T *h, int64_t ldh, const int64_t *hrow, const T *table, int32_t d,
+                                const int64_t *ids, const int64_t *o, int64_t n, float *scores, cudaStream_t s);

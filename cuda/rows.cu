@@ -1,0 +1,130 @@
+// Row-wise kernels: the residual-stream update with LayerNorm, row gathers, activations,
+// sigmoid. One warp per row; statistics in float with two passes (mean, then centred
+// variance) so a large mean never cancels the digits that matter.
+#include "kernels.cuh"
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) rows_kernel(int64_t rows, int32_t d, float *X, const float *position,
+                                                   const int32_t *prow, const float *w, const float *b, float eps,
+                                                   bool inside, int mode, T *Y, int64_t ldy)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    if (r >= rows) return;
+    float *x = X + r * d;
+    const float *p = position && prow && prow[r] >= 0 ? position + (int64_t)prow[r] * d : nullptr;
+    float sum = 0.0f;
+    for (int j = lane; j < d; j += 32) {
+        float z = x[j] + (p ? p[j] : 0.0f);
+        if (p) x[j] = z;
+        sum += z;
+    }
+    if (mode == FL_ROW_COPY) {
+        if (Y)
+            for (int j = lane; j < d; j += 32) Y[r * ldy + j] = from_f<T>(x[j]);
+        return;
+    }
+    const float mean = warp_sum(sum) / (float)d;
+    float var = 0.0f;
+    for (int j = lane; j < d; j += 32) {
+        float c = x[j] - mean;
+        var += c * c;
+    }
+    var = warp_sum(var) / (float)d;
+    const float inv = inside ? rsqrtf(var + eps) : 1.0f / (sqrtf(var) + eps);
+    for (int j = lane; j < d; j += 32) {
+        float o = (x[j] - mean) * inv * w[j] + b[j];
+        if (mode == FL_ROW_LN_X) x[j] = o;
+        if (Y) Y[r * ldy + j] = from_f<T>(o);
+    }
+}
+
+template <typename T>
+flame_status fl_cuda_rows(int64_t rows, int32_t d, float *X, const float *position, const int32_t *prow,
+                          const float *ln_w, const float *ln_b, float eps, bool eps_inside, fl_row_mode mode, T *Y,
+                          int64_t ldy, cudaStream_t s)
+{
+    if (rows == 0) return FLAME_OK;
+    rows_kernel<T><<<ceil_div(rows * 32, 256), 256, 0, s>>>(rows, d, X, position, prow, ln_w, ln_b, eps, eps_inside,
+                                                            (int)mode, Y, ldy);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+template <typename T>
+__global__ void gather_kernel(const T *src, int64_t lds, const int64_t *rows, int64_t count, int32_t cols, T *dst,
+                              int64_t ldd)
+{
+    const int64_t i = blockIdx.y * (int64_t)gridDim.x + blockIdx.x;
+    if (i >= count) return;
+    const T *s = src + rows[i] * lds;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) dst[i * ldd + j] = s[j];
+}
+
+template <typename T>
+flame_status fl_cuda_gather(const T *src, int64_t lds, const int64_t *rows, int64_t count, int32_t cols, T *dst,
+                            int64_t ldd, cudaStream_t s)
+{
+    if (count == 0) return FLAME_OK;
+    const unsigned gx = count < 65535 ? (unsigned)count : 65535u;
+    gather_kernel<T><<<dim3(gx, ceil_div(count, gx)), 128, 0, s>>>(src, lds, rows, count, cols, dst, ldd);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+template <typename T> __global__ void act_kernel(T *x, int64_t rows, int32_t cols, int64_t ld, int act)
+{
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= rows * cols) return;
+    T *p = x + (i / cols) * ld + i % cols;
+    float v = to_f(*p);
+    if (act == 1)
+        v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    else if (act == 2)
+        v = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    else if (act == 3)
+        v = v > 0.0f ? v : 0.0f;
+    *p = from_f<T>(v);
+}
+
+template <typename T>
+flame_status fl_cuda_activation(T *x, int64_t rows, int32_t cols, int64_t ld, int act, cudaStream_t s)
+{
+    if (rows == 0 || cols == 0 || act == 0) return FLAME_OK;
+    act_kernel<T><<<ceil_div(rows * cols, 256), 256, 0, s>>>(x, rows, cols, ld, act);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+__global__ void sigmoid_kernel(float *x, int64_t n, int64_t stride)
+{
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i * stride];
+    x[i * stride] = v >= 0.0f ? 1.0f / (1.0f + expf(-v)) : expf(v) / (1.0f + expf(v));
+}
+
+flame_status fl_cuda_sigmoid(float *x, int64_t n, int64_t stride, cudaStream_t s)
+{
+    if (n == 0) return FLAME_OK;
+    sigmoid_kernel<<<ceil_div(n, 256), 256, 0, s>>>(x, n, stride);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+#define INSTANTIATE(T)                                                                                         \
+    template flame_status fl_cuda_rows<T>(int64_t, int32_t, float *, const float *, const int32_t *, const float *, \
+                                          const float *, float, bool, fl_row_mode, T *, int64_t, cudaStream_t);    \
+    template flame_status fl_cuda_gather<T>(const T *, int64_t, const int64_t *, int64_t, int32_t, T *, int64_t,  \
+                                            cudaStream_t);                                                     \
+    template flame_status fl_cuda_activation<T>(T *, int64_t, int32_t, int64_t, int, cudaStream_t);
+INSTANTIATE(float)
+INSTANTIATE(__half)
+INSTANTIATE(__nv_bfloat16)

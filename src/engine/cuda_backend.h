@@ -1,0 +1,29 @@
+/* The GPU backend as the engine sees it (implemented in cuda/, stand-in in src/core/no_cuda.c).
+ * The engine validates requests on the host; the backend only computes. */
+#ifndef FLAME_ENGINE_CUDA_BACKEND_H
+#define FLAME_ENGINE_CUDA_BACKEND_H
+
+#include "core/options.h"
+#include "model/model_cfg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_cuda_engine fl_cuda_engine;
+
+/* Uploads the model's weights to `device` in cfg->dtype (FLAME_ERR_NOMEM with the numbers
+ * when they exceed cfg->device_memory_budget), creates the cuBLASLt handle and stream. */
+flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_weights *w, int64_t num_items,
+                                   const struct flame_config *cfg, int device, fl_cuda_engine **out);
+void fl_cuda_engine_destroy(fl_cuda_engine *g);
+/* Scores validated requests (one pass) into host `scores`. Serialized per engine. */
+flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores);
+/* Device bytes held now: weights, activation buffers, workspace. */
+uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g);
+uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

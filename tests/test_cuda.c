@@ -1,0 +1,237 @@
+/* The GPU forward pass against the CPU engine on the variant matrix, in fp32, fp16 and bf16
+ * (normwise relative error < 1e-5 in fp32, < 1e-2 in fp16/bf16), with outputs poisoned
+ * before each run. Skipped with a message where no GPU is usable; FLAME_REQUIRE_GPU=1 (make
+ * test-gpu) turns the skip into a failure. */
+#include "testutil.h"
+#include "core/device.h"
+
+static char no_gpu_reason[256];
+static int have_gpu;
+
+static int setup(void **state)
+{
+    tu_seed();
+    have_gpu = fl_cuda_device_count(no_gpu_reason, sizeof no_gpu_reason) > 0;
+    if (!have_gpu) fprintf(stderr, "# GPU tests skipped: %s\n", no_gpu_reason);
+    return 0;
+}
+
+#define NEED_GPU()                                                                                              \
+    do {                                                                                                        \
+        if (!have_gpu) {                                                                                        \
+            if (getenv("FLAME_REQUIRE_GPU")) fail_msg("FLAME_REQUIRE_GPU is set but %s", no_gpu_reason);       \
+            skip();                                                                                             \
+        }                                                                                                       \
+    } while (0)
+
+/* The variant matrix: every option of docs/model-format.md appears in at least one config. */
+static const char *configs[] = {
+    /* SASRec/ICLRec: post-LN, gelu_erf, left-padded positions, input LN, eps inside, dot head */
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":64,\"max_len\":20,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":500,\"dim\":64}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":20},\"input_layernorm\":true,"
+    "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":256,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
+    "\"layernorm\":{\"eps\":1e-12},\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
+    /* GR ranker: pre-LN, gelu_tanh, side features (sum + mean) summed then projected, from_recent
+     * positions with a candidate position, final LN, sumi head with hidden layers */
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":128,\"max_len\":40,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":300,\"dim\":32},{\"name\":\"artist\",\"rows\":50,\"dim\":32},"
+    "{\"name\":\"genre\",\"rows\":9,\"dim\":32}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
+    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
+    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
+    "\"combine\":\"sum\",\"projection\":true,"
+    "\"position\":{\"rule\":\"from_recent\",\"rows\":41,\"candidate_position\":40},"
+    "\"blocks\":{\"count\":3,\"num_heads\":4,\"ffn_dim\":256,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
+    "\"final_layernorm\":true,"
+    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[64,32]},{\"name\":\"b\",\"hidden\":[16],"
+    "\"activation\":\"gelu_erf\"},{\"name\":\"c\",\"hidden\":[]}]}}",
+    /* concat of odd dims (no 16-byte vectors), relu, post-LN, eps outside the root, no
+     * positions, sumi head, one block, 4 heads of 8 */
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":10,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":200,\"dim\":13},{\"name\":\"tag\",\"rows\":30,\"dim\":7}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
+    "{\"name\":\"tag\",\"table\":\"tag\",\"input\":\"side\"}],"
+    "\"combine\":\"concat\",\"projection\":true,"
+    "\"blocks\":{\"count\":1,\"num_heads\":4,\"ffn_dim\":48,\"norm\":\"post\",\"activation\":\"relu\"},"
+    "\"layernorm\":{\"eps\":1e-3,\"eps_inside_sqrt\":false},"
+    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[8],\"activation\":\"relu\"}]}}",
+    /* no blocks: embeddings straight to the dot head */
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":5,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+    "\"position\":{\"rule\":\"from_recent\",\"rows\":5},"
+    "\"blocks\":{\"count\":0,\"num_heads\":1,\"ffn_dim\":1,\"norm\":\"pre\",\"activation\":\"relu\"},"
+    "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
+    /* head dim 128 (the kernel's widest), pre-LN dot head */
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":256,\"max_len\":64,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":1000,\"dim\":256}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":64},"
+    "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":512,\"norm\":\"pre\",\"activation\":\"gelu_erf\"},"
+    "\"final_layernorm\":true,\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
+};
+
+/* Random requests for a model: histories of 0..1.5 max_len items (the window truncates),
+ * candidates mixing a contiguous range (one GEMM) and random ids (gathered), side bags of
+ * 0..3 ids. Storage is owned by the batch. */
+typedef struct batch {
+    flame_request req[8];
+    int64_t *bufs[64];
+    flame_bags bags[8][2][4];
+    int nbufs;
+    size_t total;
+} batch;
+
+static int64_t *alloc_ids(batch *b, size_t n)
+{
+    int64_t *p = calloc(n + 1, sizeof *p);
+    b->bufs[b->nbufs++] = p;
+    return p;
+}
+
+static void make_batch(batch *b, flame_model *m, size_t nreq)
+{
+    memset(b, 0, sizeof *b);
+    flame_model_info info = {.struct_size = sizeof info};
+    flame_model_get_info(m, &info);
+    const int64_t side_rows[4] = {30, 9, 9, 9}; /* smallest side table in the configs above */
+    for (size_t r = 0; r < nreq; r++) {
+        size_t n = r == 0 ? 0 : (size_t)tu_below(info.max_len + info.max_len / 2 + 1);
+        size_t mc = r == 1 ? 0 : 1 + (size_t)tu_below(40);
+        int64_t *hist = alloc_ids(b, n), *cand = alloc_ids(b, mc);
+        for (size_t i = 0; i < n; i++) hist[i] = tu_below(info.num_items);
+        int64_t c0 = tu_below(info.num_items - (int64_t)mc);
+        bool range = r % 3 != 2;
+        for (size_t i = 0; i < mc; i++) cand[i] = range ? c0 + (int64_t)i : tu_below(info.num_items);
+        flame_request *q = &b->req[r];
+        *q = (flame_request){.struct_size = sizeof *q, .history = hist, .history_len = n, .candidates = cand,
+                             .num_candidates = mc, .num_side_features = (size_t)info.num_side_features};
+        for (int part = 0; part < 2 && info.num_side_features; part++) {
+            size_t count = part ? mc : n;
+            for (int s = 0; s < info.num_side_features; s++) {
+                int64_t *off = alloc_ids(b, count + 1), *ids = alloc_ids(b, 3 * count + 1);
+                for (size_t t = 0; t < count; t++) {
+                    int64_t k = tu_below(4);
+                    for (int64_t i = 0; i < k; i++) ids[off[t] + i] = tu_below(side_rows[s]);
+                    off[t + 1] = off[t] + k;
+                }
+                b->bags[r][part][s] = (flame_bags){off, ids};
+            }
+            if (part) q->candidate_side = b->bags[r][1];
+            else q->history_side = b->bags[r][0];
+        }
+        b->total += mc * (size_t)info.num_tasks;
+    }
+}
+
+static void free_batch(batch *b)
+{
+    for (int i = 0; i < b->nbufs; i++) free(b->bufs[i]);
+}
+
+static flame_engine *gpu_engine(flame_model *m, const char *dtype)
+{
+    flame_config *c = NULL;
+    flame_engine *e = NULL;
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_DTYPE, dtype), FLAME_OK);
+    flame_status st = flame_engine_create(m, c, &e);
+    if (st) fail_msg("cuda engine (%s): %s", dtype, flame_last_error());
+    flame_config_destroy(c);
+    return e;
+}
+
+static void check_config(int ci, const char *dtype, double tol)
+{
+    flame_model *m = NULL;
+    flame_engine *cpu = NULL;
+    assert_int_equal(flame_model_create_random(configs[ci], 100 + (uint64_t)ci, &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &cpu), FLAME_OK);
+    flame_engine *gpu = gpu_engine(m, dtype);
+    for (int rep = 0; rep < 3; rep++) {
+        batch b;
+        make_batch(&b, m, 6);
+        float *want = malloc((b.total + 1) * sizeof(float)), *got = malloc((b.total + 1) * sizeof(float));
+        double *ref = malloc((b.total + 1) * sizeof(double));
+        tu_poison(want, b.total + 1);
+        tu_poison(got, b.total + 1);
+        assert_int_equal(flame_score_batch(cpu, b.req, 6, want, b.total), FLAME_OK);
+        flame_status st = flame_score_batch(gpu, b.req, 6, got, b.total);
+        if (st) fail_msg("config %d %s: %s", ci, dtype, flame_last_error());
+        assert_true(isnan(got[b.total])); /* nothing past the blocks */
+        for (size_t i = 0; i < b.total; i++) ref[i] = want[i];
+        double err = tu_rel_err(got, ref, b.total);
+        fprintf(stderr, "# config %d %s: %zu scores, relative error %.2e\n", ci, dtype, b.total, err);
+        if (!(err < tol)) fail_msg("config %d %s: relative error %.3g >= %.3g", ci, dtype, err, tol);
+        /* request 3 alone (a pass of one request) gives its block of the batch */
+        flame_model_info info = {.struct_size = sizeof info};
+        flame_model_get_info(m, &info);
+        size_t off = 0, len = b.req[3].num_candidates * (size_t)info.num_tasks;
+        for (int r = 0; r < 3; r++) off += b.req[r].num_candidates * (size_t)info.num_tasks;
+        float one[64 * 3];
+        tu_poison(one, 64 * 3);
+        assert_int_equal(flame_score(gpu, &b.req[3], one, 64 * 3), FLAME_OK);
+        for (size_t i = 0; i < len; i++) ref[i] = got[off + i];
+        if (len && !(tu_rel_err(one, ref, len) < tol)) fail_msg("config %d %s: request 3 alone differs", ci, dtype);
+        free(want);
+        free(got);
+        free(ref);
+        free_batch(&b);
+    }
+    flame_engine_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_engine_get_stats(gpu, &st), FLAME_OK);
+    assert_true(st.device_weight_bytes > 0 && st.device_bytes > st.device_weight_bytes);
+    flame_engine_destroy(gpu);
+    flame_engine_destroy(cpu);
+    flame_model_destroy(m);
+}
+
+static void test_matrix_fp32(void **state)
+{
+    NEED_GPU();
+    for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "fp32", 1e-5);
+}
+
+static void test_matrix_fp16(void **state)
+{
+    NEED_GPU();
+    for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "fp16", 1e-2);
+}
+
+static void test_matrix_bf16(void **state)
+{
+    NEED_GPU();
+    for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "bf16", 1e-2);
+}
+
+static void test_memory_budget_and_devices(void **state)
+{
+    NEED_GPU();
+    flame_model *m = NULL;
+    flame_engine *e = (flame_engine *)0x1;
+    assert_int_equal(flame_model_create_random(configs[4], 1, &m), FLAME_OK);
+    flame_config *c = NULL;
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_config_set_int(c, FLAME_OPT_DEVICE_MEMORY_BUDGET, 1 << 20), FLAME_OK);
+    assert_status_msg(flame_engine_create(m, c, &e), FLAME_ERR_NOMEM, "budget (FLAME_OPT_DEVICE_MEMORY_BUDGET) is 1048576");
+    assert_null(e);
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda:999"), FLAME_OK);
+    assert_status_msg(flame_engine_create(m, c, &e), FLAME_ERR_NO_DEVICE, "cuda:999");
+    flame_config_destroy(c);
+    flame_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matrix_fp32),
+        cmocka_unit_test(test_matrix_fp16),
+        cmocka_unit_test(test_matrix_bf16),
+        cmocka_unit_test(test_memory_budget_and_devices),
+    };
+    return cmocka_run_group_tests_name("cuda", tests, setup, NULL);
+}
