@@ -70,7 +70,7 @@ def _open() -> C.CDLL:
     paths = candidates()
     if not paths:
         raise errors.LibraryNotFoundError(
-            "libflame not found: set FLAME_LIBRARY to the path of libflame.so, run `make` in the "
+            "set FLAME_LIBRARY to the path of libflame.so, run `make` in the "
             "repository this package belongs to, or install it (`make install`) where the dynamic "
             "loader finds it")
     path = paths[0]
