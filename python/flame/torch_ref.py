@@ -121,6 +121,21 @@ class TaskHead(nn.Module):
         return h[..., 0]
 
 
+class Tables(nn.Module):
+    """The embedding tables by name. Registered straight in _modules so that any table name
+    (also "pop", "forward", ...) works; state_dict keys are tables.{name}.weight."""
+
+    def __init__(self, tables):
+        super().__init__()
+        for t in tables:
+            if "." in t["name"] or not t["name"]:
+                raise ValueError(f"table name {t['name']!r} cannot be a torch module name (empty or has '.')")
+            self._modules[t["name"]] = nn.Embedding(t["rows"], t["dim"])
+
+    def __getitem__(self, name: str) -> nn.Embedding:
+        return self._modules[name]
+
+
 class FlameModel(nn.Module):
     """The flame architecture of `config` (a flame.config dict). `dropout` (training only,
     not part of the format) applies after the input embedding and on each residual branch."""
@@ -131,7 +146,7 @@ class FlameModel(nn.Module):
         layout.check(cfg)
         self.config = cfg
         d, ln = cfg["d_model"], cfg["layernorm"]
-        self.tables = nn.ModuleDict({t["name"]: nn.Embedding(t["rows"], t["dim"]) for t in cfg["tables"]})
+        self.tables = Tables(cfg["tables"])
         if cfg["projection"]:
             self.input_proj = nn.Linear(layout.embed_dim(cfg), d)
         if cfg["position"]["rule"] != "none":

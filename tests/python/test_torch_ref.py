@@ -65,6 +65,33 @@ def test_torch_matches_libflame_and_reference(tmp_path, name):
             assert err_r < RTOL, f"{name} request {i}: torch vs reference {err_r:.3g}"
 
 
+@pytest.mark.parametrize("name", ["pre_tanh_final_sumi_from_recent", "relu_concat_projection_side_sumi",
+                                  "deep_pre_side_dot_projection", "random3", "random7"])
+def test_gpu_parity(tmp_path, name):
+    """PyTorch on the GPU against libflame on the CPU, and libflame's own GPU engine against
+    PyTorch where this build and machine have one."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to torch")
+    cfg = CONFIGS[name]
+    m, t64 = module_for(cfg, seed=11)
+    path = tmp_path / "m.safetensors"
+    flame.export(m, path)
+    m = m.cuda()
+    with flame.Model(path) as fm, flame.Engine(fm) as cpu:
+        try:
+            gpu = flame.Engine(fm, device="cuda")
+        except (flame.UnsupportedError, flame.NoDeviceError) as e:
+            gpu = None
+            print(f"libflame GPU engine not available: {e}")
+        for i, r in enumerate(requests(cfg, seed=2)):
+            ours, scale = m.score(*r), score_scale(cfg, t64, r)
+            assert rel_err(ours, cpu.score(*r), scale) < RTOL, f"{name} request {i}: torch cuda vs libflame cpu"
+            if gpu is not None:
+                assert rel_err(ours, gpu.score(*r), scale) < RTOL, f"{name} request {i}: torch vs libflame cuda"
+        if gpu is not None:
+            gpu.close()
+
+
 def test_parity_summary():
     """Prints the worst errors of the parity test above (run after it, in file order)."""
     if not ERRORS:
