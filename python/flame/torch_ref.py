@@ -26,9 +26,13 @@ import math
 from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
-import torch
-from torch import nn
-import torch.nn.functional as F
+
+try:
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+except ImportError as e:  # the rest of the package works without torch
+    raise ImportError(f"flame.torch_ref needs PyTorch ({e}): pip install torch, or pip install './python[torch]'") from e
 
 from . import layout, st_io
 
