@@ -246,3 +246,11 @@ def test_log_handler_receives_library_lines(tmp_path):
     assert len(lines) == n  # cleared
     with pytest.raises(ValueError, match="level must be one of"):
         flame.set_log_handler(level="loud")
+
+
+def test_contiguous_int64_ids_are_not_copied():
+    from flame import _arrays
+    a = np.arange(6, dtype=np.int64)
+    assert _arrays.ids(a, "history") is a
+    strided = _arrays.ids(a[::2], "history")
+    assert strided is not a and strided.flags.c_contiguous and strided.tolist() == [0, 2, 4]
