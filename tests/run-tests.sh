@@ -8,6 +8,6 @@ run() {
 for t in "$@"; do run "$t"; done
 run ./tests/check-exports.sh lib/libflame.so
 run ./tests/check-install.sh
-PYTHONDONTWRITEBYTECODE=1 run ${PYTHON:-python3} -m pytest -q tests/python
+PYTHONDONTWRITEBYTECODE=1 run ${PYTHON:-python3} -m pytest -q -rs tests/python
 echo "suites: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,6 +1,36 @@
-"""Python side of libflame: the model format, converters, a numpy reference and ctypes bindings.
+"""libflame from Python: load flame models and score candidates, train flame models in
+PyTorch (flame.torch_ref) and export them (flame.export), convert other checkpoints
+(flame.convert), and check against a float64 numpy reference (flame.reference).
 
-Importing the package needs only numpy and safetensors; the C library is loaded lazily by
-flame._native when first used.
+    import flame, numpy as np
+    with flame.Model("model.flame") as m, flame.Engine(m) as engine:
+        scores = engine.score(np.array([12, 7, 301]), np.array([5, 99, 1024]))  # float32 [3, tasks]
+
+Importing needs only numpy and safetensors; libflame is loaded on first use (FLAME_LIBRARY,
+else this package's build tree, else the system's), torch only by flame.torch_ref.
 """
 __version__ = "0.1.0"
+
+from ._arrays import to_bags as bags
+from ._lib import version as library_version
+from .engine import Engine, Request
+from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, FlameIOError, FormatError,
+                     InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
+                     ShapeError, UnsupportedError, VersionMismatchError)
+from .exporter import export
+from .log import clear_log_handler, set_log_handler
+from .model import Model, ModelInfo
+
+
+def __getattr__(name):
+    # torch_ref imports torch: only when asked for
+    if name == "torch_ref":
+        import importlib
+        return importlib.import_module(".torch_ref", __name__)
+    raise AttributeError(f"module 'flame' has no attribute {name!r}")
+
+
+__all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "export", "library_version", "set_log_handler",
+           "clear_log_handler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
+           "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError",
+           "DTypeError", "ShapeError", "ClosedError", "LibraryNotFoundError", "VersionMismatchError"]

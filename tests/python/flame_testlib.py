@@ -87,3 +87,48 @@ def random_request(cfg, rng, n_hist, n_cand):
         return hist, cand, None, None
     return (hist, cand, [random_bags(rng, n_hist, r) for r in side_rows],
             [random_bags(rng, n_cand, r) for r in side_rows])
+
+
+def random_config(rng):
+    """A random valid config; over a few dozen seeds every option of the format appears
+    (combine, projection, side features and pooling, position rules, candidate position,
+    norms, activations, eps placement, block counts, both heads, task MLP shapes)."""
+    heads = int(rng.choice([1, 2, 4]))
+    d = heads * int(rng.integers(2, 7))
+    combine = str(rng.choice(["sum", "concat"]))
+    projection = bool(rng.integers(2)) or combine == "concat"
+    n_side = int(rng.integers(0, 3))
+    dim = lambda: d if not projection else int(rng.integers(2, 9))  # noqa: E731
+    item_dim = dim()
+    tables = [{"name": "item", "rows": int(rng.integers(20, 60)), "dim": item_dim}]
+    features = [{"name": "item", "table": "item", "input": "item", "pooling": "sum"}]
+    for s in range(n_side):
+        tables.append({"name": f"side{s}", "rows": int(rng.integers(3, 15)),
+                       "dim": item_dim if combine == "sum" else dim()})
+        features.append({"name": f"side{s}", "table": f"side{s}", "input": "side",
+                         "pooling": str(rng.choice(["sum", "mean"]))})
+    if not projection and combine == "concat":
+        projection = True
+    max_len = int(rng.integers(1, 9))
+    rule = str(rng.choice(["left_padded_slot", "from_recent", "none"]))
+    rows = max_len + int(rng.integers(0, 3))
+    sumi = bool(rng.integers(2))
+    pos = {"rule": rule, "rows": rows,
+           "candidate_position": int(rng.integers(-1, rows)) if (sumi and rule != "none") else -1}
+    acts = ["gelu_erf", "gelu_tanh", "relu"]
+    head = {"type": "dot", "table": "item"}
+    if sumi:
+        head = {"type": "sumi", "tasks": [
+            {"name": f"t{k}", "hidden": [int(x) for x in rng.integers(1, 9, size=int(rng.integers(0, 3)))],
+             "activation": str(rng.choice(acts))} for k in range(int(rng.integers(1, 4)))]}
+    elif projection and item_dim != d:  # the dot head's table must be d_model wide
+        tables.append({"name": "out", "rows": tables[0]["rows"] + 3, "dim": d})
+        head = {"type": "dot", "table": "out"}
+    return {"format": "flame", "version": 1, "d_model": d, "max_len": max_len, "tables": tables,
+            "features": features, "combine": combine, "projection": projection, "position": pos,
+            "input_layernorm": bool(rng.integers(2)),
+            "blocks": {"count": int(rng.integers(0, 4)), "num_heads": heads, "ffn_dim": int(rng.integers(1, 33)),
+                       "norm": str(rng.choice(["pre", "post"])), "activation": str(rng.choice(acts))},
+            "final_layernorm": bool(rng.integers(2)),
+            "layernorm": {"eps": float(rng.choice([1e-12, 1e-5, 1e-3])), "eps_inside_sqrt": bool(rng.integers(2))},
+            "head": head}

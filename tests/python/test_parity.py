@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import flame_testlib as lib
-from flame import _native, convert, layout, reference, st_io
+import flame
+from flame import _lib, convert, errors, layout, reference, st_io
 
 RTOL = 1e-5  # float32 engine vs float64 reference, relative to the request's largest score
 
@@ -15,18 +16,18 @@ RTOL = 1e-5  # float32 engine vs float64 reference, relative to the request's la
 @pytest.fixture(scope="module")
 def native():
     try:
-        _native.lib()
-    except FileNotFoundError as e:
+        _lib.lib()
+    except flame.LibraryNotFoundError as e:
         pytest.fail(f"libflame is not built: {e}")
-    return _native
+    return flame
 
 
 def load_pair(tmp_path, native, name, dtype, seed=0):
     cfg = lib.CASES[name]
     path = tmp_path / f"{name}.{dtype}.safetensors"
     reference.save(path, cfg, reference.random_model(cfg, seed), dtype)
-    model = native.Model(path)
-    return reference.load(path), model, native.Engine(model)
+    model = flame.Model(path)
+    return reference.load(path), model, flame.Engine(model)
 
 
 def requests(cfg, seed):
@@ -47,11 +48,11 @@ def assert_close(got, want, what):
 @pytest.mark.parametrize("name", list(lib.CASES))
 def test_scores_match_reference(tmp_path, native, name, dtype):
     (cfg, t), model, engine = load_pair(tmp_path, native, name, dtype)
-    info = model.info()
+    info = model.info
     assert (info.d_model, info.num_blocks, info.num_heads, info.ffn_dim, info.max_len) == \
         (cfg["d_model"], cfg["blocks"]["count"], cfg["blocks"]["num_heads"], cfg["blocks"]["ffn_dim"], cfg["max_len"])
     assert info.num_tasks == layout.num_tasks(cfg) and info.num_side_features == layout.num_side(cfg)
-    assert info.head == (native.HEAD_SUMI if cfg["head"]["type"] == "sumi" else native.HEAD_DOT)
+    assert info.head == cfg["head"]["type"]
     assert info.num_items == min(layout.table(cfg, n)["rows"] for n in layout.item_tables(cfg))
     reqs = requests(cfg, seed=1)
     for i, r in enumerate(reqs):
@@ -67,7 +68,7 @@ def test_empty_candidates_and_dot_empty_history(tmp_path, native):
 
 
 def expect_error(fn, status, *fragments):
-    with pytest.raises(_native.FlameError) as e:
+    with pytest.raises(flame.FlameError) as e:
         fn()
     assert e.value.status == status, str(e.value)
     for f in fragments:
@@ -76,16 +77,16 @@ def expect_error(fn, status, *fragments):
 
 def test_out_of_range_ids_are_invalid_arg(tmp_path, native):
     (cfg, _), _, engine = load_pair(tmp_path, native, "iclrec_like", "F32")
-    expect_error(lambda: engine.score([1, 2], [3, 40]), native.ERR_INVALID_ARG, "40")
-    expect_error(lambda: engine.score([1, 987654], [3]), native.ERR_INVALID_ARG, "987654")
-    expect_error(lambda: engine.score([-7, 1], [3]), native.ERR_INVALID_ARG, "-7")
+    expect_error(lambda: engine.score([1, 2], [3, 40]), errors.ERR_INVALID_ARG, "40")
+    expect_error(lambda: engine.score([1, 987654], [3]), errors.ERR_INVALID_ARG, "987654")
+    expect_error(lambda: engine.score([-7, 1], [3]), errors.ERR_INVALID_ARG, "-7")
     (cfg, _), _, engine = load_pair(tmp_path, native, "relu_concat_projection_side_sumi", "F32")
     h, c, hs, cs = lib.random_request(cfg, np.random.default_rng(0), 2, 1)
     hs[1] = (np.array([0, 1, 2]), np.array([3, 1313]))  # table 'tag' has 13 rows
-    expect_error(lambda: engine.score(h, c, hs, cs), native.ERR_INVALID_ARG, "1313")
+    expect_error(lambda: engine.score(h, c, hs, cs), errors.ERR_INVALID_ARG, "1313")
     # a batch is validated as a whole: the message names the bad request
     hs[1] = (np.array([0, 1, 2]), np.array([3, 4]))
-    expect_error(lambda: engine.score_batch([(h, c, hs, cs), (h, [555], hs, cs)]), native.ERR_INVALID_ARG, "555")
+    expect_error(lambda: engine.score_batch([(h, c, hs, cs), (h, [555], hs, cs)]), errors.ERR_INVALID_ARG, "555")
 
 
 def test_bad_file_is_format_error(tmp_path, native):
@@ -93,13 +94,13 @@ def test_bad_file_is_format_error(tmp_path, native):
     t = reference.random_model(cfg, 0)
     del t["blocks.1.ffn.fc1.bias"]
     st_io.write(tmp_path / "bad.safetensors", t, {"flame.config": json.dumps(cfg)})
-    expect_error(lambda: native.Model(tmp_path / "bad.safetensors"), native.ERR_FORMAT, "blocks.1.ffn.fc1.bias")
+    expect_error(lambda: flame.Model(tmp_path / "bad.safetensors"), errors.ERR_FORMAT, "blocks.1.ffn.fc1.bias")
 
 
 def test_version(native):
-    L = native.lib()
-    assert L.flame_version() == 100 and L.flame_version_string() == b"0.1.0"
-    assert L.flame_status_string(native.ERR_INVALID_ARG) == b"FLAME_ERR_INVALID_ARG"
+    L = _lib.lib()
+    assert L.flame_version() == 100 and flame.library_version() == "0.1.0"
+    assert _lib.status_name(errors.ERR_INVALID_ARG) == "FLAME_ERR_INVALID_ARG"
 
 
 def test_beauty_model_matches_reference(tmp_path, native, beauty_dir):
@@ -107,7 +108,7 @@ def test_beauty_model_matches_reference(tmp_path, native, beauty_dir):
     dst = tmp_path / "beauty.safetensors"
     assert convert.main(["iclrec", str(beauty_dir / "iclrec-beauty.safetensors"), str(dst)]) == 0
     cfg, t = reference.load(dst)
-    engine = native.Engine(native.Model(dst))
+    engine = flame.Engine(flame.Model(dst))
     lines = (beauty_dir / "Beauty.txt").read_text().splitlines()
     items = np.arange(cfg["tables"][0]["rows"])
     for line in lines[::997]:

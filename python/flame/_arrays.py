@@ -1,0 +1,80 @@
+"""Checking the arrays a request is made of, before any pointer reaches C.
+
+numpy arrays must already be int64: converting another dtype silently would copy (and float
+ids are a bug upstream), so they are refused with a message saying how to convert. Python
+lists and tuples of ints are converted. A C-contiguous int64 array is passed by pointer
+with no copy; a strided one is copied once (C needs contiguous ids).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import DTypeError, ShapeError
+
+Bag = Tuple[np.ndarray, np.ndarray]  # (offsets [num_tokens + 1], ids [offsets[-1]]), int64
+
+
+def ids(value: Any, name: str) -> np.ndarray:
+    """A 1-D C-contiguous int64 array (the input itself when it already is one)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.int64:
+            raise DTypeError(f"{name} must be an int64 array, got {value.dtype} "
+                             f"(convert with .astype(np.int64))")
+        a = value
+    else:
+        a = np.asarray(value)
+        if a.size == 0:
+            a = a.astype(np.int64)
+        elif a.dtype.kind not in "iu" or a.dtype == np.uint64:
+            raise DTypeError(f"{name} must hold integer ids, got {a.dtype} values")
+        a = a.astype(np.int64, copy=False)
+    if a.ndim != 1:
+        raise ShapeError(f"{name} must be 1-D, got shape {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def bags(side: Optional[Sequence[Any]], num_tokens: int, num_slots: int, name: str) -> List[Bag]:
+    """Validates one token list's side features: `num_slots` (offsets, ids) pairs in CSR form
+    over `num_tokens` tokens. Contents (monotonic offsets, id ranges) are checked by the
+    library, whose message names the token and the id."""
+    if side is None:
+        if num_slots:
+            raise ShapeError(f"{name} is missing: the model has {num_slots} side-feature slot(s), "
+                             f"pass one (offsets, ids) pair per slot")
+        return []
+    if len(side) != num_slots:
+        raise ShapeError(f"{name} has {len(side)} slot(s), the model has {num_slots} side-feature slot(s)")
+    out = []
+    for s, pair in enumerate(side):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ShapeError(f"{name}[{s}] must be an (offsets, ids) pair")
+        off, ii = ids(pair[0], f"{name}[{s}] offsets"), ids(pair[1], f"{name}[{s}] ids")
+        if off.size != num_tokens + 1:
+            raise ShapeError(f"{name}[{s}] offsets has {off.size} entries, expected num_tokens + 1 = "
+                             f"{num_tokens + 1}")
+        out.append((off, ii))
+    return out
+
+
+def scores_out(out: Optional[np.ndarray], rows: int, cols: int) -> np.ndarray:
+    """The float32 [rows, cols] C-contiguous array scores are written into."""
+    if out is None:
+        return np.empty((rows, cols), dtype=np.float32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise DTypeError(f"out must be a float32 array, got {getattr(out, 'dtype', type(out).__name__)}")
+    if out.shape != (rows, cols):
+        raise ShapeError(f"out has shape {out.shape}, expected (num_candidates, num_tasks) = {(rows, cols)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ShapeError("out must be C-contiguous and writeable")
+    return out
+
+
+def to_bags(lists: Sequence[Sequence[int]]) -> Bag:
+    """Per-token id lists -> the (offsets, ids) CSR pair a side-feature slot takes."""
+    sizes = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    flat = np.fromiter((int(i) for x in lists for i in x), dtype=np.int64, count=int(offsets[-1]))
+    return offsets, flat

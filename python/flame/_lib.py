@@ -1,0 +1,132 @@
+"""Finding, loading and version-checking libflame; the prototypes of every function used.
+
+Search order (the first that exists wins, and a set FLAME_LIBRARY that does not exist is an
+error rather than a reason to pick up some other copy):
+  1. $FLAME_LIBRARY, a path to the shared library;
+  2. the build tree this package sits in (<repo>/lib/libflame.so, from `make`);
+  3. ctypes.util.find_library("flame") (an installed libflame.so.0, e.g. `make install`).
+The library is loaded on first use, so `import flame` works without it (converters, the
+numpy reference and the PyTorch model need no C library).
+"""
+from __future__ import annotations
+
+import ctypes as C
+import ctypes.util
+import os
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+from . import errors
+from ._structs import I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN
+
+# The C API this package was written against: flame.h 0.1.x. Same major (the ABI promise),
+# and at least this minor (the functions and struct fields bound below exist from 0.1).
+WRITTEN_FOR = (0, 1, 0)
+
+_vp, _st = C.c_void_p, C.c_int
+PROTOTYPES = [
+    ("flame_version", C.c_uint, []),
+    ("flame_version_string", C.c_char_p, []),
+    ("flame_status_string", C.c_char_p, [_st]),
+    ("flame_last_error", C.c_char_p, []),
+    ("flame_set_log_callback", _st, [LOG_FN, _vp, C.c_int]),
+    ("flame_model_load", _st, [C.c_char_p, C.POINTER(_vp)]),
+    ("flame_model_create_random", _st, [C.c_char_p, C.c_uint64, C.POINTER(_vp)]),
+    ("flame_default_model_config", C.c_char_p, []),
+    ("flame_model_destroy", None, [_vp]),
+    ("flame_model_get_info", _st, [_vp, C.POINTER(ModelInfo)]),
+    ("flame_config_create", _st, [C.POINTER(_vp)]),
+    ("flame_config_destroy", None, [_vp]),
+    ("flame_config_set_int", _st, [_vp, C.c_int, C.c_int64]),
+    ("flame_config_set_string", _st, [_vp, C.c_int, C.c_char_p]),
+    ("flame_engine_create", _st, [_vp, _vp, C.POINTER(_vp)]),
+    ("flame_engine_destroy", None, [_vp]),
+    ("flame_score", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t]),
+    ("flame_score_batch", _st, [_vp, C.POINTER(Request), C.c_size_t, F32P, C.c_size_t]),
+    ("flame_engine_get_stats", _st, [_vp, C.POINTER(EngineStats)]),
+]
+
+_lock = threading.Lock()
+_lib: Optional[C.CDLL] = None
+
+
+def candidates() -> List[str]:
+    """Where the library is looked for, in order (see the module docstring)."""
+    env = os.environ.get("FLAME_LIBRARY")
+    if env:
+        return [env]
+    out = []
+    tree = Path(__file__).resolve().parents[2] / "lib" / "libflame.so"
+    if tree.exists():
+        out.append(str(tree))
+    found = ctypes.util.find_library("flame")
+    if found:
+        out.append(found)
+    return out
+
+
+def _open() -> C.CDLL:
+    paths = candidates()
+    if not paths:
+        raise errors.LibraryNotFoundError(
+            "set FLAME_LIBRARY to the path of libflame.so, run `make` in the "
+            "repository this package belongs to, or install it (`make install`) where the dynamic "
+            "loader finds it")
+    path = paths[0]
+    try:
+        return C.CDLL(path)
+    except OSError as e:
+        src = "FLAME_LIBRARY" if os.environ.get("FLAME_LIBRARY") else "found"
+        raise errors.LibraryNotFoundError(f"cannot load libflame ({src}: {path}): {e}") from None
+
+
+def check_version(number: int, where: str = "") -> None:
+    """Raises VersionMismatchError unless `number` (MAJOR*10000+MINOR*100+PATCH) is a version
+    this package can drive: the same major, a minor at least WRITTEN_FOR's."""
+    major, minor, patch = number // 10000, number // 100 % 100, number % 100
+    want = WRITTEN_FOR
+    if major != want[0] or minor < want[1]:
+        raise errors.VersionMismatchError(
+            f"libflame {major}.{minor}.{patch}{where} is loaded, but this Python package (flame "
+            f"{'.'.join(map(str, want))}) needs {want[0]}.{want[1]}.x or a later {want[0]}.x; "
+            "point FLAME_LIBRARY at a matching build")
+
+
+def lib() -> C.CDLL:
+    """The loaded, version-checked library with every prototype set."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            L = _open()
+            L.flame_version.restype, L.flame_version.argtypes = C.c_uint, []
+            check_version(L.flame_version(), f" ({L._name})")
+            for name, res, args in PROTOTYPES:
+                f = getattr(L, name)
+                f.restype, f.argtypes = res, args
+            _lib = L
+    return _lib
+
+
+def last_error() -> str:
+    return lib().flame_last_error().decode("utf-8", "replace")
+
+
+def check(status: int) -> None:
+    """Raises the FlameError subclass of a non-OK status with the library's message."""
+    if status != errors.OK:
+        raise errors.from_status(status, last_error())
+
+
+def status_name(status: int) -> str:
+    return lib().flame_status_string(status).decode()
+
+
+def version() -> str:
+    """The loaded library's version string, e.g. "0.1.0"."""
+    return lib().flame_version_string().decode()
+
+
+__all__ = ["lib", "check", "check_version", "candidates", "version", "WRITTEN_FOR", "I64P", "F32P"]

@@ -1,0 +1,99 @@
+"""flame.Model: a loaded (or random) model, immutable and shareable across threads."""
+from __future__ import annotations
+
+import ctypes as C
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Union
+
+from . import _lib
+from ._structs import ModelInfo as _ModelInfo, as_dict, new
+from .errors import ClosedError
+
+HEAD_DOT, HEAD_SUMI = 0, 1
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """flame_model_info: sizes the engine derives from the model's config."""
+    d_model: int
+    num_blocks: int
+    num_heads: int
+    ffn_dim: int
+    max_len: int            # history window: only the most recent max_len items are used
+    num_tasks: int          # score columns per candidate
+    num_side_features: int  # side-feature slots each token takes
+    head: str               # "dot" or "sumi"
+    num_items: int          # valid item ids are 0 .. num_items - 1
+    weight_bytes: int       # float32 weights held in memory
+
+
+class Model:
+    """A flame model file (docs/model-format.md) loaded by libflame.
+
+    Use as a context manager or call close(). Engines hold their own reference, so a model
+    may be closed as soon as its engines exist.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        self._handle = C.c_void_p()
+        _lib.check(_lib.lib().flame_model_load(os.fsencode(path), C.byref(self._handle)))
+
+    @classmethod
+    def random(cls, config: Union[str, Mapping[str, Any]], seed: int = 0) -> "Model":
+        """A model of `config` (a flame.config dict or JSON text) with libflame's
+        deterministic random weights (flame_model_create_random)."""
+        text = config if isinstance(config, str) else json.dumps(config)
+        self = cls.__new__(cls)
+        self._handle = C.c_void_p()
+        _lib.check(_lib.lib().flame_model_create_random(text.encode(), seed, C.byref(self._handle)))
+        return self
+
+    @staticmethod
+    def default_config() -> dict:
+        """The embedded default configuration (flame_default_model_config) as a dict."""
+        return json.loads(_lib.lib().flame_default_model_config())
+
+    @property
+    def handle(self) -> C.c_void_p:
+        if not self._handle:
+            raise ClosedError("the model is closed")
+        return self._handle
+
+    @property
+    def info(self) -> ModelInfo:
+        raw = new(_ModelInfo)
+        _lib.check(_lib.lib().flame_model_get_info(self.handle, C.byref(raw)))
+        d = as_dict(raw)
+        d["head"] = "sumi" if d["head"] == HEAD_SUMI else "dot"
+        return ModelInfo(**d)
+
+    @property
+    def closed(self) -> bool:
+        return not getattr(self, "_handle", None)
+
+    def close(self) -> None:
+        """Releases this reference (engines keep theirs). Idempotent."""
+        h = getattr(self, "_handle", None)
+        if h:
+            self._handle = C.c_void_p()
+            _lib.lib().flame_model_destroy(h)
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<flame.Model closed>"
+        i = self.info
+        return f"<flame.Model {i.head} d_model={i.d_model} blocks={i.num_blocks} tasks={i.num_tasks} items={i.num_items}>"
