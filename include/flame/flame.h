@@ -266,6 +266,108 @@ typedef struct flame_engine_stats {
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, or struct_size too small). */
 FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine_stats *stats);
 
+/* ================================================================ memory (issue 4: NUMA, pinned
+ * pool, shared-memory user cache). docs/memory.md describes the layouts behind these calls. */
+
+/* ---------------------------------------------------------------- NUMA */
+
+/* Which allocator flame_numa_* use in this process (decided once, on first use). */
+typedef enum flame_numa_mode {
+    FLAME_NUMA_LIBNUMA = 0,           /* libnuma works and the machine has >= 2 nodes */
+    FLAME_NUMA_FALLBACK_NO_NUMA = 1,  /* numa_available() < 0: plain memory, binding a no-op */
+    FLAME_NUMA_FALLBACK_ONE_NODE = 2  /* one node: plain memory is local already, binding a no-op */
+} flame_numa_mode;
+
+/* "The node of the calling thread" wherever a node is asked for. */
+#define FLAME_NUMA_NODE_LOCAL (-1)
+
+typedef struct flame_numa_info {
+    size_t struct_size;     /* sizeof(flame_numa_info) */
+    flame_numa_mode mode;
+    int32_t num_nodes;      /* node numbers are 0..num_nodes-1 (1 in the fallbacks) */
+    int32_t current_node;   /* node of the CPU the calling thread runs on now (0 in the fallbacks) */
+} flame_numa_info;
+
+/* Fills *info. Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too
+ * small). */
+FLAME_API flame_status flame_numa_get_info(flame_numa_info *info);
+
+/* Maps `bytes` of page-aligned, zero-filled memory whose pages are placed on `node`
+ * (FLAME_NUMA_NODE_LOCAL: the node of the thread that first touches them under the default
+ * policy, numa_alloc_local under libnuma). In the fallbacks node must be -1 or 0 and the memory
+ * is a plain anonymous mapping. Pages are backed on first touch, so an untouched allocation
+ * costs address space only. Ownership: free with flame_numa_free(ptr, bytes). Thread-safe.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, bytes 0, a node this machine lacks: the
+ * message names it); FLAME_ERR_NOMEM (the kernel refused the mapping). *out is NULL on failure. */
+FLAME_API flame_status flame_numa_alloc(size_t bytes, int32_t node, void **out);
+/* Unmaps memory from flame_numa_alloc; `bytes` must be the size asked for. NULL is a no-op. */
+FLAME_API void flame_numa_free(void *ptr, size_t bytes);
+
+/* Runs the calling thread on the CPUs of `node` only, and prefers that node for the pages it
+ * touches first (numa_run_on_node + numa_set_preferred). In the fallbacks node 0 is accepted and
+ * nothing changes (check flame_numa_get_info().mode to know). Thread-safe; affects the calling
+ * thread only. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (FLAME_NUMA_NODE_LOCAL, a node this
+ * machine lacks, or a node the thread may not run on: the message names it). */
+FLAME_API flame_status flame_numa_bind_thread(int32_t node);
+
+/* ---------------------------------------------------------------- pinned host buffer pool */
+
+/* Host buffers for GPU transfers: NUMA-local pages registered with cudaHostRegister when this
+ * build has CUDA and a device is usable, pageable otherwise. Sizes are rounded up to a size
+ * class: whole pages up to 16 pages, then 8 classes per power of two, so a buffer's footprint
+ * is at most 12.5% (plus one page) above the request. Freed buffers are kept per class for
+ * reuse up to max_cached_bytes; beyond that they are unregistered and unmapped.
+ * A failed registration is not an error: the buffer stays pageable, the failure is counted in
+ * the stats and logged (FLAME_LOG_WARN) through the log hook. */
+typedef struct flame_pinned_pool flame_pinned_pool;
+
+typedef struct flame_pinned_pool_params {
+    size_t struct_size;         /* sizeof(flame_pinned_pool_params) */
+    int32_t numa_node;          /* node of the pages; FLAME_NUMA_NODE_LOCAL (default) */
+    int32_t pin;                /* 1 (default): register with CUDA when usable; 0: pageable only */
+    uint64_t max_cached_bytes;  /* bytes of freed buffers kept for reuse; default 1 GiB */
+} flame_pinned_pool_params;
+
+/* Creates a pool (params NULL = the defaults above). Ownership: *out is the caller's; free with
+ * flame_pinned_pool_destroy. Thread-safety: every pool function except destroy may be called
+ * concurrently. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, struct_size too small, a node
+ * this machine lacks, pin not 0/1); FLAME_ERR_NOMEM. *out is NULL on failure. */
+FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *params, flame_pinned_pool **out);
+/* Unregisters and unmaps every buffer of the pool, those still handed out included (a
+ * FLAME_LOG_WARN line counts them). The caller guarantees no other call on the pool is running.
+ * NULL is a no-op. */
+FLAME_API void flame_pinned_pool_destroy(flame_pinned_pool *pool);
+
+/* Hands out a buffer of at least `bytes` (page-aligned, contents unspecified), reusing a cached
+ * one of the same size class when there is one. *is_pinned (may be NULL) says whether it is
+ * registered with CUDA. Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool/out,
+ * bytes 0 or above 2^47); FLAME_ERR_NOMEM (the mapping was refused). *out is NULL on failure. */
+FLAME_API flame_status flame_pinned_alloc(flame_pinned_pool *pool, size_t bytes, void **out, int32_t *is_pinned);
+/* Gives a buffer back to the pool (cached or unmapped, see above). NULL ptr is a no-op.
+ * Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool, or ptr not handed out by
+ * this pool or already freed: the message names the address). */
+FLAME_API flame_status flame_pinned_free(flame_pinned_pool *pool, void *ptr);
+
+typedef struct flame_pinned_pool_stats {
+    size_t struct_size;        /* sizeof(flame_pinned_pool_stats) */
+    uint64_t bytes_reserved;   /* mapped by the pool now: handed out + cached (size-class bytes) */
+    uint64_t bytes_in_use;     /* size-class bytes of the buffers handed out now */
+    uint64_t bytes_requested;  /* bytes callers asked for, of the buffers handed out now */
+    uint64_t bytes_pinned;     /* of bytes_reserved, registered with CUDA */
+    uint64_t bytes_pageable;   /* of bytes_reserved, not registered */
+    uint64_t hits;             /* allocations served from a cached buffer */
+    uint64_t misses;           /* allocations that mapped a new buffer */
+    uint64_t pin_failures;     /* registrations that failed (those buffers are pageable) */
+    uint64_t releases;         /* buffers unmapped because the cache was full */
+    int32_t pinning;           /* 1 if this pool registers buffers, 0 if pageable only */
+} flame_pinned_pool_stats;
+
+/* Fills *stats as one consistent snapshot. Thread-safe. Returns FLAME_OK;
+ * FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+FLAME_API flame_status flame_pinned_pool_get_stats(flame_pinned_pool *pool, flame_pinned_pool_stats *stats);
+
+/* ================================================================ end of memory (issue 4) */
+
 #ifdef __cplusplus
 }
 #endif
