@@ -64,7 +64,8 @@ static void make_rec(rec *r, int64_t user, uint64_t v, uint32_t slots, uint32_t 
 {
     memset(r, 0, sizeof *r);
     size_t n = (size_t)(v % (max_ids + 1));
-    for (size_t i = 0; i < n; i++) r->ids[i] = user * 1000003 + (int64_t)(v * 131 + i);
+    /* unsigned arithmetic: users span all of int64 */
+    for (size_t i = 0; i < n; i++) r->ids[i] = (int64_t)((uint64_t)user * 1000003u + v * 131 + i);
     for (uint32_t s = 0; s < slots; s++) r->lens[s] = (uint32_t)(n / slots + (s < n % slots));
     size_t d = max_dense ? (size_t)(v % (max_dense + 1)) : 0;
     for (size_t i = 0; i < d; i++) r->dense[i] = (float)(v % 1000) + 0.25f * (float)i;
@@ -79,13 +80,13 @@ static flame_user_features out_features(rec *r)
                                  .dense = r->dense, .ids_capacity = 64, .dense_capacity = 8};
 }
 
-/* 1 if `got` is exactly make_rec(user, v) for the version v its first... counts imply. */
+/* 1 if `got` is exactly make_rec(user, v) for the version v its first id implies. */
 static int consistent(const flame_user_features *got, int64_t user, uint32_t slots, uint32_t max_ids,
                       uint32_t max_dense)
 {
     if (got->num_ids == 0 && got->num_dense == 0) return 1;
     /* recover v modulo the bounds from the payload, then rebuild and compare */
-    uint64_t v = got->num_ids ? (uint64_t)(got->ids[0] - user * 1000003) / 131 : 0;
+    uint64_t v = got->num_ids ? ((uint64_t)got->ids[0] - (uint64_t)user * 1000003u) / 131 : 0;
     if (!got->num_ids) return 1; /* dense-only records are checked by the id-carrying ones */
     rec want;
     make_rec(&want, user, v, slots, max_ids, max_dense);

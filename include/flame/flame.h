@@ -379,7 +379,8 @@ typedef struct flame_user_cache flame_user_cache;
 
 typedef struct flame_user_cache_params {
     size_t struct_size;        /* sizeof(flame_user_cache_params) */
-    uint64_t capacity;         /* users; default 500000 (rounded up to whole buckets of 8) */
+    uint64_t capacity;         /* records; default 500000 (rounded up to whole buckets of 8).
+                                * Evictions may begin at ~70% of it (docs/memory.md) */
     uint32_t num_slots;        /* id slots per record (bags, e.g. "genres"); default 1 */
     uint32_t max_ids;          /* ids per record, all slots together; default 32 */
     uint32_t max_dense;        /* float32 values per record; default 0 */
