@@ -25,6 +25,11 @@ BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFL
 LDLIBS  := -lcjson -lopenblas -lpthread -lm
 
 SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
+# ---- memory (issue 4): NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
+SRC += $(wildcard src/mem/*.c src/cache/*.c)
+SRC := $(sort $(SRC))
+LDLIBS += -lnuma
+# ---- end memory
 OBJ := $(SRC:%.c=build/%.o)
 
 ifeq ($(CUDA),1)

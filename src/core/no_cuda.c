@@ -35,3 +35,14 @@ uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g)
 {
     return 0;
 }
+
+int fl_cuda_host_register(void *p, size_t bytes, char *why, size_t why_len)
+{
+    snprintf(why, why_len, "this libflame was built without CUDA: cannot pin %zu bytes at %p", bytes, p);
+    return -1;
+}
+
+void fl_cuda_host_unregister(void *p)
+{
+    (void)p;
+}

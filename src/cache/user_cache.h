@@ -1,0 +1,52 @@
+/* Internals of the shared-memory user cache: the handle, bucket access, locking with crash
+ * recovery, seqlock record reads and writes. */
+#ifndef FLAME_CACHE_USER_CACHE_H
+#define FLAME_CACHE_USER_CACHE_H
+
+#include "cache/user_layout.h"
+
+struct flame_user_cache {
+    fl_uc_header *hdr;
+    unsigned char *base;            /* the whole mapping */
+    size_t bytes;
+    char name[256];
+    _Atomic uint64_t hits, misses, expired; /* this handle's gets */
+};
+
+static inline fl_uc_bucket *fl_uc_bucket_at(const flame_user_cache *c, uint64_t i)
+{
+    return (fl_uc_bucket *)(c->base + FL_UC_HEADER_BYTES + i * c->hdr->bucket_bytes);
+}
+static inline _Atomic uint64_t *fl_uc_record(const flame_user_cache *c, fl_uc_bucket *b, unsigned way)
+{
+    return (_Atomic uint64_t *)((unsigned char *)b + sizeof(fl_uc_bucket) + way * c->hdr->record_bytes);
+}
+
+/* Record words for a record bound (also used to check a header on attach). */
+uint64_t fl_uc_record_words(uint32_t num_slots, uint32_t max_ids, uint32_t max_dense);
+
+/* Locks a bucket; if its previous owner died holding it, drops the records it left half
+ * written, recounts `live`, marks the mutex consistent and counts a recovery. */
+void fl_uc_lock(flame_user_cache *c, fl_uc_bucket *b);
+void fl_uc_unlock(fl_uc_bucket *b);
+
+/* Seqlock write of a record (bucket locked): live with the features, or empty if f is NULL. */
+void fl_uc_write(flame_user_cache *c, fl_uc_bucket *b, unsigned way, int64_t user, const flame_user_features *f,
+                 int64_t now_us);
+
+typedef enum { FL_UC_MISS, FL_UC_HIT, FL_UC_TORN } fl_uc_read_result;
+/* One seqlock read attempt of way `way` for `user`. FL_UC_TORN: a writer was inside, try
+ * again. On FL_UC_HIT, *meta and *time are the record's; the features are copied only when
+ * they fit the capacities (the caller checks the counts in *meta). */
+fl_uc_read_result fl_uc_read(const flame_user_cache *c, fl_uc_bucket *b, unsigned way, int64_t user,
+                             flame_user_features *f, uint64_t *meta, int64_t *time);
+
+/* The clock of written-at times and TTLs: CLOCK_MONOTONIC in us (system-wide on one host). */
+int64_t fl_uc_now_us(void);
+
+/* Tests only: replace the clock (NULL = CLOCK_MONOTONIC); call `hook` inside every record
+ * write, after the seq went odd and half of the ids were written (NULL = none). */
+void fl_uc_set_clock(int64_t (*now_us)(void));
+void fl_uc_set_write_hook(void (*hook)(void));
+
+#endif

@@ -1,0 +1,226 @@
+/* Creating, attaching and checking the shared-memory object of the user cache. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/user_cache.h"
+
+static flame_status check_name(const char *name)
+{
+    if (!name) return fl_error(FLAME_ERR_INVALID_ARG, "name is NULL");
+    size_t n = strlen(name);
+    if (n < 2 || n > 251 || name[0] != '/' || strchr(name + 1, '/'))
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "shm name '%s' is invalid: expected '/' then 1..250 characters without '/'", name);
+    return FLAME_OK;
+}
+
+static flame_status check_params(const flame_user_cache_params *p)
+{
+    if (p->struct_size < sizeof *p)
+        return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", p->struct_size, sizeof *p);
+    if (p->capacity < 1 || p->capacity > (1ull << 32))
+        return fl_error(FLAME_ERR_INVALID_ARG, "capacity %llu is outside 1..2^32", (unsigned long long)p->capacity);
+    if (p->num_slots < 1 || p->num_slots > 64)
+        return fl_error(FLAME_ERR_INVALID_ARG, "num_slots %u is outside 1..64", p->num_slots);
+    if (p->max_ids > 65536) return fl_error(FLAME_ERR_INVALID_ARG, "max_ids %u is above 65536", p->max_ids);
+    if (p->max_dense > 65536) return fl_error(FLAME_ERR_INVALID_ARG, "max_dense %u is above 65536", p->max_dense);
+    if (p->ttl_us < 0) return fl_error(FLAME_ERR_INVALID_ARG, "ttl_us %lld is negative", (long long)p->ttl_us);
+    if (p->mode & ~0777u) return fl_error(FLAME_ERR_INVALID_ARG, "mode %o has bits outside 0777", p->mode);
+    return FLAME_OK;
+}
+
+/* The header a table of these params has (fixed fields only). */
+static fl_uc_header expected_header(const flame_user_cache_params *p)
+{
+    fl_uc_header h = {.layout_version = FL_UC_LAYOUT_VERSION, .header_bytes = FL_UC_HEADER_BYTES,
+                      .byte_order = FL_UC_BYTE_ORDER, .mutex_bytes = sizeof(pthread_mutex_t), .ways = FL_UC_WAYS,
+                      .capacity = p->capacity, .num_slots = p->num_slots, .max_ids = p->max_ids,
+                      .max_dense = p->max_dense, .ttl_us = p->ttl_us};
+    memcpy(h.magic, FL_UC_MAGIC, 8);
+    h.num_buckets = (p->capacity + FL_UC_WAYS - 1) / FL_UC_WAYS;
+    if (h.num_buckets < 2) h.num_buckets = 2; /* two distinct buckets per user */
+    h.record_words = (uint32_t)fl_uc_record_words(p->num_slots, p->max_ids, p->max_dense);
+    h.record_bytes = h.record_words * 8ull;
+    h.bucket_bytes = sizeof(fl_uc_bucket) + FL_UC_WAYS * h.record_bytes;
+    h.total_bytes = FL_UC_HEADER_BYTES + h.num_buckets * h.bucket_bytes;
+    return h;
+}
+
+static flame_status map(flame_user_cache *c, int fd, size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return fl_error(FLAME_ERR_IO, "cannot map %zu bytes of shm '%s': %s", bytes, c->name, strerror(errno));
+    c->base = p;
+    c->bytes = bytes;
+    c->hdr = p;
+    return FLAME_OK;
+}
+
+static flame_status create(flame_user_cache *c, const flame_user_cache_params *p, int *exists)
+{
+    int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, p->mode);
+    if (fd < 0) {
+        *exists = errno == EEXIST;
+        return fl_error(FLAME_ERR_IO, "cannot create shm '%s': %s", c->name, strerror(errno));
+    }
+    fl_uc_header want = expected_header(p);
+    /* the umask may have cleared bits the caller asked for */
+    int rc = fchmod(fd, p->mode) ? errno : posix_fallocate(fd, 0, (off_t)want.total_bytes);
+    flame_status st = FLAME_OK;
+    if (rc)
+        st = fl_error(rc == ENOSPC ? FLAME_ERR_NOMEM : FLAME_ERR_IO, "cannot reserve %llu bytes for shm '%s': %s",
+                      (unsigned long long)want.total_bytes, c->name, strerror(rc));
+    if (st == FLAME_OK) st = map(c, fd, want.total_bytes);
+    close(fd);
+    if (st != FLAME_OK) {
+        shm_unlink(c->name);
+        return st;
+    }
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    for (uint64_t i = 0; i < want.num_buckets; i++) {
+        fl_uc_bucket *b = (fl_uc_bucket *)(c->base + FL_UC_HEADER_BYTES + i * want.bucket_bytes);
+        pthread_mutex_init(&b->mu, &a);
+        for (unsigned w = 0; w < FL_UC_WAYS; w++) atomic_init(&b->hint[w], FL_UC_NO_KEY);
+    }
+    pthread_mutexattr_destroy(&a);
+    /* fixed fields only: ready and the counters stay as fallocate left them (zero) */
+    memcpy(c->hdr, &want, offsetof(fl_uc_header, ready));
+    memcpy((char *)c->hdr + offsetof(fl_uc_header, byte_order), (char *)&want + offsetof(fl_uc_header, byte_order),
+           offsetof(fl_uc_header, puts) - offsetof(fl_uc_header, byte_order));
+    atomic_store_explicit(&c->hdr->ready, FL_UC_READY, memory_order_release);
+    return FLAME_OK;
+}
+
+#define CHECK_FIELD(field, fmt, cast)                                                                         \
+    if (h->field != want.field)                                                                               \
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' has " #field " " fmt ", expected " fmt, c->name,             \
+                        (cast)h->field, (cast)want.field);
+
+/* Checks a ready header against this build (and the caller's params, if any). */
+static flame_status check_header(const flame_user_cache *c, const flame_user_cache_params *p, size_t size)
+{
+    const fl_uc_header *h = c->hdr;
+    if (memcmp(h->magic, FL_UC_MAGIC, 8) != 0)
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' is not a libflame user cache (bad magic)", c->name);
+    if (h->byte_order != FL_UC_BYTE_ORDER)
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' was written with another byte order", c->name);
+    if (h->layout_version != FL_UC_LAYOUT_VERSION)
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' has layout version %u; this libflame reads version %u", c->name,
+                        h->layout_version, FL_UC_LAYOUT_VERSION);
+    flame_user_cache_params mine = {sizeof mine, h->capacity, h->num_slots, h->max_ids, h->max_dense, 0600, h->ttl_us};
+    if (check_params(&mine) != FLAME_OK)
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' header is out of range: %s", c->name, flame_last_error());
+    fl_uc_header want = expected_header(p ? p : &mine);
+    CHECK_FIELD(header_bytes, "%u", unsigned)
+    CHECK_FIELD(mutex_bytes, "%u", unsigned)
+    CHECK_FIELD(ways, "%u", unsigned)
+    CHECK_FIELD(capacity, "%llu", unsigned long long)
+    CHECK_FIELD(num_slots, "%u", unsigned)
+    CHECK_FIELD(max_ids, "%u", unsigned)
+    CHECK_FIELD(max_dense, "%u", unsigned)
+    CHECK_FIELD(ttl_us, "%lld", long long)
+    CHECK_FIELD(num_buckets, "%llu", unsigned long long)
+    CHECK_FIELD(record_words, "%u", unsigned)
+    CHECK_FIELD(record_bytes, "%llu", unsigned long long)
+    CHECK_FIELD(bucket_bytes, "%llu", unsigned long long)
+    CHECK_FIELD(total_bytes, "%llu", unsigned long long)
+    if (size != want.total_bytes)
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' is %zu bytes, its header says %llu", c->name, size,
+                        (unsigned long long)want.total_bytes);
+    return FLAME_OK;
+}
+
+static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p)
+{
+    int fd = shm_open(c->name, O_RDWR, 0);
+    if (fd < 0) return fl_error(FLAME_ERR_IO, "cannot attach shm '%s': %s", c->name, strerror(errno));
+    /* wait for a creator still initialising (up to 1 s) */
+    struct stat sb = {0};
+    flame_status st = FLAME_OK;
+    for (int tries = 0;; tries++) {
+        if (fstat(fd, &sb) != 0) {
+            st = fl_error(FLAME_ERR_IO, "cannot stat shm '%s': %s", c->name, strerror(errno));
+            break;
+        }
+        if ((size_t)sb.st_size >= FL_UC_HEADER_BYTES) {
+            if (!c->base && (st = map(c, fd, (size_t)sb.st_size)) != FLAME_OK) break;
+            if (atomic_load_explicit(&c->hdr->ready, memory_order_acquire) == FL_UC_READY) break;
+        }
+        if (tries == 100) {
+            if (c->base && memcmp(c->hdr->magic, FL_UC_MAGIC, 8) == 0)
+                st = fl_error(FLAME_ERR_IO, "shm '%s' was never fully initialised (its creator died?); "
+                              "remove it with flame_user_cache_unlink", c->name);
+            else
+                st = fl_error(FLAME_ERR_FORMAT, "shm '%s' is not a libflame user cache (%lld bytes, no ready header)",
+                              c->name, (long long)sb.st_size);
+            break;
+        }
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    close(fd);
+    if (st == FLAME_OK) st = check_header(c, p, c->bytes);
+    return st;
+}
+
+FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_open_mode open_mode,
+                                             const flame_user_cache_params *params, flame_user_cache **out)
+{
+    fl_clear_error();
+    if (!out) return fl_error(FLAME_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    flame_status st = check_name(name);
+    if (st != FLAME_OK) return st;
+    if (open_mode != FLAME_USER_CACHE_CREATE && open_mode != FLAME_USER_CACHE_ATTACH &&
+        open_mode != FLAME_USER_CACHE_CREATE_OR_ATTACH)
+        return fl_error(FLAME_ERR_INVALID_ARG, "open_mode %d is not a flame_user_cache_open_mode", (int)open_mode);
+    flame_user_cache_params p = {sizeof p, 500000, 1, 32, 0, 0600, 0};
+    if (params && (st = check_params(params)) != FLAME_OK) return st;
+    if (params) p = *params;
+
+    flame_user_cache *c = calloc(1, sizeof *c);
+    if (!c) return fl_error(FLAME_ERR_NOMEM, "cannot allocate a user cache handle");
+    snprintf(c->name, sizeof c->name, "%s", name);
+    int exists = 0;
+    if (open_mode == FLAME_USER_CACHE_ATTACH) {
+        st = attach(c, params ? &p : NULL);
+    } else {
+        st = create(c, &p, &exists);
+        if (st != FLAME_OK && exists && open_mode == FLAME_USER_CACHE_CREATE_OR_ATTACH) {
+            fl_clear_error();
+            st = attach(c, &p);
+        }
+    }
+    if (st != FLAME_OK) {
+        flame_user_cache_destroy(c);
+        return st;
+    }
+    *out = c;
+    return FLAME_OK;
+}
+
+FLAME_API void flame_user_cache_destroy(flame_user_cache *cache)
+{
+    if (!cache) return;
+    if (cache->base) munmap(cache->base, cache->bytes);
+    free(cache);
+}
+
+FLAME_API flame_status flame_user_cache_unlink(const char *name)
+{
+    fl_clear_error();
+    flame_status st = check_name(name);
+    if (st != FLAME_OK) return st;
+    if (shm_unlink(name) != 0) return fl_error(FLAME_ERR_IO, "cannot unlink shm '%s': %s", name, strerror(errno));
+    return FLAME_OK;
+}

@@ -1,0 +1,268 @@
+/* The pinned host buffer pool: NUMA-local mappings, registered with CUDA when possible, cached
+ * per size class. One mutex guards the lists and the counters; mapping and registering (slow:
+ * registration touches every page) happen outside it. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/device.h"
+#include "mem/numa.h"
+#include "mem/pinned_pool.h"
+#include "mem/size_class.h"
+
+typedef struct buf {
+    void *p;
+    size_t bytes;       /* class bytes mapped */
+    size_t requested;
+    uint32_t cls;
+    bool pinned;
+    struct buf *next;   /* free list of its class, or hash chain while handed out */
+} buf;
+
+struct flame_pinned_pool {
+    pthread_mutex_t mu;
+    int32_t node;
+    bool pinning;
+    fl_pin_fn pin;
+    fl_unpin_fn unpin;
+    size_t page;
+    uint64_t max_cached;
+    buf *free_list[FL_NUM_CLASSES];
+    buf **table;        /* handed-out buffers by address, chained */
+    size_t table_size;  /* power of two */
+    size_t in_use_count;
+    flame_pinned_pool_stats st; /* counters (struct_size unused) */
+    uint64_t bytes_cached;
+};
+
+static _Atomic(fl_pin_fn) hook_pin = NULL;
+static _Atomic(fl_unpin_fn) hook_unpin = NULL;
+
+void fl_pinned_set_pin_hooks(fl_pin_fn pin, fl_unpin_fn unpin)
+{
+    atomic_store(&hook_unpin, unpin);
+    atomic_store(&hook_pin, pin);
+}
+
+static size_t slot_of(const flame_pinned_pool *pool, const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p / pool->page * 0x9e3779b97f4a7c15ull;
+    return (size_t)(x >> 32) & (pool->table_size - 1);
+}
+
+/* Grows the address table to keep chains short; false when out of memory (kept as is). */
+static bool table_grow(flame_pinned_pool *pool)
+{
+    size_t old_size = pool->table_size, size = old_size ? old_size * 2 : 64;
+    buf **t = calloc(size, sizeof *t), **old = pool->table;
+    if (!t) return false;
+    pool->table = t;
+    pool->table_size = size;
+    for (size_t i = 0; i < old_size; i++) {
+        for (buf *b = old[i], *next; b; b = next) {
+            next = b->next;
+            size_t s = slot_of(pool, b->p);
+            b->next = t[s];
+            t[s] = b;
+        }
+    }
+    free(old);
+    return true;
+}
+
+static void account(flame_pinned_pool *pool, const buf *b, int sign_reserved, int sign_in_use)
+{
+    uint64_t n = b->bytes;
+    if (sign_reserved) {
+        pool->st.bytes_reserved += sign_reserved > 0 ? n : -n;
+        uint64_t *kind = b->pinned ? &pool->st.bytes_pinned : &pool->st.bytes_pageable;
+        *kind += sign_reserved > 0 ? n : -n;
+    }
+    if (sign_in_use) {
+        pool->st.bytes_in_use += sign_in_use > 0 ? n : -n;
+        pool->st.bytes_requested += sign_in_use > 0 ? b->requested : -b->requested;
+        pool->bytes_cached += sign_in_use > 0 ? -n : n;
+    }
+}
+
+static void release(flame_pinned_pool *pool, buf *b)
+{
+    if (b->pinned) pool->unpin(b->p);
+    fl_numa_free(b->p, b->bytes);
+    free(b);
+}
+
+FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *params, flame_pinned_pool **out)
+{
+    fl_clear_error();
+    if (!out) return fl_error(FLAME_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    flame_pinned_pool_params p = {sizeof p, FLAME_NUMA_NODE_LOCAL, 1, 1ull << 30};
+    if (params) {
+        if (params->struct_size < sizeof p)
+            return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof p);
+        p = *params;
+    }
+    flame_status st = fl_numa_check_node(p.numa_node);
+    if (st != FLAME_OK) return st;
+    if (p.pin != 0 && p.pin != 1) return fl_error(FLAME_ERR_INVALID_ARG, "params->pin is %d, expected 0 or 1", p.pin);
+
+    flame_pinned_pool *pool = calloc(1, sizeof *pool);
+    if (!pool || pthread_mutex_init(&pool->mu, NULL) != 0) {
+        free(pool);
+        return fl_error(FLAME_ERR_NOMEM, "cannot allocate the pinned pool");
+    }
+    pool->node = p.numa_node;
+    pool->max_cached = p.max_cached_bytes;
+    pool->page = (size_t)sysconf(_SC_PAGESIZE);
+    pool->pin = atomic_load(&hook_pin);
+    pool->unpin = atomic_load(&hook_unpin);
+    if (p.pin && pool->pin && pool->unpin) {
+        pool->pinning = true;
+    } else if (p.pin) {
+        pool->pin = fl_cuda_host_register;
+        pool->unpin = fl_cuda_host_unregister;
+        char why[256] = "";
+        pool->pinning = fl_cuda_device_count(why, sizeof why) > 0;
+        if (!pool->pinning) fl_log(FLAME_LOG_INFO, "pinned pool: pageable memory only (%s)", why);
+    }
+    pool->st.pinning = pool->pinning;
+    if (!table_grow(pool)) {
+        flame_pinned_pool_destroy(pool);
+        return fl_error(FLAME_ERR_NOMEM, "cannot allocate the pinned pool's table");
+    }
+    *out = pool;
+    return FLAME_OK;
+}
+
+FLAME_API void flame_pinned_pool_destroy(flame_pinned_pool *pool)
+{
+    if (!pool) return;
+    if (pool->in_use_count)
+        fl_log(FLAME_LOG_WARN, "pinned pool destroyed with %zu buffers still handed out; they are unmapped",
+               pool->in_use_count);
+    for (size_t i = 0; i < pool->table_size; i++) {
+        for (buf *b = pool->table[i], *next; b; b = next) {
+            next = b->next;
+            release(pool, b);
+        }
+    }
+    for (size_t c = 0; c < FL_NUM_CLASSES; c++) {
+        for (buf *b = pool->free_list[c], *next; b; b = next) {
+            next = b->next;
+            release(pool, b);
+        }
+    }
+    free(pool->table);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool);
+}
+
+/* Files a handed-out buffer under its address (mutex held). */
+static void hand_out(flame_pinned_pool *pool, buf *b)
+{
+    if (pool->in_use_count >= pool->table_size) (void)table_grow(pool); /* longer chains if it fails */
+    size_t s = slot_of(pool, b->p);
+    b->next = pool->table[s];
+    pool->table[s] = b;
+    pool->in_use_count++;
+    account(pool, b, 0, +1);
+}
+
+FLAME_API flame_status flame_pinned_alloc(flame_pinned_pool *pool, size_t bytes, void **out, int32_t *is_pinned)
+{
+    fl_clear_error();
+    if (!pool || !out) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", pool ? "out" : "pool");
+    *out = NULL;
+    if (bytes == 0 || bytes > (1ull << 47))
+        return fl_error(FLAME_ERR_INVALID_ARG, "bytes %zu is outside 1..2^47", bytes);
+    uint64_t pages = (bytes + pool->page - 1) / pool->page;
+    uint32_t cls = fl_size_class(pages);
+
+    pthread_mutex_lock(&pool->mu);
+    buf *b = pool->free_list[cls];
+    if (b) {
+        pool->free_list[cls] = b->next;
+        b->requested = bytes;
+        pool->st.hits++;
+        hand_out(pool, b);
+        pthread_mutex_unlock(&pool->mu);
+        *out = b->p;
+        if (is_pinned) *is_pinned = b->pinned;
+        return FLAME_OK;
+    }
+    pool->st.misses++;
+    pthread_mutex_unlock(&pool->mu);
+
+    b = calloc(1, sizeof *b);
+    size_t class_bytes = (size_t)(fl_class_pages(cls) * pool->page);
+    void *p = b ? fl_numa_alloc(class_bytes, pool->node) : NULL;
+    if (!p) {
+        free(b);
+        return fl_error(FLAME_ERR_NOMEM, "cannot map %zu bytes (size class of %zu) on NUMA node %d", class_bytes,
+                        bytes, (int)pool->node);
+    }
+    *b = (buf){.p = p, .bytes = class_bytes, .requested = bytes, .cls = cls};
+    bool failed = false;
+    if (pool->pinning) {
+        char why[256] = "";
+        b->pinned = pool->pin(p, class_bytes, why, sizeof why) == 0;
+        failed = !b->pinned;
+        if (failed) fl_log(FLAME_LOG_WARN, "pinned pool: %zu bytes stay pageable: %s", class_bytes, why);
+    }
+    pthread_mutex_lock(&pool->mu);
+    pool->st.pin_failures += failed;
+    pool->bytes_cached += class_bytes; /* hand_out moves it from cached to in use */
+    account(pool, b, +1, 0);
+    hand_out(pool, b);
+    pthread_mutex_unlock(&pool->mu);
+    *out = p;
+    if (is_pinned) *is_pinned = b->pinned;
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_pinned_free(flame_pinned_pool *pool, void *ptr)
+{
+    fl_clear_error();
+    if (!pool) return fl_error(FLAME_ERR_INVALID_ARG, "pool is NULL");
+    if (!ptr) return FLAME_OK;
+    pthread_mutex_lock(&pool->mu);
+    buf **link = &pool->table[slot_of(pool, ptr)];
+    while (*link && (*link)->p != ptr) link = &(*link)->next;
+    buf *b = *link;
+    if (!b) {
+        pthread_mutex_unlock(&pool->mu);
+        return fl_error(FLAME_ERR_INVALID_ARG, "pointer %p was not handed out by this pool (or is already freed)",
+                        ptr);
+    }
+    *link = b->next;
+    pool->in_use_count--;
+    account(pool, b, 0, -1);
+    bool keep = pool->bytes_cached <= pool->max_cached;
+    if (keep) {
+        b->next = pool->free_list[b->cls];
+        pool->free_list[b->cls] = b;
+    } else {
+        pool->bytes_cached -= b->bytes;
+        account(pool, b, -1, 0);
+        pool->st.releases++;
+    }
+    pthread_mutex_unlock(&pool->mu);
+    if (!keep) release(pool, b);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_pinned_pool_get_stats(flame_pinned_pool *pool, flame_pinned_pool_stats *stats)
+{
+    fl_clear_error();
+    if (!pool || !stats) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", pool ? "stats" : "pool");
+    if (stats->struct_size < sizeof *stats)
+        return fl_error(FLAME_ERR_INVALID_ARG, "stats->struct_size %zu < %zu", stats->struct_size, sizeof *stats);
+    pthread_mutex_lock(&pool->mu);
+    flame_pinned_pool_stats s = pool->st;
+    pthread_mutex_unlock(&pool->mu);
+    s.struct_size = stats->struct_size;
+    *stats = s;
+    return FLAME_OK;
+}

@@ -1,0 +1,586 @@
+/* The shared-memory user cache: round trips, attach from another process, header checks,
+ * a writer killed inside a write, readers racing a writer (threads and processes) never seeing
+ * a torn record, eviction when full, TTL, and throughput on the default-size table. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+#include "cache/user_cache.h"
+
+static char name[64];
+
+static int setup(void **state)
+{
+    static int n;
+    snprintf(name, sizeof name, "/flame-test-%d-%d", (int)getpid(), n++);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fl_uc_set_clock(NULL);
+    fl_uc_set_write_hook(NULL);
+    flame_user_cache_unlink(name); /* may already be gone */
+    return 0;
+}
+
+static flame_user_cache_params params(uint64_t capacity, uint32_t slots, uint32_t max_ids, uint32_t max_dense)
+{
+    return (flame_user_cache_params){.struct_size = sizeof(flame_user_cache_params), .capacity = capacity,
+                                     .num_slots = slots, .max_ids = max_ids, .max_dense = max_dense, .mode = 0600};
+}
+
+static flame_user_cache *open_cache(flame_user_cache_open_mode mode, const flame_user_cache_params *p)
+{
+    flame_user_cache *c = NULL;
+    flame_status st = flame_user_cache_open(name, mode, p, &c);
+    if (st != FLAME_OK) fail_msg("open %s: %s", name, flame_last_error());
+    return c;
+}
+
+static flame_user_cache_stats stats_of(flame_user_cache *c)
+{
+    flame_user_cache_stats s = {.struct_size = sizeof s};
+    assert_int_equal(flame_user_cache_get_stats(c, &s), FLAME_OK);
+    return s;
+}
+
+/* A self-checking record of (user, version) under a bound of max_ids / max_dense (1 slot or
+ * more): its counts and every value follow from user and version, so any mix of two writes
+ * is detected. */
+typedef struct rec {
+    int64_t ids[64];
+    uint32_t lens[4];
+    float dense[8];
+    flame_user_features f;
+} rec;
+
+static void make_rec(rec *r, int64_t user, uint64_t v, uint32_t slots, uint32_t max_ids, uint32_t max_dense)
+{
+    memset(r, 0, sizeof *r);
+    size_t n = (size_t)(v % (max_ids + 1));
+    /* unsigned arithmetic: users span all of int64 */
+    for (size_t i = 0; i < n; i++) r->ids[i] = (int64_t)((uint64_t)user * 1000003u + v * 131 + i);
+    for (uint32_t s = 0; s < slots; s++) r->lens[s] = (uint32_t)(n / slots + (s < n % slots));
+    size_t d = max_dense ? (size_t)(v % (max_dense + 1)) : 0;
+    for (size_t i = 0; i < d; i++) r->dense[i] = (float)(v % 1000) + 0.25f * (float)i;
+    r->f = (flame_user_features){.struct_size = sizeof r->f, .ids = r->ids, .num_ids = n, .slot_lens = r->lens,
+                                 .dense = r->dense, .num_dense = d};
+}
+
+static flame_user_features out_features(rec *r)
+{
+    memset(r, 0x7f, sizeof *r);
+    return (flame_user_features){.struct_size = sizeof(flame_user_features), .ids = r->ids, .slot_lens = r->lens,
+                                 .dense = r->dense, .ids_capacity = 64, .dense_capacity = 8};
+}
+
+/* 1 if `got` is exactly make_rec(user, v) for the version v its first id implies. */
+static int consistent(const flame_user_features *got, int64_t user, uint32_t slots, uint32_t max_ids,
+                      uint32_t max_dense)
+{
+    if (got->num_ids == 0 && got->num_dense == 0) return 1;
+    /* recover v modulo the bounds from the payload, then rebuild and compare */
+    uint64_t v = got->num_ids ? ((uint64_t)got->ids[0] - (uint64_t)user * 1000003u) / 131 : 0;
+    if (!got->num_ids) return 1; /* dense-only records are checked by the id-carrying ones */
+    rec want;
+    make_rec(&want, user, v, slots, max_ids, max_dense);
+    if (want.f.num_ids != got->num_ids || want.f.num_dense != got->num_dense) return 0;
+    if (memcmp(want.ids, got->ids, got->num_ids * 8) != 0) return 0;
+    if (memcmp(want.lens, got->slot_lens, slots * 4) != 0) return 0;
+    return memcmp(want.dense, got->dense, got->num_dense * 4) == 0;
+}
+
+static void test_put_get_remove(void **state)
+{
+    flame_user_cache_params p = params(1000, 3, 16, 5);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    int64_t users[] = {42, -7, INT64_MIN, INT64_MAX, 0};
+    for (size_t u = 0; u < 5; u++) {
+        rec in, out;
+        make_rec(&in, users[u], 13 + u, 3, 16, 5);
+        assert_int_equal(flame_user_cache_put(c, users[u], &in.f), FLAME_OK);
+        flame_user_features f = out_features(&out);
+        int32_t found = -1;
+        assert_int_equal(flame_user_cache_get(c, users[u], &f, &found), FLAME_OK);
+        assert_int_equal(found, 1);
+        assert_int_equal(f.num_ids, in.f.num_ids);
+        assert_int_equal(f.num_dense, in.f.num_dense);
+        assert_memory_equal(out.ids, in.ids, in.f.num_ids * 8);
+        assert_memory_equal(out.lens, in.lens, 3 * 4);
+        assert_memory_equal(out.dense, in.dense, in.f.num_dense * 4);
+        assert_true(f.age_us >= 0 && f.age_us < 10 * 1000 * 1000);
+    }
+    rec again, out;
+    make_rec(&again, 42, 7, 3, 16, 5); /* replace */
+    assert_int_equal(flame_user_cache_put(c, 42, &again.f), FLAME_OK);
+    flame_user_features f = out_features(&out);
+    int32_t found = -1, removed = -1;
+    assert_int_equal(flame_user_cache_get(c, 42, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_memory_equal(out.ids, again.ids, again.f.num_ids * 8);
+    assert_int_equal(flame_user_cache_get(c, 43, &f, &found), FLAME_OK);
+    assert_int_equal(found, 0);
+    assert_int_equal(flame_user_cache_remove(c, 42, &removed), FLAME_OK);
+    assert_int_equal(removed, 1);
+    assert_int_equal(flame_user_cache_remove(c, 42, &removed), FLAME_OK);
+    assert_int_equal(removed, 0);
+    assert_int_equal(flame_user_cache_get(c, 42, &f, &found), FLAME_OK);
+    assert_int_equal(found, 0);
+    flame_user_cache_stats s = stats_of(c);
+    assert_int_equal(s.records, 4);
+    assert_int_equal(s.puts, 6);
+    assert_int_equal(s.hits, 6);
+    assert_int_equal(s.misses, 2);
+    assert_int_equal(s.capacity, 1000);
+    assert_int_equal(s.evictions, 0);
+    flame_user_cache_destroy(c);
+    flame_user_cache_destroy(NULL);
+}
+
+/* Another process attaches by name, reads what this one wrote and writes for it to read. */
+static void test_attach_from_another_process(void **state)
+{
+    flame_user_cache_params p = params(5000, 2, 8, 2);
+    p.mode = 0640;
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    struct stat sb;
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0640);
+    rec a;
+    make_rec(&a, 1, 5, 2, 8, 2);
+    assert_int_equal(flame_user_cache_put(c, 1, &a.f), FLAME_OK);
+    pid_t pid = fork();
+    if (pid == 0) {
+        flame_user_cache *cc = NULL;
+        if (flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &cc) != FLAME_OK) _exit(10);
+        rec out, b;
+        flame_user_features f = out_features(&out);
+        int32_t found = 0;
+        if (flame_user_cache_get(cc, 1, &f, &found) != FLAME_OK || !found) _exit(11);
+        if (!consistent(&f, 1, 2, 8, 2) || f.num_ids != 5) _exit(12);
+        make_rec(&b, 2, 6, 2, 8, 2);
+        if (flame_user_cache_put(cc, 2, &b.f) != FLAME_OK) _exit(13);
+        flame_user_cache_destroy(cc);
+        _exit(0);
+    }
+    int status = -1;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    rec out;
+    flame_user_features f = out_features(&out);
+    int32_t found = 0;
+    assert_int_equal(flame_user_cache_get(c, 2, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_true(consistent(&f, 2, 2, 8, 2));
+    assert_int_equal(f.num_ids, 6);
+    assert_int_equal(stats_of(c).puts, 2);
+    flame_user_cache_destroy(c);
+    /* the table outlives every handle until unlinked */
+    c = open_cache(FLAME_USER_CACHE_CREATE_OR_ATTACH, &p);
+    assert_int_equal(stats_of(c).records, 2);
+    flame_user_cache_destroy(c);
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    assert_status_msg(flame_user_cache_unlink(name), FLAME_ERR_IO, "No such file");
+}
+
+static void poke_u32(size_t offset, uint32_t value)
+{
+    int fd = shm_open(name, O_RDWR, 0);
+    assert_true(fd >= 0);
+    uint32_t *h = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(h != MAP_FAILED);
+    h[offset / 4] = value;
+    munmap(h, 4096);
+    close(fd);
+}
+
+static void test_attach_checks_the_header(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p), *d = NULL;
+    flame_user_cache_params other = params(100, 1, 16, 0);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, &other, &d), FLAME_ERR_FORMAT,
+                      "has max_ids 8, expected 16");
+    assert_null(d);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &other, &d), FLAME_ERR_FORMAT,
+                      "max_ids 8");
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &d), FLAME_ERR_IO, "File exists");
+    /* a table written by another layout version */
+    poke_u32(offsetof(fl_uc_header, layout_version), 99);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
+                      "layout version 99; this libflame reads version 1");
+    poke_u32(offsetof(fl_uc_header, layout_version), FL_UC_LAYOUT_VERSION);
+    poke_u32(offsetof(fl_uc_header, record_words), 3);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
+                      "record_words 3");
+    flame_user_cache_destroy(c);
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    /* not a user cache at all: never became ready (waits 1 s) */
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    char junk[8192];
+    memset(junk, 0x5a, sizeof junk);
+    assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+    close(fd);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
+                      "is not a libflame user cache");
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_IO,
+                      "No such file");
+}
+
+/* ---- a writer killed inside a write */
+static void stop_self(void)
+{
+    raise(SIGSTOP);
+}
+
+static void test_writer_killed_mid_write(void **state)
+{
+    flame_user_cache_params p = params(64, 1, 16, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    for (int64_t u = 0; u < 20; u++) {
+        rec r;
+        make_rec(&r, u, 10, 1, 16, 0);
+        assert_int_equal(flame_user_cache_put(c, u, &r.f), FLAME_OK);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        flame_user_cache *cc = NULL;
+        if (flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &cc) != FLAME_OK) _exit(10);
+        fl_uc_set_write_hook(stop_self);
+        rec r;
+        make_rec(&r, 7, 16, 1, 16, 0); /* overwrites user 7's record: stopped half way */
+        flame_user_cache_put(cc, 7, &r.f);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(status)); /* inside the write: seq odd, both bucket locks held */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+    rec out;
+    flame_user_features f = out_features(&out);
+    int32_t found = -1;
+    assert_int_equal(flame_user_cache_get(c, 7, &f, &found), FLAME_OK); /* recovers, no hang */
+    assert_int_equal(found, 0); /* the half-written record was dropped, not served torn */
+    flame_user_cache_stats s = stats_of(c);
+    assert_true(s.recoveries >= 1);
+    assert_int_equal(s.records, 19);
+    for (int64_t u = 0; u < 20; u++) { /* everyone else is intact */
+        if (u == 7) continue;
+        f = out_features(&out);
+        assert_int_equal(flame_user_cache_get(c, u, &f, &found), FLAME_OK);
+        assert_int_equal(found, 1);
+        assert_true(consistent(&f, u, 1, 16, 0));
+    }
+    rec r;
+    make_rec(&r, 7, 3, 1, 16, 0); /* and the table takes writes again, in both buckets */
+    assert_int_equal(flame_user_cache_put(c, 7, &r.f), FLAME_OK);
+    f = out_features(&out);
+    assert_int_equal(flame_user_cache_get(c, 7, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(f.num_ids, 3);
+    s = stats_of(c);
+    assert_int_equal(s.recoveries, 2); /* both of user 7's buckets were locked by the dead writer */
+    assert_int_equal(s.records, 20);
+    flame_user_cache_destroy(c);
+}
+
+/* ---- readers racing writers: threads (what TSan sees) and processes */
+enum { KEYS = 48, MAXI = 40, MAXD = 6, SLOTS = 3 };
+typedef struct race {
+    flame_user_cache *c;
+    atomic_int stop;
+    uint64_t seed;
+    long hits, torn, writes;
+} race;
+
+static void *writer(void *arg)
+{
+    race *r = arg;
+    for (uint64_t v = 1; !atomic_load(&r->stop); v++) {
+        r->seed = r->seed * 6364136223846793005ull + 1442695040888963407ull;
+        int64_t u = (int64_t)((r->seed >> 33) % KEYS);
+        rec x;
+        make_rec(&x, u, v, SLOTS, MAXI, MAXD);
+        if ((r->seed >> 20) % 16 == 0) flame_user_cache_remove(r->c, u, NULL);
+        else if (flame_user_cache_put(r->c, u, &x.f) == FLAME_OK) r->writes++;
+    }
+    return NULL;
+}
+
+static void read_loop(race *r, long iterations)
+{
+    for (long i = 0; i < iterations; i++) {
+        rec out;
+        flame_user_features f = out_features(&out);
+        int32_t found = 0;
+        int64_t u = i % KEYS;
+        if (flame_user_cache_get(r->c, u, &f, &found) != FLAME_OK) r->torn++;
+        else if (found) {
+            r->hits++;
+            r->torn += !consistent(&f, u, SLOTS, MAXI, MAXD);
+        }
+    }
+}
+
+static void *reader(void *arg)
+{
+    read_loop(arg, 200000);
+    return NULL;
+}
+
+static void test_no_torn_reads_threads(void **state)
+{
+    tu_seed();
+    /* capacity 48 over 6 buckets: writes evict and rewrite the same records all the time */
+    flame_user_cache_params p = params(KEYS, SLOTS, MAXI, MAXD);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    race w = {.c = c, .seed = tu_u64()}, rd[2] = {{.c = c}, {.c = c}};
+    pthread_t tw, tr[2];
+    pthread_create(&tw, NULL, writer, &w);
+    for (int i = 0; i < 2; i++) pthread_create(&tr[i], NULL, reader, &rd[i]);
+    for (int i = 0; i < 2; i++) pthread_join(tr[i], NULL);
+    atomic_store(&w.stop, 1);
+    pthread_join(tw, NULL);
+    fprintf(stderr, "# threads: %ld writes, %ld + %ld hits, %ld + %ld torn\n", w.writes, rd[0].hits, rd[1].hits,
+            rd[0].torn, rd[1].torn);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(rd[i].torn, 0);
+        assert_true(rd[i].hits > 1000);
+    }
+    assert_true(w.writes > 1000);
+    flame_user_cache_destroy(c);
+}
+
+static void test_no_torn_reads_processes(void **state)
+{
+    tu_seed();
+    flame_user_cache_params p = params(KEYS, SLOTS, MAXI, MAXD);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    pid_t kids[2];
+    for (int k = 0; k < 2; k++) {
+        kids[k] = fork();
+        if (kids[k] == 0) {
+            race r = {0};
+            if (flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &r.c) != FLAME_OK) _exit(10);
+            read_loop(&r, 300000);
+            _exit(r.torn ? 1 : r.hits < 1000 ? 2 : 0);
+        }
+    }
+    race w = {.c = c, .seed = tu_u64()};
+    pthread_t tw;
+    pthread_create(&tw, NULL, writer, &w);
+    int status[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(waitpid(kids[k], &status[k], 0), kids[k]);
+    atomic_store(&w.stop, 1);
+    pthread_join(tw, NULL);
+    fprintf(stderr, "# processes: %ld writes while 2 readers ran\n", w.writes);
+    for (int k = 0; k < 2; k++) {
+        assert_true(WIFEXITED(status[k]));
+        assert_int_equal(WEXITSTATUS(status[k]), 0); /* 1: torn record seen, 2: too few hits */
+    }
+    assert_true(w.writes > 1000);
+    flame_user_cache_destroy(c);
+}
+
+/* ---- full table, eviction order and TTL with an injected clock */
+static int64_t fake_now;
+static int64_t fake_clock(void)
+{
+    return fake_now;
+}
+
+static void test_full_table_evicts_least_recently_written(void **state)
+{
+    fl_uc_set_clock(fake_clock);
+    flame_user_cache_params p = params(16, 1, 4, 0); /* 2 buckets: every user may use all 16 ways */
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec r, out;
+    make_rec(&r, 0, 2, 1, 4, 0);
+    for (int64_t u = 0; u < 16; u++, fake_now += 10) assert_int_equal(flame_user_cache_put(c, u, &r.f), FLAME_OK);
+    flame_user_cache_stats s = stats_of(c);
+    assert_int_equal(s.records, 16);
+    assert_int_equal(s.evictions, 0);
+    assert_int_equal(flame_user_cache_put(c, 100, &r.f), FLAME_OK); /* full: user 0 goes */
+    fake_now += 10;
+    assert_int_equal(flame_user_cache_put(c, 1, &r.f), FLAME_OK); /* rewritten: now the newest */
+    fake_now += 10;
+    assert_int_equal(flame_user_cache_put(c, 101, &r.f), FLAME_OK); /* user 2 goes, not 1 */
+    int32_t found;
+    int64_t want_missing[] = {0, 2}, want_present[] = {1, 3, 15, 100, 101};
+    for (int i = 0; i < 2; i++) {
+        flame_user_features f = out_features(&out);
+        assert_int_equal(flame_user_cache_get(c, want_missing[i], &f, &found), FLAME_OK);
+        assert_int_equal(found, 0);
+    }
+    for (int i = 0; i < 5; i++) {
+        flame_user_features f = out_features(&out);
+        assert_int_equal(flame_user_cache_get(c, want_present[i], &f, &found), FLAME_OK);
+        assert_int_equal(found, 1);
+    }
+    s = stats_of(c);
+    assert_int_equal(s.records, 16);
+    assert_int_equal(s.evictions, 2);
+    flame_user_cache_destroy(c);
+}
+
+/* Two-choice buckets (no relocation) take ~80% of the capacity before the first eviction, and
+ * then stay exactly full. */
+static void test_load_before_first_eviction(void **state)
+{
+    flame_user_cache_params p = params(8000, 1, 2, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec r;
+    make_rec(&r, 0, 1, 1, 2, 0);
+    int64_t u = 0;
+    while (stats_of(c).evictions == 0) assert_int_equal(flame_user_cache_put(c, u++, &r.f), FLAME_OK);
+    fprintf(stderr, "# first eviction at user %lld of capacity 8000 (%.1f%% full)\n", (long long)u, u / 80.0);
+    assert_true(u > 8000 * 3 / 4);
+    for (int64_t k = u; k < 20000; k++) assert_int_equal(flame_user_cache_put(c, k, &r.f), FLAME_OK);
+    flame_user_cache_stats s = stats_of(c);
+    assert_int_equal(s.records, 8000); /* full, never more */
+    assert_int_equal(s.evictions, 20000 - 8000);
+    flame_user_cache_destroy(c);
+}
+
+static void test_ttl(void **state)
+{
+    fl_uc_set_clock(fake_clock);
+    fake_now = 1000000;
+    flame_user_cache_params p = params(16, 1, 4, 0);
+    p.ttl_us = 1000;
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec r, out;
+    make_rec(&r, 5, 3, 1, 4, 0);
+    assert_int_equal(flame_user_cache_put(c, 5, &r.f), FLAME_OK);
+    fake_now += 600;
+    flame_user_features f = out_features(&out);
+    int32_t found;
+    assert_int_equal(flame_user_cache_get(c, 5, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(f.age_us, 600);
+    fake_now += 600;
+    assert_int_equal(flame_user_cache_get(c, 5, &f, &found), FLAME_OK);
+    assert_int_equal(found, 0);
+    flame_user_cache_stats s = stats_of(c);
+    assert_int_equal(s.expired, 1);
+    assert_int_equal(s.misses, 1);
+    /* a full table replaces the expired record before any fresher one */
+    for (int64_t u = 100; u < 115; u++) assert_int_equal(flame_user_cache_put(c, u, &r.f), FLAME_OK);
+    fake_now += 1;
+    assert_int_equal(flame_user_cache_put(c, 200, &r.f), FLAME_OK);
+    assert_int_equal(stats_of(c).evictions, 1);
+    for (int64_t u = 100; u < 115; u++) {
+        f = out_features(&out);
+        assert_int_equal(flame_user_cache_get(c, u, &f, &found), FLAME_OK);
+        assert_int_equal(found, 1);
+    }
+    flame_user_cache_destroy(c);
+}
+
+static void test_argument_errors(void **state)
+{
+    flame_user_cache *c = NULL;
+    flame_user_cache_params p = params(100, 2, 4, 1);
+    assert_status_msg(flame_user_cache_open("noslash", FLAME_USER_CACHE_CREATE, &p, &c), FLAME_ERR_INVALID_ARG,
+                      "shm name 'noslash' is invalid");
+    assert_status_msg(flame_user_cache_open("/a/b", FLAME_USER_CACHE_CREATE, &p, &c), FLAME_ERR_INVALID_ARG, "/a/b");
+    assert_status_msg(flame_user_cache_open(name, 7, &p, &c), FLAME_ERR_INVALID_ARG, "open_mode 7");
+    flame_user_cache_params bad = p;
+    bad.num_slots = 65;
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &bad, &c), FLAME_ERR_INVALID_ARG,
+                      "num_slots 65");
+    bad = p;
+    bad.capacity = 0;
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &bad, &c), FLAME_ERR_INVALID_ARG,
+                      "capacity 0");
+    assert_null(c);
+    c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec r, out;
+    make_rec(&r, 1, 4, 2, 4, 1);
+    r.f.num_ids = 5;
+    assert_status_msg(flame_user_cache_put(c, 9, &r.f), FLAME_ERR_INVALID_ARG, "num_ids 5 is above the table's max_ids 4");
+    r.f.num_ids = 3;
+    assert_status_msg(flame_user_cache_put(c, 9, &r.f), FLAME_ERR_INVALID_ARG, "slot_lens sum to 4, num_ids is 3");
+    make_rec(&r, 1, 4, 2, 4, 1);
+    assert_int_equal(flame_user_cache_put(c, 9, &r.f), FLAME_OK);
+    flame_user_features f = out_features(&out);
+    f.ids_capacity = 2;
+    int32_t found = 0;
+    assert_status_msg(flame_user_cache_get(c, 9, &f, &found), FLAME_ERR_BUFFER_TOO_SMALL, "user 9 has 4 ids");
+    assert_int_equal(f.num_ids, 4);
+    assert_int_equal(found, 1);
+    assert_status_msg(flame_user_cache_get(c, 9, NULL, &found), FLAME_ERR_INVALID_ARG, "features is NULL");
+    flame_user_cache_destroy(c);
+}
+
+/* The default table (500k users, 32 ids): size, then single-thread put and get rates. */
+static void test_default_table_throughput(void **state)
+{
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, NULL);
+    flame_user_cache_stats s = stats_of(c);
+    assert_true(s.capacity >= 500000 && s.capacity < 500008);
+    fprintf(stderr, "# default table: %llu records of %llu bytes, %.1f MB\n", (unsigned long long)s.capacity,
+            (unsigned long long)s.record_bytes, s.table_bytes / 1e6);
+    enum { USERS = 300000, GETS = 1000000 };
+    rec r, out;
+    make_rec(&r, 0, 16, 1, 32, 0); /* 16 ids per user */
+    struct timespec t0, t1, t2;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t u = 0; u < USERS; u++) assert_int_equal(flame_user_cache_put(c, u * 7919, &r.f), FLAME_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long hits = 0;
+    uint64_t x = 1;
+    for (int i = 0; i < GETS; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        flame_user_features f = out_features(&out);
+        int32_t found = 0;
+        flame_user_cache_get(c, (int64_t)((x >> 33) % USERS) * 7919, &f, &found);
+        hits += found && f.num_ids == 16;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    double put_s = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    double get_s = (t2.tv_sec - t1.tv_sec) + (t2.tv_nsec - t1.tv_nsec) / 1e9;
+    fprintf(stderr, "# 1 thread: %.2f M puts/s, %.2f M gets/s (16 ids, random users of %d)\n", USERS / put_s / 1e6,
+            GETS / get_s / 1e6, USERS);
+    assert_int_equal(hits, GETS); /* 60% full: no eviction yet */
+    assert_int_equal(stats_of(c).evictions, 0);
+    int64_t u = USERS;
+    while (atomic_load(&c->hdr->evictions) == 0) /* stats would count records each time */
+        assert_int_equal(flame_user_cache_put(c, 7919 * u++, &r.f), FLAME_OK);
+    fprintf(stderr, "# default table: first eviction at user %lld (%.1f%% full)\n", (long long)u, u / 5000.0);
+    assert_true(u > 500000 * 65 / 100);
+    flame_user_cache_destroy(c);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_put_get_remove),
+        T(test_attach_from_another_process),
+        T(test_attach_checks_the_header),
+        T(test_writer_killed_mid_write),
+        T(test_no_torn_reads_threads),
+        T(test_no_torn_reads_processes),
+        T(test_full_table_evicts_least_recently_written),
+        T(test_load_before_first_eviction),
+        T(test_ttl),
+        T(test_argument_errors),
+        T(test_default_table_throughput),
+    };
+    return cmocka_run_group_tests_name("user cache", tests, NULL, NULL);
+}
