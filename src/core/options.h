@@ -8,6 +8,9 @@ struct flame_config {
     char device[32];      /* "cpu", "auto", "cuda", "cuda:N" */
     int64_t max_batch;    /* requests per pass */
     int64_t score_chunk;  /* rows gathered at once by the dot head */
+    /* item cache (issue 4): FLAME_OPT_ITEM_CACHE_* */
+    int64_t ic_max_entries, ic_max_bytes, ic_shards, ic_hot_ttl, ic_cold_ttl, ic_hot_hits, ic_negative_ttl,
+        ic_refresh_pct, ic_refresh_min_hits, ic_refresh_thread, ic_retry_min, ic_retry_max;
 };
 
 void fl_config_defaults(struct flame_config *c);
