@@ -339,8 +339,10 @@ FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *c, flame_clo
 {
     fl_clear_error();
     if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_set_clock: cache is NULL");
+    pthread_mutex_lock(&c->rq_lock); /* the refresh thread reads the clock under this lock */
     c->clock = fn ? fn : default_clock;
     c->clock_user = fn ? user : NULL;
+    pthread_mutex_unlock(&c->rq_lock);
     return FLAME_OK;
 }
 
@@ -348,8 +350,10 @@ FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *c, flame_tt
 {
     fl_clear_error();
     if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_set_ttl_fn: cache is NULL");
+    pthread_mutex_lock(&c->rq_lock);
     c->ttl_fn = fn;
     c->ttl_user = user;
+    pthread_mutex_unlock(&c->rq_lock);
     return FLAME_OK;
 }
 

@@ -260,8 +260,9 @@ FLAME_API flame_status flame_redis_load_features(const flame_redis_options *opti
     flame_status st = fl_feature_table_read(path, &t);
     if (st) return st;
     if (options && options->struct_size >= sizeof *options && options->num_slots != t.num_slots) {
+        int32_t file_slots = t.num_slots;
         fl_feature_table_free(&t);
-        return fl_error(FLAME_ERR_INVALID_ARG, "feature file '%s' has %d slots, the options say %d", path, t.num_slots,
+        return fl_error(FLAME_ERR_INVALID_ARG, "feature file '%s' has %d slots, the options say %d", path, file_slots,
                         options->num_slots);
     }
     redis_source *r = NULL;
