@@ -45,7 +45,8 @@ SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
 EXAMPLES := examples/flame-score
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
-BENCHES  := bench/beauty-bench
+BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
+BENCHES  += bench/cache-bench # issue 4
 
 .PHONY: all lib examples test test-c test-python test-gpu bench run install uninstall clean deps test-sanitize san-run
 
@@ -93,6 +94,9 @@ examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*
 
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
+# issue 4: item cache hit ratio vs LRU, hit-path throughput, flame_score through the cache
+bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
 
 build/tests/%: tests/%.c tests/testutil.h $(SHLIB) lib/libflame.so $(STLIB)
