@@ -22,7 +22,7 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFLAME_BUILDING \
                -Iinclude -Isrc $(shell pkg-config --cflags cblas 2>/dev/null)
-LDLIBS  := -lcjson -lopenblas -lpthread -lm
+LDLIBS  := -lcjson -lopenblas -lhiredis -lpthread -lm
 
 SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory (issue 4): NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
@@ -50,9 +50,10 @@ SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
 EXAMPLES := examples/flame-score
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
-BENCHES  := bench/beauty-bench
+BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
+BENCHES  += bench/cache-bench # issue 4
 
-.PHONY: all lib examples test test-c test-python test-gpu bench run install uninstall clean deps
+.PHONY: all lib examples test test-c test-python test-gpu bench run install uninstall clean deps test-sanitize san-run
 
 all: lib examples
 
@@ -99,6 +100,9 @@ examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
+# issue 4: item cache hit ratio vs LRU, hit-path throughput, flame_score through the cache
+bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
 
 build/tests/%: tests/%.c tests/testutil.h $(SHLIB) lib/libflame.so $(STLIB)
 	@mkdir -p $(dir $@)
@@ -128,6 +132,38 @@ test: deps all $(TESTS) $(BEAUTY_FLAME)
 test-gpu: all $(TESTS)
 	FLAME_REQUIRE_GPU=1 ./tests/run-tests.sh $(TESTS)
 
+# ---- sanitizers (issue 4): the library (CPU-only) and every C test suite built with
+# -fsanitize=thread into build-tsan/ and -fsanitize=address,undefined into build-asan/, then
+# run; any report fails the run. OpenBLAS runs single-threaded there (its threads are not
+# instrumented).
+SAN_SRC   := $(SRC) src/core/no_cuda.c
+SAN_DIR   ?= build-san
+SAN       ?= address,undefined
+SAN_FLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all -g
+SAN_CFLAGS := $(filter-out -DFLAME_WITH_CUDA,$(BASE_CFLAGS))
+SAN_LIBS  := -lcjson -lopenblas -lhiredis -lnuma -lpthread -lm
+SAN_TESTS := $(patsubst tests/%.c,$(SAN_DIR)/tests/%,$(wildcard tests/test_*.c))
+
+test-sanitize: $(BEAUTY_FLAME)
+	$(MAKE) --no-print-directory san-run SAN=thread SAN_DIR=build-tsan
+	$(MAKE) --no-print-directory san-run SAN=address,undefined SAN_DIR=build-asan
+
+$(SAN_DIR)/obj/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN_CFLAGS) $(CFLAGS) $(SAN_FLAGS) -c $< -o $@
+
+$(SAN_DIR)/libflame.a: $(SAN_SRC:%.c=$(SAN_DIR)/obj/%.o)
+	rm -f $@ && ar rcs $@ $^
+
+$(SAN_DIR)/tests/%: tests/%.c tests/testutil.h $(SAN_DIR)/libflame.a
+	@mkdir -p $(dir $@)
+	$(CC) $(PROG_CFLAGS) $(SAN_FLAGS) -o $@ $< $(SAN_DIR)/libflame.a -lcmocka $(SAN_LIBS)
+
+san-run: $(SAN_TESTS)
+	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	    ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
+	    FLAME_C_ONLY=1 ./tests/run-tests.sh $(SAN_TESTS)
+
 install: lib
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/flame $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 0644 include/flame/flame.h $(DESTDIR)$(INCLUDEDIR)/flame/flame.h
@@ -143,4 +179,4 @@ uninstall:
 	-rmdir $(DESTDIR)$(INCLUDEDIR)/flame 2>/dev/null
 
 clean:
-	rm -rf build lib/libflame* $(EXAMPLES) $(BENCHES)
+	rm -rf build build-tsan build-asan lib/libflame* $(EXAMPLES) $(BENCHES)

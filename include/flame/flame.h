@@ -58,7 +58,9 @@ typedef enum flame_status {
     FLAME_ERR_UNSUPPORTED = 5,      /* valid, but not supported by this build or version */
     FLAME_ERR_NO_DEVICE = 6,        /* a GPU was asked for and none is usable */
     FLAME_ERR_BUFFER_TOO_SMALL = 7, /* an output buffer is smaller than the result */
-    FLAME_ERR_INTERNAL = 8          /* a bug in libflame; please report it */
+    FLAME_ERR_INTERNAL = 8,         /* a bug in libflame; please report it */
+    /* issue 4, feature sources and item cache: */
+    FLAME_ERR_UNAVAILABLE = 9       /* a feature source could not be reached, timed out or failed */
 } flame_status;
 
 /* Static, never-NULL name of a status ("FLAME_ERR_FORMAT"); unknown values give
@@ -174,7 +176,39 @@ typedef enum flame_option {
     FLAME_OPT_DEVICE_MEMORY_BUDGET = 5,
     /* pointer: the caller's cudaStream_t the engine runs on (cuBLAS idiom); NULL (default) =
      * a stream the engine creates. The caller keeps the stream alive as long as the engine. */
-    FLAME_OPT_CUDA_STREAM = 6
+    FLAME_OPT_CUDA_STREAM = 6,
+
+    /* ---- item cache options (issue 4), read by flame_item_cache_create; numbered from 100.
+     * Times are microseconds. */
+    /* int: most entries held (negative entries included). 1..2^32, default 1000000. */
+    FLAME_OPT_ITEM_CACHE_MAX_ENTRIES = 100,
+    /* int: most bytes of records held (the record encoding of docs/features.md plus 64 bytes
+     * of bookkeeping per entry). 4096..2^48, default 1 GiB. */
+    FLAME_OPT_ITEM_CACHE_MAX_BYTES = 101,
+    /* int: shards (independent locks); rounded up to a power of two. 1..4096, default 64. */
+    FLAME_OPT_ITEM_CACHE_SHARDS = 102,
+    /* int: TTL of the hottest entries under the default TTL function. default 30 min. */
+    FLAME_OPT_ITEM_CACHE_HOT_TTL_US = 103,
+    /* int: TTL of cold entries (never hit) under the default TTL function. default 1 min. */
+    FLAME_OPT_ITEM_CACHE_COLD_TTL_US = 104,
+    /* int: hits during an entry's previous lifetime that make it fully hot (the default TTL
+     * grows linearly from cold to hot up to this many hits). 1..2^32, default 32. */
+    FLAME_OPT_ITEM_CACHE_HOT_HITS = 105,
+    /* int: TTL of negative entries (ids the source does not know). default 10 s. */
+    FLAME_OPT_ITEM_CACHE_NEGATIVE_TTL_US = 106,
+    /* int: refresh-ahead point, percent of the TTL after which a hit schedules a background
+     * refresh (0 = refresh-ahead off). 0..99, default 80. */
+    FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT = 107,
+    /* int: hits an entry needs in its current lifetime before a hit may schedule a refresh
+     * ("popular"). 1..2^32, default 2. */
+    FLAME_OPT_ITEM_CACHE_REFRESH_MIN_HITS = 108,
+    /* int: 1 = a background thread runs refreshes (default); 0 = none, the caller runs them
+     * with flame_item_cache_run_refresh. */
+    FLAME_OPT_ITEM_CACHE_REFRESH_THREAD = 109,
+    /* int: first retry delay after a failed refresh; doubles per failure up to the max.
+     * defaults 100 ms and 30 s. */
+    FLAME_OPT_ITEM_CACHE_RETRY_MIN_US = 110,
+    FLAME_OPT_ITEM_CACHE_RETRY_MAX_US = 111
 } flame_option;
 
 /* Creates a configuration holding the defaults. Not thread-safe per handle; engines copy
@@ -491,6 +525,239 @@ typedef struct flame_user_cache_stats {
 FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
 
 /* ================================================================ end of memory (issue 4) */
+
+/* ================================================================ item features (issue 4)
+ * A feature record is what the model needs per item beyond its id: for each side-feature
+ * slot of the model (flame_model_info.num_side_features, in order) a bag of ids, plus
+ * optional dense floats (carried, not used by version-1 models). Records come from a
+ * feature source (callback, Redis or file) and are cached by an item cache, which an engine
+ * can use to fill the side features of requests that give only item ids.
+ * Record encoding, Redis keys, the feature file format: docs/features.md. */
+
+/* ---------------------------------------------------------------- feature batches */
+
+/* n records addressed by index 0..n-1, each found (bags + dense) or missing (the source does
+ * not know the id). Sources write into one; callers read from one. */
+typedef struct flame_feature_batch flame_feature_batch;
+
+/* Creates an empty batch for records of num_slots slots (0..64). Not thread-safe per handle,
+ * except flame_feature_batch_complete. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out,
+ * num_slots out of range); FLAME_ERR_NOMEM. On failure *out is NULL. */
+FLAME_API flame_status flame_feature_batch_create(int32_t num_slots, flame_feature_batch **out);
+FLAME_API void flame_feature_batch_destroy(flame_feature_batch *batch);
+
+/* Number of records the batch holds (set by the fetch that filled it). NULL gives 0. */
+FLAME_API size_t flame_feature_batch_size(const flame_feature_batch *batch);
+
+/* Writes record `index` (< size): its bags in CSR form over the slots (slot s's ids are
+ * ids[slot_offsets[s] .. slot_offsets[s+1]-1]; slot_offsets has num_slots + 1 entries,
+ * slot_offsets[0] == 0, non-decreasing; ids may be NULL when all bags are empty) and
+ * num_dense floats (dense may be NULL when 0; at most 65536). The data is copied.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (index out of range, bad offsets, NULL arrays
+ * with content); FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *batch, size_t index, const int64_t *slot_offsets,
+                                               const int64_t *ids, const float *dense, size_t num_dense);
+/* Marks record `index` as missing: the source does not know the id. FLAME_ERR_INVALID_ARG
+ * for an index out of range. */
+FLAME_API flame_status flame_feature_batch_set_missing(flame_feature_batch *batch, size_t index);
+
+/* Reads record `index`: *found = 1 and the bag of `slot` as ids[0..*count-1] (pointer into
+ * the batch, valid until the batch is next written or destroyed), or *found = 0 for a
+ * missing record (then *ids = NULL, *count = 0). Returns FLAME_OK; FLAME_ERR_INVALID_ARG
+ * (NULL argument, index or slot out of range, record never written). */
+FLAME_API flame_status flame_feature_batch_get_slot(const flame_feature_batch *batch, size_t index, int32_t slot,
+                                                    int *found, const int64_t **ids, size_t *count);
+/* Reads the dense floats of record `index` (count 0 when none or missing). As get_slot. */
+FLAME_API flame_status flame_feature_batch_get_dense(const flame_feature_batch *batch, size_t index,
+                                                     const float **dense, size_t *count);
+
+/* Async completion: a flame_feature_fetch_async_fn calls this exactly once, from any thread,
+ * after writing every record (status FLAME_OK) or with the failure status. Thread-safe. */
+FLAME_API void flame_feature_batch_complete(flame_feature_batch *batch, flame_status status);
+
+/* ---------------------------------------------------------------- feature sources */
+
+typedef struct flame_feature_source flame_feature_source;
+
+/* Host callback, batched: fetch the records of ids[0..n-1] into `out` (size n, already set):
+ * for each index call flame_feature_batch_set or flame_feature_batch_set_missing, then return
+ * FLAME_OK (every index must have been written), or a failure status (the whole fetch
+ * fails; FLAME_ERR_UNAVAILABLE is the usual one). Called from scoring threads and the cache's
+ * refresh thread, possibly concurrently: it must be thread-safe. It must not call into the
+ * cache or engine that uses it. */
+typedef flame_status (*flame_feature_fetch_fn)(void *user, const int64_t *ids, size_t n, flame_feature_batch *out);
+
+/* Host callback, asynchronous form: starts the fetch and returns at once; the records are
+ * written later, from any thread, and then flame_feature_batch_complete(out, status) is
+ * called exactly once. ids stay valid until then. The calling libflame thread waits for the
+ * completion (its own work is batched, so one wait covers all the misses of a call). */
+typedef void (*flame_feature_fetch_async_fn)(void *user, const int64_t *ids, size_t n, flame_feature_batch *out);
+
+/* Creates a source backed by a callback (exactly one of fetch / fetch_async non-NULL) whose
+ * records have num_slots slots (0..64). `user` is passed back unchanged. Thread-safety of a
+ * source: flame_feature_source_fetch may be called concurrently.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG; FLAME_ERR_NOMEM. On failure *out is NULL. */
+FLAME_API flame_status flame_feature_source_create_callback(int32_t num_slots, flame_feature_fetch_fn fetch,
+                                                            flame_feature_fetch_async_fn fetch_async, void *user,
+                                                            flame_feature_source **out);
+
+/* Creates a source holding a feature file in memory (text format of docs/features.md; ids
+ * not in the file are missing). For tests and the embedded default.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL); FLAME_ERR_IO (cannot read);
+ * FLAME_ERR_FORMAT (a malformed line: the message names the line number); FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_feature_source_create_file(const char *path, flame_feature_source **out);
+
+typedef struct flame_redis_options {
+    size_t struct_size;          /* sizeof(flame_redis_options) */
+    const char *host;            /* NULL = "127.0.0.1" (copied) */
+    int32_t port;                /* 0 = 6379 */
+    const char *key_prefix;      /* NULL = "flame:item:"; key = prefix + decimal id (copied) */
+    int32_t num_slots;           /* slots per record, 0..64 */
+    int32_t connect_timeout_ms;  /* 0 = 200 */
+    int32_t read_timeout_ms;     /* per reply; 0 = 200 */
+    int32_t keys_per_command;    /* keys per MGET; the MGETs of one fetch are pipelined. 0 = 256 */
+    int32_t backoff_min_ms;      /* first delay before reconnecting after a failure; 0 = 10 */
+    int32_t backoff_max_ms;      /* the delay doubles per failure up to this; 0 = 2000 */
+} flame_redis_options;
+
+/* Creates a source reading records from a Redis server through hiredis (encoding:
+ * docs/features.md). The connection is made at creation (a failure is reported then) and
+ * remade on demand: after an I/O error or timeout the fetch is retried once on a fresh
+ * connection; after a failed connect, fetches fail at once with FLAME_ERR_UNAVAILABLE
+ * until the backoff delay has passed. A fetch holds the source's connection for its
+ * duration (concurrent fetches are serialized). A value that does not decode makes the
+ * fetch fail with FLAME_ERR_FORMAT naming the key.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small, values out of
+ * range); FLAME_ERR_UNAVAILABLE (cannot connect: the message names host, port and the
+ * reason); FLAME_ERR_NOMEM. On failure *out is NULL. */
+FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_options *options,
+                                                         flame_feature_source **out);
+
+/* Writes every record of a feature file (docs/features.md) into Redis under the options'
+ * prefix, pipelined; *written (may be NULL) gets the number of records. Existing keys are
+ * overwritten. Returns FLAME_OK; the statuses of flame_feature_source_create_file and
+ * flame_feature_source_create_redis; FLAME_ERR_UNAVAILABLE for a failed write. */
+FLAME_API flame_status flame_redis_load_features(const flame_redis_options *options, const char *path,
+                                                 uint64_t *written);
+
+/* Records the source's slot count. NULL gives -1. */
+FLAME_API int32_t flame_feature_source_num_slots(const flame_feature_source *source);
+
+/* Fetches the records of ids[0..n-1] into `out` (reset to size n; out's num_slots must
+ * equal the source's). Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG; the source's
+ * failure (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT); FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_feature_source_fetch(flame_feature_source *source, const int64_t *ids, size_t n,
+                                                  flame_feature_batch *out);
+
+/* Releases the caller's reference; caches using the source hold their own. NULL is a no-op. */
+FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
+
+/* ---------------------------------------------------------------- item cache */
+
+/* An in-process cache of item feature records in front of a feature source.
+ * - Sharded hash table, one lock per shard held only for the lookup and the copy of a record:
+ *   a hit is O(1) and takes no global lock.
+ * - Bounded by entries and bytes (FLAME_OPT_ITEM_CACHE_MAX_*); eviction by S3-FIFO (a small
+ *   probationary FIFO, a main FIFO with reinsertion of entries hit since their last pass,
+ *   and a ghost FIFO of recently evicted keys), which keeps one-hit wonders out of the main
+ *   queue (docs/benchmarks.md compares it with LRU).
+ * - TTL per entry from its popularity: ttl_fn(id, hits during the previous lifetime); the
+ *   default grows linearly from COLD_TTL (0 hits) to HOT_TTL (HOT_HITS hits or more).
+ * - Refresh-ahead: a hit past REFRESH_PERCENT of its TTL on an entry hit REFRESH_MIN_HITS
+ *   times schedules a background refresh; the old value is served meanwhile. A failed
+ *   refresh keeps the value (served stale after expiry, counted) and is retried with
+ *   exponential backoff until it succeeds or the entry is evicted or overwritten.
+ * - Single-flight: concurrent misses of one id cause one fetch; all the misses of one call
+ *   go to the source in one batched fetch.
+ * - Negative caching: an id the source reports missing is cached as missing for
+ *   NEGATIVE_TTL; readers get "missing" (the engine then uses empty bags, which pool to zero
+ *   vectors: docs/model-format.md).
+ * - No lost updates: a fetch or refresh that started before a flame_item_cache_put or
+ *   flame_item_cache_invalidate of the same id never installs its (older) result.
+ * Thread-safety: every function may be called concurrently, except create/destroy and the
+ *   set_* hooks, which must be called before the cache is shared. */
+typedef struct flame_item_cache flame_item_cache;
+
+/* Creates a cache in front of `source` (the cache holds a reference) with the item cache
+ * options of `config` (NULL = defaults). Starts the refresh thread unless
+ * FLAME_OPT_ITEM_CACHE_REFRESH_THREAD is 0.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source/out, HOT_TTL < COLD_TTL,
+ * RETRY_MAX < RETRY_MIN); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (thread creation failed).
+ * On failure *out is NULL. */
+FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_config *config,
+                                               flame_item_cache **out);
+
+/* Releases the caller's reference; engines using the cache hold their own. The refresh
+ * thread stops (after finishing the fetch it is in) when the last reference goes. No call
+ * on this handle may run concurrently by the caller. NULL is a no-op. */
+FLAME_API void flame_item_cache_destroy(flame_item_cache *cache);
+
+/* Clock used for TTLs and retry times, in microseconds on any monotonic base. For tests;
+ * default CLOCK_MONOTONIC. fn NULL restores the default. Call before the cache is shared. */
+typedef uint64_t (*flame_clock_fn)(void *user);
+FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
+
+/* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
+ * hits the id's entry had during its previous lifetime (0 for a first insert). Called with
+ * a shard lock held: it must be fast and must not call into the cache. fn NULL restores the
+ * default. Call before the cache is shared. */
+typedef uint64_t (*flame_ttl_fn)(int64_t id, uint64_t previous_hits, void *user);
+FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *cache, flame_ttl_fn fn, void *user);
+
+/* Gets the records of ids[0..n-1] into `out` (reset to size n; its num_slots must equal the
+ * source's): hits are copied, the misses of the call fetched in one batch (joining fetches
+ * of other threads already in flight), cached and copied. Missing ids come back missing.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG; the source's failure status when the fetch of a
+ * miss failed (nothing is cached for those ids; other records are still written);
+ * FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_item_cache_get(flame_item_cache *cache, const int64_t *ids, size_t n,
+                                            flame_feature_batch *out);
+
+/* Writes a record (as flame_feature_batch_set; NULL slot_offsets with num_slots 0) for `id`,
+ * replacing any value and cancelling the installation of fetches already in flight for it.
+ * Its TTL comes from the TTL function. Returns FLAME_OK; FLAME_ERR_INVALID_ARG;
+ * FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_item_cache_put(flame_item_cache *cache, int64_t id, const int64_t *slot_offsets,
+                                            const int64_t *ids, const float *dense, size_t num_dense);
+
+/* Drops `id` (the next get fetches it); fetches in flight for it are not installed. */
+FLAME_API flame_status flame_item_cache_invalidate(flame_item_cache *cache, int64_t id);
+
+/* Runs the refreshes that are due now in the calling thread (for caches made with
+ * REFRESH_THREAD 0, and tests); *refreshed (may be NULL) gets the number of ids fetched.
+ * Returns FLAME_OK even when refreshes failed (they are counted and rescheduled). */
+FLAME_API flame_status flame_item_cache_run_refresh(flame_item_cache *cache, uint64_t *refreshed);
+
+typedef struct flame_item_cache_stats {
+    size_t struct_size;         /* sizeof(flame_item_cache_stats) */
+    uint64_t hits;              /* fresh values (and fresh negative entries) served */
+    uint64_t misses;            /* ids not served from the cache (fetched or joined a fetch) */
+    uint64_t stale_serves;      /* expired values served while their refresh is pending */
+    uint64_t refreshes;         /* refreshes that succeeded */
+    uint64_t refresh_failures;  /* refreshes that failed (each retried later) */
+    uint64_t evictions;         /* entries evicted for room (not expiries) */
+    uint64_t fetches;           /* batched fetches sent to the source (misses + refreshes) */
+    uint64_t entries;           /* entries held now */
+    uint64_t bytes;             /* bytes held now (records + bookkeeping) */
+} flame_item_cache_stats;
+
+/* Fills *stats. Thread-safe (counters read one by one, not as one snapshot).
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *cache, flame_item_cache_stats *stats);
+
+/* Attaches an item cache to an engine (NULL detaches). Then a request that gives no side
+ * features (history_side NULL and, under the sumi head, candidate_side NULL) to a model with
+ * side features gets them from the cache: one flame_item_cache_get per call for all the
+ * distinct item ids of the call's requests (history tokens inside the window, and the
+ * candidates under the sumi head); a missing record gives empty bags (zero vectors).
+ * Requests that give their side features are scored from them as before. The engine holds a
+ * reference to the cache. Not to be called concurrently with scoring on the engine.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine, or the cache's records have a slot
+ * count different from the model's num_side_features). flame_score then also returns the
+ * cache's failure statuses (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT) when a miss cannot be
+ * fetched, and writes no score. */
+FLAME_API flame_status flame_engine_set_item_cache(flame_engine *engine, flame_item_cache *cache);
+/* ================================================================ end of item features */
 
 #ifdef __cplusplus
 }

@@ -10,26 +10,35 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "engine is NULL");
     if (num_requests && !requests) return fl_error(FLAME_ERR_INVALID_ARG, "requests is NULL with num_requests %zu",
                                                    num_requests);
+    fl_workspace *ws = NULL;
+    const flame_request *reqs = requests;
+    flame_status st = FLAME_OK;
+    if (engine->item_cache && num_requests) { /* side features of id-only requests, from the cache */
+        ws = fl_workspace_acquire(engine);
+        if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
+        st = fl_resolve_features(engine, ws, requests, num_requests, &reqs);
+    }
     uint64_t total = 0;
-    flame_status st = fl_validate_requests(engine->model, requests, num_requests, &total);
-    if (st) return st;
-    if (total > scores_len)
-        return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, the requests need %llu",
-                        scores_len, (unsigned long long)total);
-    if (total && !scores) return fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
-    if (total == 0) {
+    if (!st) st = fl_validate_requests(engine->model, reqs, num_requests, &total);
+    if (!st && total > scores_len)
+        st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, the requests need %llu", scores_len,
+                      (unsigned long long)total);
+    if (!st && total && !scores) st = fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
+    if (st || total == 0) { /* an error, or nothing to write: no work */
+        if (ws) fl_workspace_release(engine, ws);
+        if (st) return st;
         atomic_fetch_add(&engine->calls, 1);
         atomic_fetch_add(&engine->requests, num_requests);
-        return FLAME_OK; /* nothing to write: no work */
+        return FLAME_OK;
     }
-    fl_workspace *ws = fl_workspace_acquire(engine);
+    if (!ws) ws = fl_workspace_acquire(engine);
     if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
     const int32_t tasks = engine->model->cfg.num_tasks;
     const size_t slice = (size_t)engine->cfg.max_batch;
     size_t need = 0;
     for (size_t r0 = 0; r0 < num_requests; r0 += slice) {
         int64_t tokens = 0;
-        size_t b = fl_forward_bytes(engine->model, requests + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
+        size_t b = fl_forward_bytes(engine->model, reqs + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
                                     &tokens);
         if (tokens > INT32_MAX) { /* GEMM dimensions are 32-bit in CBLAS */
             fl_workspace_release(engine, ws);
@@ -43,9 +52,9 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     float *out = scores;
     for (size_t r0 = 0; r0 < num_requests && !st; r0 += slice) {
         size_t n = num_requests - r0 < slice ? num_requests - r0 : slice;
-        st = engine->gpu ? fl_cuda_score(engine->gpu, requests + r0, n, out)
-                         : fl_forward_cpu(engine, ws, requests + r0, n, out);
-        for (size_t r = r0; r < r0 + n; r++) out += requests[r].num_candidates * (size_t)tasks;
+        st = engine->gpu ? fl_cuda_score(engine->gpu, reqs + r0, n, out)
+                         : fl_forward_cpu(engine, ws, reqs + r0, n, out);
+        for (size_t r = r0; r < r0 + n; r++) out += reqs[r].num_candidates * (size_t)tasks;
     }
     fl_workspace_release(engine, ws);
     if (st) return st;

@@ -16,6 +16,21 @@ static const int_option int_options[] = {
     {FLAME_OPT_SCORE_CHUNK, "FLAME_OPT_SCORE_CHUNK", 16, 1048576, offsetof(struct flame_config, score_chunk)},
     {FLAME_OPT_DEVICE_MEMORY_BUDGET, "FLAME_OPT_DEVICE_MEMORY_BUDGET", 0, (int64_t)1 << 50,
      offsetof(struct flame_config, device_memory_budget)},
+    /* item cache (issue 4); times in us, up to a year */
+#define IC(opt, field, lo, hi) {opt, #opt, lo, hi, offsetof(struct flame_config, field)}
+    IC(FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, ic_max_entries, 1, 1ll << 32),
+    IC(FLAME_OPT_ITEM_CACHE_MAX_BYTES, ic_max_bytes, 4096, 1ll << 48),
+    IC(FLAME_OPT_ITEM_CACHE_SHARDS, ic_shards, 1, 4096),
+    IC(FLAME_OPT_ITEM_CACHE_HOT_TTL_US, ic_hot_ttl, 1, 31536000000000ll),
+    IC(FLAME_OPT_ITEM_CACHE_COLD_TTL_US, ic_cold_ttl, 1, 31536000000000ll),
+    IC(FLAME_OPT_ITEM_CACHE_HOT_HITS, ic_hot_hits, 1, 1ll << 32),
+    IC(FLAME_OPT_ITEM_CACHE_NEGATIVE_TTL_US, ic_negative_ttl, 1, 31536000000000ll),
+    IC(FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, ic_refresh_pct, 0, 99),
+    IC(FLAME_OPT_ITEM_CACHE_REFRESH_MIN_HITS, ic_refresh_min_hits, 1, 1ll << 32),
+    IC(FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, ic_refresh_thread, 0, 1),
+    IC(FLAME_OPT_ITEM_CACHE_RETRY_MIN_US, ic_retry_min, 1, 31536000000000ll),
+    IC(FLAME_OPT_ITEM_CACHE_RETRY_MAX_US, ic_retry_max, 1, 31536000000000ll),
+#undef IC
 };
 
 void fl_config_defaults(struct flame_config *c)
@@ -25,6 +40,19 @@ void fl_config_defaults(struct flame_config *c)
     strcpy(c->dtype, "fp32");
     c->max_batch = 256;
     c->score_chunk = 512;
+    /* item cache (issue 4) */
+    c->ic_max_entries = 1000000;
+    c->ic_max_bytes = 1ll << 30;
+    c->ic_shards = 64;
+    c->ic_hot_ttl = 30ll * 60 * 1000000;
+    c->ic_cold_ttl = 60ll * 1000000;
+    c->ic_hot_hits = 32;
+    c->ic_negative_ttl = 10ll * 1000000;
+    c->ic_refresh_pct = 80;
+    c->ic_refresh_min_hits = 2;
+    c->ic_refresh_thread = 1;
+    c->ic_retry_min = 100000;
+    c->ic_retry_max = 30ll * 1000000;
 }
 
 fl_dtype_opt fl_config_dtype(const struct flame_config *c)

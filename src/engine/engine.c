@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/icache.h"
 #include "core/device.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
@@ -74,10 +75,12 @@ FLAME_API void flame_engine_destroy(flame_engine *engine)
     fl_cuda_engine_destroy(engine->gpu);
     for (fl_workspace *ws = engine->free_list, *next; ws; ws = next) {
         next = ws->next;
+        fl_workspace_free_features(ws);
         fl_aligned_free(ws->base);
         free(ws);
     }
     pthread_mutex_destroy(&engine->pool_lock);
+    fl_icache_release(engine->item_cache);
     fl_model_release(engine->model);
     free(engine);
 }
@@ -101,5 +104,19 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
         .device_weight_bytes = engine->gpu ? fl_cuda_weight_bytes(engine->gpu) : 0,
     };
     memcpy(stats, &v, stats->struct_size < sizeof v ? stats->struct_size : sizeof v);
+    return FLAME_OK;
+}
+
+/* issue 4: the item cache that fills side features of id-only requests */
+FLAME_API flame_status flame_engine_set_item_cache(flame_engine *engine, flame_item_cache *cache)
+{
+    fl_clear_error();
+    if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_set_item_cache: engine is NULL");
+    if (cache && cache->num_slots != engine->model->cfg.num_side)
+        return fl_error(FLAME_ERR_INVALID_ARG, "the item cache's records have %d slots, the model has %d side features",
+                        cache->num_slots, engine->model->cfg.num_side);
+    if (cache) fl_icache_retain(cache);
+    fl_icache_release(engine->item_cache);
+    engine->item_cache = cache;
     return FLAME_OK;
 }

@@ -13,6 +13,10 @@ typedef struct fl_workspace {
     struct fl_workspace *next; /* free-list link */
     uint8_t *base;
     size_t cap, used;
+    /* item features resolved through the item cache (engine/features.c) */
+    void *feat[2];
+    size_t feat_cap[2];
+    struct flame_feature_batch *records;
 } fl_workspace;
 
 struct fl_cuda_engine;
@@ -24,6 +28,7 @@ struct flame_engine {
     pthread_mutex_t pool_lock;
     fl_workspace *free_list; /* workspaces not in use; all are freed at destroy */
     atomic_uint_fast64_t calls, requests, workspaces, scratch_bytes, max_workspace_bytes;
+    struct flame_item_cache *item_cache; /* NULL: callers give side features themselves */
 };
 
 /* Takes a workspace from the pool (or makes one); NULL on OOM. */
@@ -52,5 +57,11 @@ size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, 
 /* Scores n validated requests in one pass into `scores` (their concatenated blocks). */
 flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
                             float *scores);
+
+/* For requests that give no side features, builds them from the engine's item cache into
+ * ws and points *out at copies of the requests that carry them (else *out = reqs). */
+flame_status fl_resolve_features(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
+                                 const flame_request **out);
+void fl_workspace_free_features(fl_workspace *ws);
 
 #endif

@@ -1,0 +1,217 @@
+/* The feature file (docs/features.md): a text table read into an id -> record hash table. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cache/source.h"
+
+#define MAX_LINE_IDS 65536
+
+static flame_status grow_blobs(fl_feature_table *t, size_t len)
+{
+    size_t need = t->used + ((len + 7) & ~(size_t)7);
+    if (need <= t->cap) return FLAME_OK;
+    size_t cap = need * 2 > 65536 ? need * 2 : 65536;
+    uint8_t *p = realloc(t->blobs, cap);
+    if (!p) return fl_error(FLAME_ERR_NOMEM, "out of memory reading a feature file");
+    t->blobs = p;
+    t->cap = cap;
+    return FLAME_OK;
+}
+
+static flame_status rehash(fl_feature_table *t)
+{
+    size_t size = (t->mask + 1) * 2;
+    if (size < 1024) size = 1024;
+    int64_t *keys = calloc(size, sizeof *keys);
+    uint64_t *offs = calloc(size, sizeof *offs);
+    uint32_t *lens = calloc(size, sizeof *lens);
+    if (!keys || !offs || !lens) {
+        free(keys), free(offs), free(lens);
+        return fl_error(FLAME_ERR_NOMEM, "out of memory reading a feature file");
+    }
+    for (size_t i = 0; t->offs && i <= t->mask; i++) {
+        if (!t->offs[i]) continue;
+        size_t j = fl_hash64(t->keys[i]) & (size - 1);
+        while (offs[j]) j = (j + 1) & (size - 1);
+        keys[j] = t->keys[i], offs[j] = t->offs[i], lens[j] = t->lens[i];
+    }
+    free(t->keys), free(t->offs), free(t->lens);
+    t->keys = keys, t->offs = offs, t->lens = lens, t->mask = size - 1;
+    return FLAME_OK;
+}
+
+const uint8_t *fl_feature_table_find(const fl_feature_table *t, int64_t id, uint32_t *len)
+{
+    if (!t->offs) return NULL;
+    for (size_t j = fl_hash64(id) & t->mask; t->offs[j]; j = (j + 1) & t->mask)
+        if (t->keys[j] == id) {
+            *len = t->lens[j];
+            return t->blobs + t->offs[j] - 1;
+        }
+    return NULL;
+}
+
+void fl_feature_table_free(fl_feature_table *t)
+{
+    free(t->keys), free(t->offs), free(t->lens), free(t->blobs);
+    memset(t, 0, sizeof *t);
+}
+
+/* Parses "a,b,c" (or "") into v[]; returns the count or -1. */
+static long parse_ids(char *s, int64_t *v, long room)
+{
+    long n = 0;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(s, &end, 10);
+        if (end == s || errno || n >= room || (*end && *end != ',')) return -1;
+        v[n++] = x;
+        s = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+static long parse_floats(char *s, float *v, long room)
+{
+    long n = 0;
+    while (*s) {
+        char *end;
+        float x = strtof(s, &end);
+        if (end == s || n >= room || (*end && *end != ',')) return -1;
+        v[n++] = x;
+        s = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+static flame_status parse_line(fl_feature_table *t, char *line, size_t lineno, const char *path, int64_t *ids,
+                               float *dense)
+{
+    char *fields[FL_MAX_SLOTS + 3];
+    int nf = 0;
+    for (char *p = line;; p++) {
+        if (nf < FL_MAX_SLOTS + 3) fields[nf] = p;
+        nf++;
+        p = strchr(p, '\t');
+        if (!p) break;
+        *p = '\0';
+    }
+    int want = 1 + t->num_slots + (t->num_dense > 0);
+    if (nf != want)
+        return fl_error(FLAME_ERR_FORMAT, "%s:%zu: %d tab-separated fields, expected %d (id, %d slots%s)", path, lineno,
+                        nf, want, t->num_slots, t->num_dense ? ", dense" : "");
+    int64_t id;
+    if (parse_ids(fields[0], &id, 1) != 1) return fl_error(FLAME_ERR_FORMAT, "%s:%zu: bad id '%.40s'", path, lineno, fields[0]);
+    int64_t offsets[FL_MAX_SLOTS + 1] = {0};
+    for (int s = 0; s < t->num_slots; s++) {
+        long n = parse_ids(fields[1 + s], ids + offsets[s], MAX_LINE_IDS - offsets[s]);
+        if (n < 0) return fl_error(FLAME_ERR_FORMAT, "%s:%zu: slot %d: bad id list '%.40s'", path, lineno, s, fields[1 + s]);
+        offsets[s + 1] = offsets[s] + n;
+    }
+    if (t->num_dense) {
+        long n = parse_floats(fields[want - 1], dense, t->num_dense);
+        if (n != t->num_dense)
+            return fl_error(FLAME_ERR_FORMAT, "%s:%zu: dense: expected %d comma-separated floats", path, lineno, t->num_dense);
+    }
+    uint32_t oldlen;
+    if (fl_feature_table_find(t, id, &oldlen))
+        return fl_error(FLAME_ERR_FORMAT, "%s:%zu: id %lld appears twice", path, lineno, (long long)id);
+    size_t len = fl_rec_bytes(t->num_slots, (uint64_t)offsets[t->num_slots], (size_t)t->num_dense);
+    flame_status st = grow_blobs(t, len);
+    if (!st && (t->count + 1) * 2 > t->mask + 1) st = rehash(t);
+    if (st) return st;
+    fl_rec_encode(t->blobs + t->used, t->num_slots, offsets, ids, dense, (size_t)t->num_dense);
+    size_t j = fl_hash64(id) & t->mask;
+    while (t->offs[j]) j = (j + 1) & t->mask;
+    t->keys[j] = id, t->offs[j] = t->used + 1, t->lens[j] = (uint32_t)len;
+    t->used += (len + 7) & ~(size_t)7;
+    t->count++;
+    return FLAME_OK;
+}
+
+flame_status fl_feature_table_read(const char *path, fl_feature_table *t)
+{
+    memset(t, 0, sizeof *t);
+    FILE *f = fopen(path, "r");
+    if (!f) return fl_error(FLAME_ERR_IO, "cannot open feature file '%s': %s", path, strerror(errno));
+    int64_t *ids = malloc(MAX_LINE_IDS * sizeof *ids);
+    float *dense = malloc(FL_MAX_DENSE * sizeof *dense);
+    char *line = NULL;
+    size_t cap = 0, lineno = 0;
+    ssize_t got;
+    flame_status st = ids && dense ? FLAME_OK : fl_error(FLAME_ERR_NOMEM, "out of memory reading '%s'", path);
+    bool header = false;
+    while (!st && (got = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = '\0';
+        if (got == 0 || line[0] == '#') continue;
+        if (!header) {
+            int v = 0, ns = 0, nd = 0, used = 0;
+            if (sscanf(line, "flame-features %d slots=%d dense=%d%n", &v, &ns, &nd, &used) != 3 || line[used] ||
+                v != 1 || ns < 0 || ns > FL_MAX_SLOTS || nd < 0 || nd > FL_MAX_DENSE)
+                st = fl_error(FLAME_ERR_FORMAT,
+                              "%s:%zu: expected the header 'flame-features 1 slots=S dense=D' (S 0..%d, D 0..%d)",
+                              path, lineno, FL_MAX_SLOTS, FL_MAX_DENSE);
+            t->num_slots = ns, t->num_dense = nd;
+            header = true;
+            continue;
+        }
+        st = parse_line(t, line, lineno, path, ids, dense);
+    }
+    if (!st && !header) st = fl_error(FLAME_ERR_FORMAT, "%s: no 'flame-features' header line", path);
+    if (!st && ferror(f)) st = fl_error(FLAME_ERR_IO, "error reading feature file '%s'", path);
+    free(line), free(ids), free(dense);
+    fclose(f);
+    if (st) fl_feature_table_free(t);
+    return st;
+}
+
+/* ---- the file source */
+
+typedef struct file_source {
+    struct flame_feature_source base;
+    fl_feature_table table;
+} file_source;
+
+static flame_status file_fetch(struct flame_feature_source *s, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    const fl_feature_table *t = &((file_source *)s)->table;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t len;
+        const uint8_t *blob = fl_feature_table_find(t, ids[i], &len);
+        if (!blob) {
+            out->rec[i] = (fl_rec_ref){.state = FL_REC_MISSING};
+            continue;
+        }
+        flame_status st = fl_batch_put_blob(out, i, blob, len);
+        if (st) return st;
+    }
+    return FLAME_OK;
+}
+
+static void file_destroy(struct flame_feature_source *s)
+{
+    fl_feature_table_free(&((file_source *)s)->table);
+    free(s);
+}
+
+static const fl_source_ops file_ops = {file_fetch, file_destroy};
+
+FLAME_API flame_status flame_feature_source_create_file(const char *path, flame_feature_source **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!path || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_source_create_file: NULL argument");
+    file_source *f = calloc(1, sizeof *f);
+    if (!f) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a feature source");
+    flame_status st = fl_feature_table_read(path, &f->table);
+    if (st) {
+        free(f);
+        return st;
+    }
+    fl_source_init(&f->base, &file_ops, f->table.num_slots);
+    *out = &f->base;
+    return FLAME_OK;
+}

@@ -1,0 +1,444 @@
+/* The item cache: lookups, single-flight fills, writes, lifetime and stats. */
+#include <stdlib.h>
+#include <time.h>
+
+#include "cache/icache.h"
+
+/* A coarse monotonic clock (a few ns to read, ~4 ms resolution): TTLs are seconds. */
+static uint64_t default_clock(void *user)
+{
+    (void)user;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t ttl_for(const struct flame_item_cache *c, int64_t key, uint64_t prev_hits)
+{
+    uint64_t ttl;
+    if (c->ttl_fn) {
+        ttl = c->ttl_fn(key, prev_hits, c->ttl_user);
+    } else {
+        uint64_t h = prev_hits < c->hot_hits ? prev_hits : c->hot_hits;
+        ttl = c->cold_ttl + (uint64_t)((double)(c->hot_ttl - c->cold_ttl) * (double)h / (double)c->hot_hits);
+    }
+    return ttl ? ttl : 1;
+}
+
+void fl_entry_remove(fl_shard *sh, fl_entry *e, uint64_t h)
+{
+    fl_entry **p = &sh->buckets[h & sh->mask];
+    while (*p != e) p = &(*p)->hnext;
+    *p = e->hnext;
+    fl_s3_unlink(sh, e);
+    sh->entries--;
+    sh->bytes -= fl_entry_bytes(e);
+    free(e);
+}
+
+/* Installs a value for key (shard lock held), replacing the old entry in place (its queue
+ * position and S3-FIFO count carry over; its hits become the popularity of the new TTL). */
+static flame_status install(struct flame_item_cache *c, fl_shard *sh, int64_t key, uint64_t h, const uint8_t *blob,
+                            uint32_t len, uint64_t now)
+{
+    fl_entry *e = malloc(sizeof *e + len);
+    if (!e) return fl_error(FLAME_ERR_NOMEM, "out of memory caching id %lld", (long long)key);
+    fl_entry *old = fl_shard_find(sh, key, h);
+    uint64_t ttl = blob ? ttl_for(c, key, old ? old->hits : 0) : c->neg_ttl;
+    *e = (fl_entry){.key = key, .len = blob ? len : 0, .negative = !blob, .expires = now + ttl,
+                    .refresh_at = blob && c->refresh_pct ? now + ttl * c->refresh_pct / 100 : UINT64_MAX};
+    if (blob) memcpy(fl_entry_blob(e), blob, len);
+    if (old) {
+        fl_entry **p = &sh->buckets[h & sh->mask];
+        while (*p != old) p = &(*p)->hnext;
+        *p = e;
+        e->hnext = old->hnext;
+        fl_s3_replace(sh, old, e);
+        sh->bytes -= fl_entry_bytes(old);
+        sh->bytes += fl_entry_bytes(e);
+        free(old);
+    } else {
+        e->hnext = sh->buckets[h & sh->mask];
+        sh->buckets[h & sh->mask] = e;
+        fl_s3_insert(sh, e);
+        sh->entries++;
+        sh->bytes += fl_entry_bytes(e);
+    }
+    fl_s3_make_room(sh, e, now);
+    return FLAME_OK;
+}
+
+/* A superseded flight is invisible: joining it could hand out a value older than a write
+ * the caller has already seen complete. */
+fl_flight *fl_flight_find(fl_shard *sh, int64_t key)
+{
+    fl_flight *f = sh->flights;
+    while (f && (f->key != key || f->superseded)) f = f->next;
+    return f;
+}
+
+fl_flight *fl_flight_start(fl_shard *sh, int64_t key)
+{
+    fl_flight *f = calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->key = key;
+    f->refs = 1;
+    pthread_cond_init(&f->cv, NULL);
+    f->next = sh->flights;
+    sh->flights = f;
+    return f;
+}
+
+static void flight_unref(fl_flight *f)
+{
+    if (--f->refs) return;
+    pthread_cond_destroy(&f->cv);
+    free(f->blob);
+    free(f);
+}
+
+void fl_flight_finish(struct flame_item_cache *c, fl_shard *sh, fl_flight *f, flame_status st, const uint8_t *blob,
+                      uint32_t len, uint64_t now)
+{
+    fl_flight **p = &sh->flights;
+    while (*p != f) p = &(*p)->next;
+    *p = f->next;
+    if (!st && !f->superseded) {
+        uint64_t h = fl_hash64(f->key);
+        install(c, sh, f->key, h, blob, len, now); /* out of memory: served, not cached */
+    }
+    f->status = st;
+    f->negative = !blob;
+    if (!st && blob && f->refs > 1) {
+        f->blob = malloc(len);
+        if (f->blob) memcpy(f->blob, blob, len);
+        else f->status = FLAME_ERR_NOMEM;
+        f->len = len;
+    }
+    f->done = true;
+    pthread_cond_broadcast(&f->cv);
+    flight_unref(f);
+}
+
+/* Serves key from e if it is fresh, or stale with a refresh pending. Lock held. */
+static bool serve(struct flame_item_cache *c, fl_shard *sh, fl_entry *e, uint64_t now, bool *schedule)
+{
+    if (!e) return false;
+    if (now < e->expires) {
+        sh->hits++;
+    } else if (e->refresh_pending) {
+        sh->stale++;
+    } else {
+        return false;
+    }
+    e->hits++;
+    if (e->freq < FL_FREQ_MAX) e->freq++;
+    if (now >= e->refresh_at && !e->refresh_pending && e->hits >= c->refresh_min_hits) {
+        e->refresh_pending = 1;
+        *schedule = true;
+    }
+    return true;
+}
+
+typedef struct pending {
+    size_t idx;
+    fl_flight *f;
+    fl_shard *sh;
+} pending;
+
+static flame_status put_result(flame_feature_batch *out, size_t i, const uint8_t *blob, uint32_t len)
+{
+    if (blob) return fl_batch_put_blob(out, i, blob, len);
+    out->rec[i] = (fl_rec_ref){.state = FL_REC_MISSING};
+    return FLAME_OK;
+}
+
+flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    flame_status st = fl_batch_reset(out, n);
+    if (st || n == 0) return st;
+    pending *lead = NULL, *join = NULL;
+    size_t nlead = 0, njoin = 0;
+    uint64_t now = fl_now(c);
+    for (size_t i = 0; i < n && !st; i++) {
+        uint64_t h;
+        fl_shard *sh = fl_shard_of(c, ids[i], &h);
+        bool schedule = false;
+        pthread_mutex_lock(&sh->lock);
+        fl_entry *e = fl_shard_find(sh, ids[i], h);
+        if (serve(c, sh, e, now, &schedule)) {
+            st = put_result(out, i, e->negative ? NULL : fl_entry_blob(e), e->len);
+        } else {
+            sh->misses++;
+            if (!lead) {
+                lead = malloc(n * sizeof *lead);
+                join = malloc(n * sizeof *join);
+            }
+            fl_flight *f = lead && join ? fl_flight_find(sh, ids[i]) : NULL;
+            if (f) {
+                f->refs++;
+                join[njoin++] = (pending){i, f, sh};
+            } else if (lead && join && (f = fl_flight_start(sh, ids[i]))) {
+                lead[nlead++] = (pending){i, f, sh};
+            } else {
+                st = fl_error(FLAME_ERR_NOMEM, "out of memory fetching id %lld", (long long)ids[i]);
+            }
+        }
+        pthread_mutex_unlock(&sh->lock);
+        if (schedule) fl_refresh_schedule(c, ids[i], 0, 0);
+    }
+    /* our own fetch first, then the waits: a call never waits before its flights are done */
+    if (nlead) {
+        int64_t *keys = malloc(nlead * sizeof *keys);
+        flame_feature_batch *got = NULL;
+        flame_status fst = keys ? flame_feature_batch_create(c->num_slots, &got) : FLAME_ERR_NOMEM;
+        if (!fst) {
+            for (size_t k = 0; k < nlead; k++) keys[k] = ids[lead[k].idx];
+            atomic_fetch_add(&c->fetches, 1);
+            fst = fl_source_fetch(c->source, keys, nlead, got);
+        } else {
+            fst = fl_error(FLAME_ERR_NOMEM, "out of memory for a fetch of %zu ids", nlead);
+        }
+        uint64_t done_at = fl_now(c);
+        for (size_t k = 0; k < nlead; k++) {
+            uint32_t len = 0, state = 0;
+            const uint8_t *blob = fst ? NULL : fl_batch_blob(got, k, &len, &state);
+            pthread_mutex_lock(&lead[k].sh->lock);
+            fl_flight_finish(c, lead[k].sh, lead[k].f, fst, blob, len, done_at);
+            pthread_mutex_unlock(&lead[k].sh->lock);
+            if (!fst && !st) st = put_result(out, lead[k].idx, blob, len);
+        }
+        if (fst && !st) st = fst;
+        flame_feature_batch_destroy(got);
+        free(keys);
+    }
+    for (size_t k = 0; k < njoin; k++) {
+        fl_flight *f = join[k].f;
+        pthread_mutex_lock(&join[k].sh->lock);
+        while (!f->done) pthread_cond_wait(&f->cv, &join[k].sh->lock);
+        flame_status fst = f->status;
+        if (!fst && !st) st = put_result(out, join[k].idx, f->negative ? NULL : f->blob, f->len);
+        if (fst && !st)
+            st = fl_error(fst, "the fetch of id %lld (made by another call) failed with %s", (long long)f->key,
+                          flame_status_string(fst));
+        flight_unref(f);
+        pthread_mutex_unlock(&join[k].sh->lock);
+    }
+    free(lead);
+    free(join);
+    return st;
+}
+
+/* ---- public */
+
+FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_config *config,
+                                               flame_item_cache **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!source || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_create: NULL source or out");
+    struct flame_config cfg;
+    if (config)
+        cfg = *config;
+    else
+        fl_config_defaults(&cfg);
+    if (cfg.ic_hot_ttl < cfg.ic_cold_ttl)
+        return fl_error(FLAME_ERR_INVALID_ARG, "FLAME_OPT_ITEM_CACHE_HOT_TTL_US = %lld is below COLD_TTL_US = %lld",
+                        (long long)cfg.ic_hot_ttl, (long long)cfg.ic_cold_ttl);
+    if (cfg.ic_retry_max < cfg.ic_retry_min)
+        return fl_error(FLAME_ERR_INVALID_ARG, "FLAME_OPT_ITEM_CACHE_RETRY_MAX_US = %lld is below RETRY_MIN_US = %lld",
+                        (long long)cfg.ic_retry_max, (long long)cfg.ic_retry_min);
+    struct flame_item_cache *c = calloc(1, sizeof *c);
+    if (!c) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating an item cache");
+    atomic_init(&c->refs, 1);
+    c->source = source;
+    fl_source_retain(source);
+    c->num_slots = source->num_slots;
+    c->clock = default_clock;
+    c->hot_ttl = (uint64_t)cfg.ic_hot_ttl, c->cold_ttl = (uint64_t)cfg.ic_cold_ttl;
+    c->hot_hits = (uint64_t)cfg.ic_hot_hits, c->neg_ttl = (uint64_t)cfg.ic_negative_ttl;
+    c->refresh_pct = (uint64_t)cfg.ic_refresh_pct, c->refresh_min_hits = (uint64_t)cfg.ic_refresh_min_hits;
+    c->retry_min = (uint64_t)cfg.ic_retry_min, c->retry_max = (uint64_t)cfg.ic_retry_max;
+    while ((1ull << c->shard_bits) < (uint64_t)cfg.ic_shards) c->shard_bits++;
+    c->nshards = 1u << c->shard_bits;
+    pthread_mutex_init(&c->rq_lock, NULL);
+    pthread_cond_init(&c->rq_cv, NULL);
+    c->shards = aligned_alloc(64, c->nshards * sizeof(fl_shard));
+    if (!c->shards) goto nomem;
+    memset(c->shards, 0, c->nshards * sizeof(fl_shard));
+    uint64_t per_entries = ((uint64_t)cfg.ic_max_entries + c->nshards - 1) / c->nshards;
+    uint64_t per_bytes = (uint64_t)cfg.ic_max_bytes / c->nshards;
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        fl_shard *sh = &c->shards[i];
+        pthread_mutex_init(&sh->lock, NULL);
+        sh->max_entries = per_entries;
+        sh->max_bytes = per_bytes;
+        sh->small_max = per_entries / 10 ? per_entries / 10 : 1;
+        uint64_t nb = 1;
+        while (nb < per_entries) nb *= 2;
+        sh->mask = nb - 1;
+        sh->buckets = calloc(nb, sizeof *sh->buckets);
+        if (!sh->buckets || fl_ghost_init(&sh->ghost, per_entries)) goto nomem;
+    }
+    if (cfg.ic_refresh_thread) {
+        if (pthread_create(&c->thread, NULL, fl_refresh_thread, c) != 0) {
+            flame_item_cache_destroy(c);
+            return fl_error(FLAME_ERR_INTERNAL, "cannot start the item cache refresh thread");
+        }
+        c->has_thread = true;
+    }
+    *out = c;
+    return FLAME_OK;
+nomem:
+    if (!c->shards) c->nshards = 0;
+    flame_item_cache_destroy(c);
+    return fl_error(FLAME_ERR_NOMEM, "out of memory allocating an item cache of %lld entries",
+                    (long long)cfg.ic_max_entries);
+}
+
+void fl_icache_retain(struct flame_item_cache *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void fl_icache_release(struct flame_item_cache *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    if (c->has_thread) {
+        pthread_mutex_lock(&c->rq_lock);
+        c->stop = true;
+        pthread_cond_broadcast(&c->rq_cv);
+        pthread_mutex_unlock(&c->rq_lock);
+        pthread_join(c->thread, NULL);
+    }
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        fl_shard *sh = &c->shards[i];
+        for (uint64_t b = 0; sh->buckets && b <= sh->mask; b++)
+            for (fl_entry *e = sh->buckets[b], *next; e; e = next) {
+                next = e->hnext;
+                free(e);
+            }
+        free(sh->buckets);
+        fl_ghost_free(&sh->ghost);
+        pthread_mutex_destroy(&sh->lock);
+    }
+    free(c->shards);
+    free(c->rq);
+    pthread_mutex_destroy(&c->rq_lock);
+    pthread_cond_destroy(&c->rq_cv);
+    fl_source_release(c->source);
+    free(c);
+}
+
+FLAME_API void flame_item_cache_destroy(flame_item_cache *c)
+{
+    fl_icache_release(c);
+}
+
+FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *c, flame_clock_fn fn, void *user)
+{
+    fl_clear_error();
+    if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_set_clock: cache is NULL");
+    pthread_mutex_lock(&c->rq_lock); /* the refresh thread reads the clock under this lock */
+    c->clock = fn ? fn : default_clock;
+    c->clock_user = fn ? user : NULL;
+    pthread_mutex_unlock(&c->rq_lock);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *c, flame_ttl_fn fn, void *user)
+{
+    fl_clear_error();
+    if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_set_ttl_fn: cache is NULL");
+    pthread_mutex_lock(&c->rq_lock);
+    c->ttl_fn = fn;
+    c->ttl_user = user;
+    pthread_mutex_unlock(&c->rq_lock);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_item_cache_get(flame_item_cache *c, const int64_t *ids, size_t n,
+                                            flame_feature_batch *out)
+{
+    fl_clear_error();
+    if (!c || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_get: NULL cache or out");
+    if (n && !ids) return fl_error(FLAME_ERR_INVALID_ARG, "ids is NULL with n %zu", n);
+    if (out->num_slots != c->num_slots)
+        return fl_error(FLAME_ERR_INVALID_ARG, "batch has %d slots, the cache's records %d", out->num_slots, c->num_slots);
+    return fl_icache_get(c, ids, n, out);
+}
+
+/* Cancels the installation of fetches in flight for key (lock held). */
+static void supersede(fl_shard *sh, int64_t key)
+{
+    for (fl_flight *f = sh->flights; f; f = f->next)
+        if (f->key == key) f->superseded = true;
+}
+
+FLAME_API flame_status flame_item_cache_put(flame_item_cache *c, int64_t id, const int64_t *slot_offsets,
+                                            const int64_t *ids, const float *dense, size_t num_dense)
+{
+    fl_clear_error();
+    if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_put: cache is NULL");
+    /* encode through a one-record batch: the same checks as a source's records */
+    flame_feature_batch *b;
+    flame_status st = flame_feature_batch_create(c->num_slots, &b);
+    if (!st) st = fl_batch_reset(b, 1);
+    if (!st) st = flame_feature_batch_set(b, 0, slot_offsets, ids, dense, num_dense);
+    if (!st) {
+        uint64_t h;
+        fl_shard *sh = fl_shard_of(c, id, &h);
+        pthread_mutex_lock(&sh->lock);
+        supersede(sh, id);
+        st = install(c, sh, id, h, b->arena + b->rec[0].off, b->rec[0].len, fl_now(c));
+        pthread_mutex_unlock(&sh->lock);
+    }
+    flame_feature_batch_destroy(b);
+    return st;
+}
+
+FLAME_API flame_status flame_item_cache_invalidate(flame_item_cache *c, int64_t id)
+{
+    fl_clear_error();
+    if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_invalidate: cache is NULL");
+    uint64_t h;
+    fl_shard *sh = fl_shard_of(c, id, &h);
+    pthread_mutex_lock(&sh->lock);
+    supersede(sh, id);
+    fl_entry *e = fl_shard_find(sh, id, h);
+    if (e) fl_entry_remove(sh, e, h);
+    pthread_mutex_unlock(&sh->lock);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_item_cache_run_refresh(flame_item_cache *c, uint64_t *refreshed)
+{
+    fl_clear_error();
+    if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_run_refresh: cache is NULL");
+    uint64_t n = fl_refresh_run(c);
+    if (refreshed) *refreshed = n;
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *c, flame_item_cache_stats *s)
+{
+    fl_clear_error();
+    if (!c || !s) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_get_stats: NULL argument");
+    if (s->struct_size < sizeof(flame_item_cache_stats))
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_stats.struct_size = %zu, expected at least %zu",
+                        s->struct_size, sizeof(flame_item_cache_stats));
+    size_t size = s->struct_size;
+    memset(s, 0, sizeof *s);
+    s->struct_size = size;
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        fl_shard *sh = &c->shards[i];
+        pthread_mutex_lock(&sh->lock);
+        s->hits += sh->hits, s->misses += sh->misses, s->stale_serves += sh->stale;
+        s->evictions += sh->evictions, s->entries += sh->entries, s->bytes += sh->bytes;
+        pthread_mutex_unlock(&sh->lock);
+    }
+    s->refreshes = atomic_load(&c->refreshes);
+    s->refresh_failures = atomic_load(&c->refresh_failures);
+    s->fetches = atomic_load(&c->fetches);
+    return FLAME_OK;
+}

@@ -1,0 +1,218 @@
+/* Record encoding and flame_feature_batch. */
+#include <stdlib.h>
+
+#include "cache/record.h"
+
+void fl_rec_encode(uint8_t *dst, int32_t num_slots, const int64_t *slot_offsets, const int64_t *ids,
+                   const float *dense, size_t num_dense)
+{
+    size_t h = fl_rec_header_bytes(num_slots);
+    memset(dst, 0, h);
+    uint32_t v = (uint32_t)num_slots;
+    memcpy(dst, &v, 4);
+    v = (uint32_t)num_dense;
+    memcpy(dst + 4, &v, 4);
+    size_t nids = 0;
+    for (int32_t s = 0; s < num_slots; s++) {
+        v = (uint32_t)(slot_offsets[s + 1] - slot_offsets[s]);
+        memcpy(dst + 8 + 4 * (size_t)s, &v, 4);
+        nids += v;
+    }
+    if (nids) memcpy(dst + h, ids, 8 * nids);
+    if (num_dense) memcpy(dst + h + 8 * nids, dense, 4 * num_dense);
+}
+
+flame_status fl_rec_check(const uint8_t *blob, size_t len, int32_t num_slots, const char *what)
+{
+    if (len < 8) return fl_error(FLAME_ERR_FORMAT, "%s: record of %zu bytes is shorter than its 8-byte header", what, len);
+    uint32_t ns = fl_rec_u32(blob, 0), nd = fl_rec_u32(blob, 1);
+    if (ns != (uint32_t)num_slots)
+        return fl_error(FLAME_ERR_FORMAT, "%s: record has %u slots, expected %d", what, ns, num_slots);
+    if (nd > FL_MAX_DENSE) return fl_error(FLAME_ERR_FORMAT, "%s: record has %u dense values, limit %d", what, nd, FL_MAX_DENSE);
+    if (len < fl_rec_header_bytes(num_slots))
+        return fl_error(FLAME_ERR_FORMAT, "%s: record of %zu bytes is shorter than its header", what, len);
+    uint64_t nids = 0;
+    for (int32_t s = 0; s < num_slots; s++) nids += fl_rec_u32(blob, 2 + (size_t)s);
+    size_t want = fl_rec_bytes(num_slots, nids, nd);
+    if (len != want)
+        return fl_error(FLAME_ERR_FORMAT, "%s: record is %zu bytes, its header implies %zu", what, len, want);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_feature_batch_create(int32_t num_slots, flame_feature_batch **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_create: out is NULL");
+    if (num_slots < 0 || num_slots > FL_MAX_SLOTS)
+        return fl_error(FLAME_ERR_INVALID_ARG, "num_slots = %d is out of range [0, %d]", num_slots, FL_MAX_SLOTS);
+    flame_feature_batch *b = calloc(1, sizeof *b);
+    if (!b) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a feature batch");
+    b->num_slots = num_slots;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    *out = b;
+    return FLAME_OK;
+}
+
+FLAME_API void flame_feature_batch_destroy(flame_feature_batch *b)
+{
+    if (!b) return;
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    free(b->rec);
+    free(b->arena);
+    free(b);
+}
+
+FLAME_API size_t flame_feature_batch_size(const flame_feature_batch *b)
+{
+    return b ? b->n : 0;
+}
+
+flame_status fl_batch_reset(flame_feature_batch *b, size_t n)
+{
+    if (n > b->cap_n) {
+        size_t cap = n + n / 2 + 8;
+        fl_rec_ref *r = realloc(b->rec, cap * sizeof *r);
+        if (!r) return fl_error(FLAME_ERR_NOMEM, "out of memory for a batch of %zu records", n);
+        b->rec = r;
+        b->cap_n = cap;
+    }
+    if (n) memset(b->rec, 0, n * sizeof *b->rec);
+    b->n = n;
+    b->used = 0;
+    return FLAME_OK;
+}
+
+/* Reserves len bytes (8-aligned) in the arena; returns the offset or UINT64_MAX. */
+static uint64_t arena_take(flame_feature_batch *b, size_t len)
+{
+    size_t need = b->used + ((len + 7) & ~(size_t)7);
+    if (need > b->cap) {
+        size_t cap = need * 2 > 4096 ? need * 2 : 4096;
+        uint8_t *p = realloc(b->arena, cap);
+        if (!p) return UINT64_MAX;
+        b->arena = p;
+        b->cap = cap;
+    }
+    uint64_t off = b->used;
+    b->used = need;
+    return off;
+}
+
+flame_status fl_batch_put_blob(flame_feature_batch *b, size_t i, const uint8_t *blob, size_t len)
+{
+    uint64_t off = arena_take(b, len);
+    if (off == UINT64_MAX) return fl_error(FLAME_ERR_NOMEM, "out of memory for a record of %zu bytes", len);
+    memcpy(b->arena + off, blob, len);
+    b->rec[i] = (fl_rec_ref){.off = off, .len = (uint32_t)len, .state = FL_REC_FOUND};
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t index, const int64_t *slot_offsets,
+                                               const int64_t *ids, const float *dense, size_t num_dense)
+{
+    fl_clear_error();
+    if (!b) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_set: batch is NULL");
+    if (index >= b->n) return fl_error(FLAME_ERR_INVALID_ARG, "record index %zu is out of range [0, %zu)", index, b->n);
+    if (b->num_slots && !slot_offsets) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot_offsets is NULL", index);
+    if (num_dense > FL_MAX_DENSE)
+        return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: num_dense = %zu exceeds %d", index, num_dense, FL_MAX_DENSE);
+    if (num_dense && !dense) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: dense is NULL", index);
+    if (b->num_slots && slot_offsets[0] != 0)
+        return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot_offsets[0] = %lld, expected 0", index,
+                        (long long)slot_offsets[0]);
+    for (int32_t s = 0; s < b->num_slots; s++)
+        if (slot_offsets[s + 1] < slot_offsets[s] || slot_offsets[s + 1] - slot_offsets[s] > UINT32_MAX)
+            return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot_offsets[%d] = %lld is below slot_offsets[%d] = %lld",
+                            index, s + 1, (long long)slot_offsets[s + 1], s, (long long)slot_offsets[s]);
+    uint64_t nids = b->num_slots ? (uint64_t)slot_offsets[b->num_slots] : 0;
+    if (nids && !ids) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: ids is NULL", index);
+    size_t len = fl_rec_bytes(b->num_slots, nids, num_dense);
+    if (len > UINT32_MAX) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: %zu bytes is too large", index, len);
+    uint64_t off = arena_take(b, len);
+    if (off == UINT64_MAX) return fl_error(FLAME_ERR_NOMEM, "out of memory for a record of %zu bytes", len);
+    fl_rec_encode(b->arena + off, b->num_slots, slot_offsets, ids, dense, num_dense);
+    b->rec[index] = (fl_rec_ref){.off = off, .len = (uint32_t)len, .state = FL_REC_FOUND};
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_feature_batch_set_missing(flame_feature_batch *b, size_t index)
+{
+    fl_clear_error();
+    if (!b) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_set_missing: batch is NULL");
+    if (index >= b->n) return fl_error(FLAME_ERR_INVALID_ARG, "record index %zu is out of range [0, %zu)", index, b->n);
+    b->rec[index] = (fl_rec_ref){.state = FL_REC_MISSING};
+    return FLAME_OK;
+}
+
+static flame_status get_checked(const flame_feature_batch *b, size_t index, const char *fn)
+{
+    if (!b) return fl_error(FLAME_ERR_INVALID_ARG, "%s: batch is NULL", fn);
+    if (index >= b->n) return fl_error(FLAME_ERR_INVALID_ARG, "record index %zu is out of range [0, %zu)", index, b->n);
+    if (b->rec[index].state == FL_REC_UNSET) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu was never written", index);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_feature_batch_get_slot(const flame_feature_batch *b, size_t index, int32_t slot,
+                                                    int *found, const int64_t **ids, size_t *count)
+{
+    fl_clear_error();
+    flame_status st = get_checked(b, index, "flame_feature_batch_get_slot");
+    if (st) return st;
+    if (!found || !ids || !count) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_get_slot: NULL output");
+    if (slot < 0 || slot >= b->num_slots)
+        return fl_error(FLAME_ERR_INVALID_ARG, "slot %d is out of range [0, %d)", slot, b->num_slots);
+    if (b->rec[index].state == FL_REC_MISSING) {
+        *found = 0, *ids = NULL, *count = 0;
+        return FLAME_OK;
+    }
+    *found = 1;
+    *ids = fl_rec_slot(b->arena + b->rec[index].off, slot, count);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_feature_batch_get_dense(const flame_feature_batch *b, size_t index, const float **dense,
+                                                     size_t *count)
+{
+    fl_clear_error();
+    flame_status st = get_checked(b, index, "flame_feature_batch_get_dense");
+    if (st) return st;
+    if (!dense || !count) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_get_dense: NULL output");
+    *dense = NULL, *count = 0;
+    if (b->rec[index].state == FL_REC_MISSING) return FLAME_OK;
+    const uint8_t *blob = b->arena + b->rec[index].off;
+    uint64_t nids = 0;
+    for (int32_t s = 0; s < b->num_slots; s++) nids += fl_rec_u32(blob, 2 + (size_t)s);
+    *count = fl_rec_u32(blob, 1);
+    *dense = (const float *)(const void *)(blob + fl_rec_header_bytes(b->num_slots) + 8 * nids);
+    return FLAME_OK;
+}
+
+void fl_batch_arm(flame_feature_batch *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->done = 0;
+    b->status = FLAME_OK;
+    pthread_mutex_unlock(&b->mu);
+}
+
+FLAME_API void flame_feature_batch_complete(flame_feature_batch *b, flame_status status)
+{
+    if (!b) return;
+    pthread_mutex_lock(&b->mu);
+    b->done = 1;
+    b->status = status;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+flame_status fl_batch_wait(flame_feature_batch *b)
+{
+    pthread_mutex_lock(&b->mu);
+    while (!b->done) pthread_cond_wait(&b->cv, &b->mu);
+    flame_status st = b->status;
+    pthread_mutex_unlock(&b->mu);
+    return st;
+}

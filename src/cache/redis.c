@@ -1,0 +1,278 @@
+/* The Redis feature source and loader (hiredis, blocking API). Keys are prefix + decimal id;
+ * values are the record encoding (docs/features.md). A fetch sends its keys as MGETs of
+ * keys_per_command keys, all written before any reply is read (one round trip per fetch). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "cache/source.h"
+
+typedef struct redis_source {
+    struct flame_feature_source base;
+    pthread_mutex_t lock; /* one connection: fetches are serialized */
+    redisContext *ctx;
+    char host[256], prefix[128];
+    int port, connect_ms, read_ms, per_cmd, backoff_min, backoff_max;
+    int backoff_ms;         /* current delay; 0 after a success */
+    uint64_t next_try_us;   /* no connect attempt before this (monotonic us) */
+} redis_source;
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static struct timeval ms_tv(int ms)
+{
+    return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+}
+
+static void drop_conn(redis_source *r)
+{
+    if (r->ctx) redisFree(r->ctx);
+    r->ctx = NULL;
+}
+
+/* Connects if needed, honouring the backoff. Lock held. */
+static flame_status ensure_conn(redis_source *r)
+{
+    if (r->ctx) return FLAME_OK;
+    uint64_t now = mono_us();
+    if (now < r->next_try_us)
+        return fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: reconnect backing off, next attempt in %llu ms", r->host,
+                        r->port, (unsigned long long)((r->next_try_us - now + 999) / 1000));
+    redisContext *c = redisConnectWithTimeout(r->host, r->port, ms_tv(r->connect_ms));
+    if (!c || c->err || redisSetTimeout(c, ms_tv(r->read_ms)) != REDIS_OK) {
+        char why[128];
+        snprintf(why, sizeof why, "%s", c ? c->errstr : "out of memory");
+        if (c) redisFree(c);
+        r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : r->backoff_min;
+        if (r->backoff_ms > r->backoff_max) r->backoff_ms = r->backoff_max;
+        r->next_try_us = now + (uint64_t)r->backoff_ms * 1000u;
+        return fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: cannot connect: %s (next attempt in %d ms)", r->host,
+                        r->port, why, r->backoff_ms);
+    }
+    r->ctx = c;
+    r->backoff_ms = 0;
+    return FLAME_OK;
+}
+
+static flame_status io_error(redis_source *r, const char *what)
+{
+    flame_status st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: %s: %s", r->host, r->port, what,
+                               r->ctx && r->ctx->err ? r->ctx->errstr : "unexpected reply");
+    drop_conn(r);
+    return st;
+}
+
+/* One attempt over the current connection. */
+static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    size_t per = (size_t)r->per_cmd;
+    char *keys = malloc(per * 160);
+    const char **argv = malloc((per + 1) * sizeof *argv);
+    size_t *lens = malloc((per + 1) * sizeof *lens);
+    flame_status st = keys && argv && lens ? FLAME_OK : fl_error(FLAME_ERR_NOMEM, "out of memory for a redis fetch");
+    size_t cmds = 0;
+    for (size_t i0 = 0; !st && i0 < n; i0 += per, cmds++) {
+        size_t k = n - i0 < per ? n - i0 : per;
+        argv[0] = "MGET", lens[0] = 4;
+        for (size_t j = 0; j < k; j++) {
+            char *key = keys + j * 160;
+            lens[j + 1] = (size_t)snprintf(key, 160, "%s%lld", r->prefix, (long long)ids[i0 + j]);
+            argv[j + 1] = key;
+        }
+        if (redisAppendCommandArgv(r->ctx, (int)k + 1, argv, lens) != REDIS_OK) st = io_error(r, "send");
+    }
+    for (size_t c = 0, i0 = 0; !st && c < cmds; c++, i0 += per) {
+        redisReply *rep = NULL;
+        if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK || !rep) {
+            st = io_error(r, "read");
+            break;
+        }
+        size_t k = n - i0 < per ? n - i0 : per;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != k) {
+            st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: MGET answered %s", r->host, r->port,
+                          rep->type == REDIS_REPLY_ERROR ? rep->str : "something else than an array of values");
+            drop_conn(r); /* the pipeline is out of step: start over */
+        }
+        for (size_t j = 0; !st && j < k; j++) {
+            redisReply *v = rep->element[j];
+            if (v->type == REDIS_REPLY_NIL) {
+                out->rec[i0 + j] = (fl_rec_ref){.state = FL_REC_MISSING};
+                continue;
+            }
+            char what[200];
+            snprintf(what, sizeof what, "redis key '%s%lld'", r->prefix, (long long)ids[i0 + j]);
+            if (v->type != REDIS_REPLY_STRING) {
+                st = fl_error(FLAME_ERR_FORMAT, "%s is not a string", what);
+                break;
+            }
+            st = fl_rec_check((const uint8_t *)v->str, v->len, r->base.num_slots, what);
+            if (!st) st = fl_batch_put_blob(out, i0 + j, (const uint8_t *)v->str, v->len);
+        }
+        freeReplyObject(rep);
+        if (st && r->ctx) {
+            /* drain the replies still queued so the connection stays in step */
+            for (c++; c < cmds; c++) {
+                if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {
+                    drop_conn(r);
+                    break;
+                }
+                freeReplyObject(rep);
+            }
+        }
+    }
+    free(keys), free(argv), free(lens);
+    return st;
+}
+
+static flame_status redis_fetch(struct flame_feature_source *s, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    redis_source *r = (redis_source *)s;
+    pthread_mutex_lock(&r->lock);
+    bool had_conn = r->ctx != NULL;
+    flame_status st = ensure_conn(r);
+    if (!st) st = fetch_once(r, ids, n, out);
+    /* a connection that broke since the last fetch (server restart, idle kill): one retry on
+     * a fresh one; reads are idempotent */
+    if (st == FLAME_ERR_UNAVAILABLE && had_conn && !r->ctx) {
+        st = ensure_conn(r);
+        if (!st) st = fetch_once(r, ids, n, out);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
+static void redis_destroy(struct flame_feature_source *s)
+{
+    redis_source *r = (redis_source *)s;
+    drop_conn(r);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+static const fl_source_ops redis_ops = {redis_fetch, redis_destroy};
+
+static flame_status check_options(const flame_redis_options *o)
+{
+    if (!o) return fl_error(FLAME_ERR_INVALID_ARG, "redis options are NULL");
+    if (o->struct_size < sizeof(flame_redis_options))
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_redis_options.struct_size = %zu, expected at least %zu",
+                        o->struct_size, sizeof(flame_redis_options));
+    struct {
+        const char *name;
+        int64_t v, lo, hi;
+    } r[] = {{"port", o->port, 0, 65535},
+             {"num_slots", o->num_slots, 0, FL_MAX_SLOTS},
+             {"connect_timeout_ms", o->connect_timeout_ms, 0, 600000},
+             {"read_timeout_ms", o->read_timeout_ms, 0, 600000},
+             {"keys_per_command", o->keys_per_command, 0, 65536},
+             {"backoff_min_ms", o->backoff_min_ms, 0, 600000},
+             {"backoff_max_ms", o->backoff_max_ms, 0, 600000}};
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+        if (r[i].v < r[i].lo || r[i].v > r[i].hi)
+            return fl_error(FLAME_ERR_INVALID_ARG, "redis option %s = %lld is out of range [%lld, %lld]", r[i].name,
+                            (long long)r[i].v, (long long)r[i].lo, (long long)r[i].hi);
+    if (o->host && strlen(o->host) >= 256) return fl_error(FLAME_ERR_INVALID_ARG, "redis host is longer than 255 bytes");
+    if (o->key_prefix && strlen(o->key_prefix) >= 128)
+        return fl_error(FLAME_ERR_INVALID_ARG, "redis key_prefix is longer than 127 bytes");
+    return FLAME_OK;
+}
+
+static flame_status redis_open(const flame_redis_options *o, redis_source **out)
+{
+    flame_status st = check_options(o);
+    if (st) return st;
+    redis_source *r = calloc(1, sizeof *r);
+    if (!r) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a redis source");
+    fl_source_init(&r->base, &redis_ops, o->num_slots);
+    pthread_mutex_init(&r->lock, NULL);
+    snprintf(r->host, sizeof r->host, "%s", o->host ? o->host : "127.0.0.1");
+    snprintf(r->prefix, sizeof r->prefix, "%s", o->key_prefix ? o->key_prefix : "flame:item:");
+    r->port = o->port ? o->port : 6379;
+    r->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 200;
+    r->read_ms = o->read_timeout_ms ? o->read_timeout_ms : 200;
+    r->per_cmd = o->keys_per_command ? o->keys_per_command : 256;
+    r->backoff_min = o->backoff_min_ms ? o->backoff_min_ms : 10;
+    r->backoff_max = o->backoff_max_ms ? o->backoff_max_ms : 2000;
+    if (r->backoff_max < r->backoff_min) r->backoff_max = r->backoff_min;
+    st = ensure_conn(r);
+    if (st) {
+        redis_destroy(&r->base);
+        return st;
+    }
+    *out = r;
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_options *options,
+                                                         flame_feature_source **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_source_create_redis: out is NULL");
+    redis_source *r;
+    flame_status st = redis_open(options, &r);
+    if (!st) *out = &r->base;
+    return st;
+}
+
+/* Pipelined SETs, 1000 per round trip. */
+static flame_status load_table(redis_source *r, const fl_feature_table *t, uint64_t *written)
+{
+    const size_t per = 1000;
+    size_t pending = 0;
+    char key[160];
+    for (size_t j = 0; j <= t->mask; j++) {
+        if (t->offs[j]) {
+            const char *argv[3] = {"SET", key, (const char *)t->blobs + t->offs[j] - 1};
+            size_t lens[3] = {3, (size_t)snprintf(key, sizeof key, "%s%lld", r->prefix, (long long)t->keys[j]),
+                              t->lens[j]};
+            if (redisAppendCommandArgv(r->ctx, 3, argv, lens) != REDIS_OK) return io_error(r, "send");
+            pending++;
+        }
+        if (pending == per || (j == t->mask && pending)) {
+            for (; pending; pending--) {
+                redisReply *rep = NULL;
+                if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK || !rep) return io_error(r, "read");
+                bool ok = rep->type == REDIS_REPLY_STATUS;
+                freeReplyObject(rep);
+                if (!ok) return fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: SET failed", r->host, r->port);
+                (*written)++;
+            }
+        }
+    }
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_redis_load_features(const flame_redis_options *options, const char *path,
+                                                 uint64_t *written)
+{
+    fl_clear_error();
+    if (written) *written = 0;
+    if (!path) return fl_error(FLAME_ERR_INVALID_ARG, "flame_redis_load_features: path is NULL");
+    fl_feature_table t;
+    flame_status st = fl_feature_table_read(path, &t);
+    if (st) return st;
+    if (options && options->struct_size >= sizeof *options && options->num_slots != t.num_slots) {
+        int32_t file_slots = t.num_slots;
+        fl_feature_table_free(&t);
+        return fl_error(FLAME_ERR_INVALID_ARG, "feature file '%s' has %d slots, the options say %d", path, file_slots,
+                        options->num_slots);
+    }
+    redis_source *r = NULL;
+    uint64_t n = 0;
+    st = redis_open(options, &r);
+    if (!st) {
+        if (t.count) st = load_table(r, &t, &n);
+        redis_destroy(&r->base);
+    }
+    fl_feature_table_free(&t);
+    if (written) *written = n;
+    return st;
+}

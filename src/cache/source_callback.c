@@ -1,0 +1,55 @@
+/* A feature source backed by the host's batched callback, sync or async. */
+#include <stdlib.h>
+
+#include "cache/source.h"
+
+typedef struct cb_source {
+    struct flame_feature_source base;
+    flame_feature_fetch_fn fetch;
+    flame_feature_fetch_async_fn fetch_async;
+    void *user;
+} cb_source;
+
+static flame_status cb_fetch(struct flame_feature_source *s, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    cb_source *c = (cb_source *)s;
+    flame_status st;
+    if (c->fetch) {
+        st = c->fetch(c->user, ids, n, out);
+    } else {
+        fl_batch_arm(out);
+        c->fetch_async(c->user, ids, n, out);
+        st = fl_batch_wait(out);
+    }
+    if (st) return fl_error(st, "feature callback failed with %s for a batch of %zu ids (first %lld)",
+                            flame_status_string(st), n, (long long)ids[0]);
+    return FLAME_OK;
+}
+
+static void cb_destroy(struct flame_feature_source *s)
+{
+    free(s);
+}
+
+static const fl_source_ops cb_ops = {cb_fetch, cb_destroy};
+
+FLAME_API flame_status flame_feature_source_create_callback(int32_t num_slots, flame_feature_fetch_fn fetch,
+                                                            flame_feature_fetch_async_fn fetch_async, void *user,
+                                                            flame_feature_source **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_source_create_callback: out is NULL");
+    if (!fetch == !fetch_async)
+        return fl_error(FLAME_ERR_INVALID_ARG, "exactly one of fetch and fetch_async must be non-NULL");
+    if (num_slots < 0 || num_slots > FL_MAX_SLOTS)
+        return fl_error(FLAME_ERR_INVALID_ARG, "num_slots = %d is out of range [0, %d]", num_slots, FL_MAX_SLOTS);
+    cb_source *c = calloc(1, sizeof *c);
+    if (!c) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a feature source");
+    fl_source_init(&c->base, &cb_ops, num_slots);
+    c->fetch = fetch;
+    c->fetch_async = fetch_async;
+    c->user = user;
+    *out = &c->base;
+    return FLAME_OK;
+}

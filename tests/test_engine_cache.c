@@ -1,0 +1,206 @@
+/* flame_score with an item cache attached: id-only requests get their side-feature bags from
+ * the cache and score bitwise like the same bags given explicitly; one fetch per call for the
+ * misses; missing records pool to zero vectors; source failures leave the scores untouched. */
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "testutil.h"
+
+static const char *sumi_config =
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":12,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
+    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
+    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
+    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
+    "\"combine\":\"concat\",\"projection\":true,"
+    "\"position\":{\"rule\":\"from_recent\",\"rows\":13,\"candidate_position\":12},"
+    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
+    "\"final_layernorm\":true,"
+    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+
+/* item i: artist i % 20, genres {i % 5, (i + 1) % 5} for odd i, none for even; 50..59 unknown */
+static int64_t rec_offs(int64_t item, int64_t *offs, int64_t *ids)
+{
+    offs[0] = 0;
+    ids[0] = item % 20;
+    offs[1] = 1;
+    int64_t n = 1;
+    if (item % 2) ids[n++] = item % 5, ids[n++] = (item + 1) % 5;
+    offs[2] = n;
+    return n;
+}
+static bool known(int64_t item)
+{
+    return item >= 0 && item < 100 && !(item >= 50 && item < 60);
+}
+
+static atomic_int calls, fail_next, bad_artist;
+static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    (void)user;
+    atomic_fetch_add(&calls, 1);
+    if (atomic_exchange(&fail_next, 0)) return FLAME_ERR_UNAVAILABLE;
+    for (size_t i = 0; i < n; i++) {
+        if (!known(ids[i])) {
+            flame_feature_batch_set_missing(out, i);
+            continue;
+        }
+        int64_t offs[3], v[3];
+        rec_offs(ids[i], offs, v);
+        if (atomic_load(&bad_artist) && ids[i] == 7) v[0] = 25;
+        flame_feature_batch_set(out, i, offs, v, NULL, 0);
+    }
+    return FLAME_OK;
+}
+
+typedef struct fixture {
+    flame_model *model;
+    flame_engine *plain, *cached;
+    flame_item_cache *cache;
+} fixture;
+
+static int setup(void **state)
+{
+    tu_seed();
+    fixture *f = calloc(1, sizeof *f);
+    flame_feature_source *s;
+    flame_config *cfg;
+    atomic_store(&calls, 0);
+    if (flame_model_create_random(sumi_config, 3, &f->model) || flame_engine_create(f->model, NULL, &f->plain) ||
+        flame_engine_create(f->model, NULL, &f->cached) ||
+        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) || flame_config_create(&cfg))
+        return -1;
+    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
+    if (flame_item_cache_create(s, cfg, &f->cache) || flame_engine_set_item_cache(f->cached, f->cache)) return -1;
+    flame_config_destroy(cfg);
+    flame_feature_source_destroy(s);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    flame_item_cache_destroy(f->cache);
+    flame_engine_destroy(f->plain);
+    flame_engine_destroy(f->cached); /* releases its cache reference last */
+    flame_model_destroy(f->model);
+    free(f);
+    return 0;
+}
+
+/* Explicit bags for a token list, as the cache would resolve them. */
+typedef struct bags2 {
+    int64_t off[2][129], ids[2][400];
+    flame_bags b[2];
+} bags2;
+
+static void build(bags2 *g, const int64_t *items, size_t n)
+{
+    g->off[0][0] = g->off[1][0] = 0;
+    for (size_t t = 0; t < n; t++) {
+        int64_t offs[3] = {0, 0, 0}, v[3];
+        if (known(items[t])) rec_offs(items[t], offs, v);
+        for (int s = 0; s < 2; s++) {
+            int64_t k = g->off[s][t];
+            for (int64_t i = offs[s]; i < offs[s + 1]; i++) g->ids[s][k++] = v[i];
+            g->off[s][t + 1] = k;
+        }
+    }
+    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s]};
+}
+
+static flame_request req(const int64_t *h, size_t n, const int64_t *c, size_t m, const bags2 *hb, const bags2 *cb)
+{
+    return (flame_request){.struct_size = sizeof(flame_request), .history = h, .history_len = n, .candidates = c,
+                           .num_candidates = m, .history_side = hb ? hb->b : NULL,
+                           .candidate_side = cb ? cb->b : NULL, .num_side_features = 2};
+}
+
+static void test_id_only_matches_explicit_bags(void **state)
+{
+    fixture *f = *state;
+    for (int round = 0; round < 5; round++) {
+        size_t n = round == 0 ? 0 : (size_t)(1 + tu_below(30)), m = (size_t)(1 + tu_below(10)); /* beyond max_len 12 too */
+        int64_t h[64], c[16];
+        for (size_t i = 0; i < n; i++) h[i] = tu_below(100);
+        for (size_t i = 0; i < m; i++) c[i] = tu_below(100);
+        h[0] = 55; /* unknown to the source: empty bags */
+        static bags2 hb, cb;
+        build(&hb, h, n);
+        build(&cb, c, m);
+        flame_request explicit = req(h, n, c, m, &hb, &cb), ids_only = req(h, n, c, m, NULL, NULL);
+        float want[32], got[32];
+        tu_poison(got, 32);
+        assert_int_equal(flame_score(f->plain, &explicit, want, 32), FLAME_OK);
+        assert_int_equal(flame_score(f->cached, &ids_only, got, 32), FLAME_OK);
+        assert_memory_equal(want, got, m * 2 * sizeof(float));
+        /* explicit bags win on the cached engine too */
+        assert_int_equal(flame_score(f->cached, &explicit, got, 32), FLAME_OK);
+        assert_memory_equal(want, got, m * 2 * sizeof(float));
+    }
+}
+
+static void test_batch_mixed_and_one_fetch_per_call(void **state)
+{
+    fixture *f = *state;
+    int64_t h1[5] = {1, 2, 3, 2, 1}, c1[3] = {4, 5, 1}, h2[3] = {9, 8, 7}, c2[2] = {6, 3};
+    static bags2 hb, cb;
+    build(&hb, h2, 3);
+    build(&cb, c2, 2);
+    flame_request two[2] = {req(h1, 5, c1, 3, NULL, NULL), req(h2, 3, c2, 2, &hb, &cb)};
+    float got[10];
+    int before = atomic_load(&calls);
+    assert_int_equal(flame_score_batch(f->cached, two, 2, got, 10), FLAME_OK);
+    assert_int_equal(atomic_load(&calls), before + 1); /* 5 distinct ids, one fetch */
+    flame_item_cache_stats st = {.struct_size = sizeof st};
+    flame_item_cache_get_stats(f->cache, &st);
+    assert_int_equal(st.entries, 5);
+    assert_int_equal(flame_score_batch(f->cached, two, 2, got, 10), FLAME_OK);
+    assert_int_equal(atomic_load(&calls), before + 1); /* all hits */
+    static bags2 hb1, cb1;
+    build(&hb1, h1, 5);
+    build(&cb1, c1, 3);
+    flame_request explicit[2] = {req(h1, 5, c1, 3, &hb1, &cb1), two[1]};
+    float want[10];
+    assert_int_equal(flame_score_batch(f->plain, explicit, 2, want, 10), FLAME_OK);
+    assert_memory_equal(got, want, sizeof want);
+}
+
+static void test_failures_write_nothing(void **state)
+{
+    fixture *f = *state;
+    int64_t h[3] = {10, 11, 12}, c[2] = {13, 7};
+    flame_request r = req(h, 3, c, 2, NULL, NULL);
+    float s[4];
+    tu_poison(s, 4);
+    atomic_store(&fail_next, 1);
+    assert_status_msg(flame_score(f->cached, &r, s, 4), FLAME_ERR_UNAVAILABLE, "feature callback failed");
+    atomic_store(&bad_artist, 1); /* a record whose id is out of its table's range */
+    assert_status_msg(flame_score(f->cached, &r, s, 4), FLAME_ERR_INVALID_ARG,
+                      "candidate token 1, feature 'artist' (table 'artist'): id 25 out of range [0, 20)");
+    atomic_store(&bad_artist, 0);
+    for (int i = 0; i < 4; i++) assert_true(isnan(s[i]));
+    /* without a cache, id-only requests are refused as before */
+    assert_status_msg(flame_score(f->plain, &r, s, 4), FLAME_ERR_INVALID_ARG, "history_side is NULL");
+    flame_feature_source *s1;
+    flame_item_cache *c1;
+    assert_int_equal(flame_feature_source_create_callback(1, fetch, NULL, NULL, &s1), FLAME_OK);
+    assert_int_equal(flame_item_cache_create(s1, NULL, &c1), FLAME_OK);
+    assert_status_msg(flame_engine_set_item_cache(f->plain, c1), FLAME_ERR_INVALID_ARG,
+                      "the item cache's records have 1 slots, the model has 2 side features");
+    flame_item_cache_destroy(c1);
+    flame_feature_source_destroy(s1);
+    assert_int_equal(flame_engine_set_item_cache(f->plain, NULL), FLAME_OK);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_id_only_matches_explicit_bags, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch_mixed_and_one_fetch_per_call, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failures_write_nothing, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("engine_cache", tests, NULL, NULL);
+}

@@ -1,0 +1,331 @@
+/* Feature batches and sources: the record API, the feature file, the async callback form and
+ * the Redis source against a real server (FLAME_TEST_REDIS_PORT; absent = FAIL, never skip):
+ * loader round trip, pipelining across commands, missing keys, bad values, read timeout,
+ * reconnect after the server drops the connection, backoff after a refused connect. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <hiredis/hiredis.h>
+
+#include "testutil.h"
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static const char *features_text = "# two slots and two dense values\n"
+                                   "flame-features 1 slots=2 dense=2\n"
+                                   "1\t7\t3,4\t0.5,-1\n"
+                                   "2\t\t\t0,0\n"
+                                   "30\t19\t0\t1.25,2\n";
+
+static void expect_slot(const flame_feature_batch *b, size_t i, int32_t slot, const int64_t *want, size_t n)
+{
+    int found;
+    const int64_t *ids;
+    size_t count;
+    assert_int_equal(flame_feature_batch_get_slot(b, i, slot, &found, &ids, &count), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(count, n);
+    for (size_t k = 0; k < n; k++) assert_int_equal(ids[k], want[k]);
+}
+
+static void expect_missing(const flame_feature_batch *b, size_t i)
+{
+    int found = 1;
+    const int64_t *ids;
+    size_t count = 5;
+    assert_int_equal(flame_feature_batch_get_slot(b, i, 0, &found, &ids, &count), FLAME_OK);
+    assert_int_equal(found, 0);
+    assert_int_equal(count, 0);
+}
+
+/* Checks the three records of features_text fetched as ids {30, 5, 1, 2}. */
+static void expect_file_records(const flame_feature_batch *b)
+{
+    assert_int_equal(flame_feature_batch_size(b), 4);
+    expect_slot(b, 0, 0, (int64_t[]){19}, 1);
+    expect_slot(b, 0, 1, (int64_t[]){0}, 1);
+    expect_missing(b, 1);
+    expect_slot(b, 2, 0, (int64_t[]){7}, 1);
+    expect_slot(b, 2, 1, (int64_t[]){3, 4}, 2);
+    expect_slot(b, 3, 0, NULL, 0);
+    expect_slot(b, 3, 1, NULL, 0);
+    const float *d;
+    size_t nd;
+    assert_int_equal(flame_feature_batch_get_dense(b, 0, &d, &nd), FLAME_OK);
+    assert_int_equal(nd, 2);
+    assert_true(d[0] == 1.25f && d[1] == 2.0f);
+    assert_int_equal(flame_feature_batch_get_dense(b, 2, &d, &nd), FLAME_OK);
+    assert_true(nd == 2 && d[0] == 0.5f && d[1] == -1.0f);
+}
+
+static void test_batch_api(void **state)
+{
+    (void)state;
+    flame_feature_batch *b = (flame_feature_batch *)1;
+    assert_status_msg(flame_feature_batch_create(65, &b), FLAME_ERR_INVALID_ARG, "num_slots = 65 is out of range [0, 64]");
+    assert_null(b);
+    assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+    assert_int_equal(flame_feature_batch_size(b), 0);
+    int64_t offs[3] = {0, 2, 1}, ids[2] = {1, 2};
+    assert_status_msg(flame_feature_batch_set(b, 0, offs, ids, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "record index 0 is out of range [0, 0)");
+    flame_feature_batch_destroy(b);
+    flame_feature_batch_destroy(NULL);
+}
+
+static void test_file_source(void **state)
+{
+    (void)state;
+    flame_feature_source *s;
+    assert_int_equal(flame_feature_source_create_file(write_file("f.txt", features_text), &s), FLAME_OK);
+    assert_int_equal(flame_feature_source_num_slots(s), 2);
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+    int64_t ids[4] = {30, 5, 1, 2};
+    assert_int_equal(flame_feature_source_fetch(s, ids, 4, b), FLAME_OK);
+    expect_file_records(b);
+    assert_status_msg(flame_feature_batch_get_slot(b, 0, 2, &(int){0}, &(const int64_t *){NULL}, &(size_t){0}),
+                      FLAME_ERR_INVALID_ARG, "slot 2 is out of range [0, 2)");
+    flame_feature_batch_destroy(b);
+    flame_feature_source_destroy(s);
+    /* malformed files name the line */
+    assert_status_msg(flame_feature_source_create_file(write_file("g.txt", "flame-features 1 slots=1 dense=0\n1\t2\t3\n"), &s),
+                      FLAME_ERR_FORMAT, "g.txt:2: 3 tab-separated fields, expected 2");
+    assert_status_msg(flame_feature_source_create_file(write_file("h.txt", "flame-features 1 slots=1 dense=0\n1\t2,x\n"), &s),
+                      FLAME_ERR_FORMAT, "h.txt:2: slot 0: bad id list '2,x'");
+    assert_status_msg(flame_feature_source_create_file(write_file("i.txt", "flame-features 1 slots=1 dense=0\n1\t2\n1\t3\n"), &s),
+                      FLAME_ERR_FORMAT, "i.txt:3: id 1 appears twice");
+    assert_status_msg(flame_feature_source_create_file(write_file("j.txt", "slots=1\n"), &s), FLAME_ERR_FORMAT,
+                      "j.txt:1: expected the header");
+    assert_status_msg(flame_feature_source_create_file("/nonexistent/x", &s), FLAME_ERR_IO, "cannot open feature file");
+    assert_null(s);
+}
+
+/* ---- async callback: completes from another thread */
+
+typedef struct job {
+    int64_t ids[16];
+    size_t n;
+    flame_feature_batch *out;
+} job;
+
+static void *complete_later(void *p)
+{
+    job *j = p;
+    usleep(20000);
+    for (size_t i = 0; i < j->n; i++) {
+        int64_t offs[2] = {0, 1}, v = j->ids[i] * 2;
+        if (j->ids[i] < 0)
+            flame_feature_batch_set_missing(j->out, i);
+        else
+            flame_feature_batch_set(j->out, i, offs, &v, NULL, 0);
+    }
+    flame_feature_batch_complete(j->out, j->n == 3 ? FLAME_ERR_UNAVAILABLE : FLAME_OK);
+    free(j);
+    return NULL;
+}
+
+static void fetch_async(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    (*(int *)user)++;
+    job *j = malloc(sizeof *j);
+    memcpy(j->ids, ids, n * 8);
+    j->n = n;
+    j->out = out;
+    pthread_t t;
+    pthread_create(&t, NULL, complete_later, j);
+    pthread_detach(t);
+}
+
+static void test_async_callback_through_cache(void **state)
+{
+    (void)state;
+    int calls = 0;
+    flame_feature_source *s;
+    assert_status_msg(flame_feature_source_create_callback(1, NULL, NULL, NULL, &s), FLAME_ERR_INVALID_ARG, "exactly one");
+    assert_int_equal(flame_feature_source_create_callback(1, NULL, fetch_async, &calls, &s), FLAME_OK);
+    flame_item_cache *c;
+    assert_int_equal(flame_item_cache_create(s, NULL, &c), FLAME_OK);
+    flame_feature_source_destroy(s); /* the cache holds its own reference */
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(1, &b), FLAME_OK);
+    int64_t ids[2] = {21, -4};
+    assert_int_equal(flame_item_cache_get(c, ids, 2, b), FLAME_OK);
+    expect_slot(b, 0, 0, (int64_t[]){42}, 1);
+    expect_missing(b, 1);
+    assert_int_equal(calls, 1);
+    int64_t three[3] = {1, 2, 3}; /* this completion reports a failure */
+    assert_status_msg(flame_item_cache_get(c, three, 3, b), FLAME_ERR_UNAVAILABLE, "feature callback failed");
+    flame_item_cache_stats st = {.struct_size = sizeof st};
+    flame_item_cache_get_stats(c, &st);
+    assert_int_equal(st.entries, 2); /* nothing cached for the failed ids */
+    flame_feature_batch_destroy(b);
+    flame_item_cache_destroy(c);
+}
+
+/* ---- Redis */
+
+static int redis_port(void)
+{
+    const char *p = getenv("FLAME_TEST_REDIS_PORT");
+    if (!p || !*p)
+        fail_msg("FLAME_TEST_REDIS_PORT is not set: the Redis tests need a server (tests/run-tests.sh starts one when "
+                 "redis-server is installed; apt-get install redis-server)");
+    return atoi(p);
+}
+
+static redisContext *admin(void)
+{
+    redisContext *c = redisConnect("127.0.0.1", redis_port());
+    if (!c || c->err) fail_msg("cannot connect to the test redis on port %d", redis_port());
+    return c;
+}
+
+static flame_redis_options opts(const char *prefix)
+{
+    return (flame_redis_options){.struct_size = sizeof(flame_redis_options), .port = redis_port(),
+                                 .key_prefix = prefix, .num_slots = 2, .keys_per_command = 2,
+                                 .read_timeout_ms = 500};
+}
+
+static void test_redis_load_and_fetch(void **state)
+{
+    (void)state;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "flametest:%d:a:", (int)getpid());
+    flame_redis_options o = opts(prefix);
+    uint64_t written = 0;
+    assert_int_equal(flame_redis_load_features(&o, write_file("r.txt", features_text), &written), FLAME_OK);
+    assert_int_equal(written, 3);
+    flame_feature_source *s;
+    assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+    int64_t ids[4] = {30, 5, 1, 2}; /* 2 keys per MGET: two pipelined commands */
+    assert_int_equal(flame_feature_source_fetch(s, ids, 4, b), FLAME_OK);
+    expect_file_records(b);
+    /* the documented encoding, written by hand: 2 slots, 0 dense, counts {1, 0}, pad, id 77 */
+    redisContext *a = admin();
+    uint8_t v[24] = {2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 77};
+    redisReply *r = redisCommand(a, "SET %s9 %b", prefix, v, sizeof v);
+    freeReplyObject(r);
+    int64_t nine = 9;
+    assert_int_equal(flame_feature_source_fetch(s, &nine, 1, b), FLAME_OK);
+    expect_slot(b, 0, 0, (int64_t[]){77}, 1);
+    expect_slot(b, 0, 1, NULL, 0);
+    /* a value that does not decode fails the fetch, naming the key; the connection stays usable */
+    r = redisCommand(a, "SET %s8 garbage!", prefix);
+    freeReplyObject(r);
+    int64_t eight[3] = {1, 8, 30};
+    char want[128];
+    snprintf(want, sizeof want, "redis key '%s8': record has", prefix);
+    assert_status_msg(flame_feature_source_fetch(s, eight, 3, b), FLAME_ERR_FORMAT, want);
+    assert_int_equal(flame_feature_source_fetch(s, ids, 4, b), FLAME_OK);
+    expect_file_records(b);
+    r = redisCommand(a, "DEL %s1 %s2 %s30 %s8 %s9", prefix, prefix, prefix, prefix, prefix);
+    freeReplyObject(r);
+    redisFree(a);
+    flame_feature_batch_destroy(b);
+    flame_feature_source_destroy(s);
+    o.num_slots = 3;
+    assert_status_msg(flame_redis_load_features(&o, write_file("r.txt", features_text), NULL), FLAME_ERR_INVALID_ARG,
+                      "has 2 slots, the options say 3");
+    o.struct_size = 4;
+    assert_status_msg(flame_feature_source_create_redis(&o, &s), FLAME_ERR_INVALID_ARG, "struct_size = 4");
+}
+
+static void test_redis_reconnect(void **state)
+{
+    (void)state;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "flametest:%d:b:", (int)getpid());
+    flame_redis_options o = opts(prefix);
+    assert_int_equal(flame_redis_load_features(&o, write_file("r.txt", features_text), NULL), FLAME_OK);
+    flame_feature_source *s;
+    assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+    int64_t ids[4] = {30, 5, 1, 2};
+    assert_int_equal(flame_feature_source_fetch(s, ids, 4, b), FLAME_OK);
+    /* the server drops every normal client (ours included); the next fetch reconnects */
+    redisContext *a = admin();
+    redisReply *r = redisCommand(a, "CLIENT KILL TYPE normal SKIPME yes");
+    assert_non_null(r);
+    assert_true(r->type == REDIS_REPLY_INTEGER && r->integer >= 1);
+    freeReplyObject(r);
+    assert_int_equal(flame_feature_source_fetch(s, ids, 4, b), FLAME_OK);
+    expect_file_records(b);
+    r = redisCommand(a, "DEL %s1 %s2 %s30", prefix, prefix, prefix);
+    freeReplyObject(r);
+    redisFree(a);
+    flame_feature_batch_destroy(b);
+    flame_feature_source_destroy(s);
+}
+
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+static void test_redis_timeout_and_backoff(void **state)
+{
+    (void)state;
+    /* a listener that accepts (the kernel's backlog) but never answers: the read times out */
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(ls, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(ls, 8), 0);
+    getsockname(ls, (struct sockaddr *)&sa, &len);
+    flame_redis_options o = opts("x:");
+    o.port = ntohs(sa.sin_port);
+    o.read_timeout_ms = 150;
+    o.backoff_min_ms = 300;
+    flame_feature_source *s;
+    assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+    int64_t id = 1;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_status_msg(flame_feature_source_fetch(s, &id, 1, b), FLAME_ERR_UNAVAILABLE, "read");
+    double ms = ms_since(&t0);
+    assert_true(ms >= 140 && ms < 1000); /* timed out, retried once on a fresh connection at most */
+    close(ls);
+    /* now nothing listens: connect is refused, then the backoff answers at once */
+    assert_status_msg(flame_feature_source_fetch(s, &id, 1, b), FLAME_ERR_UNAVAILABLE, "cannot connect");
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_status_msg(flame_feature_source_fetch(s, &id, 1, b), FLAME_ERR_UNAVAILABLE, "backing off");
+    assert_true(ms_since(&t0) < 50);
+    flame_feature_batch_destroy(b);
+    flame_feature_source_destroy(s);
+    o.port = ntohs(sa.sin_port);
+    assert_status_msg(flame_feature_source_create_redis(&o, &s), FLAME_ERR_UNAVAILABLE, "cannot connect");
+    assert_null(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_api),
+        cmocka_unit_test(test_file_source),
+        cmocka_unit_test(test_async_callback_through_cache),
+        cmocka_unit_test(test_redis_load_and_fetch),
+        cmocka_unit_test(test_redis_reconnect),
+        cmocka_unit_test(test_redis_timeout_and_backoff),
+    };
+    return cmocka_run_group_tests_name("feature_sources", tests, NULL, NULL);
+}

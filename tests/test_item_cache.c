@@ -1,0 +1,518 @@
+/* Item cache behaviour against a scripted callback source and an injected clock: batching,
+ * TTL from popularity, refresh-ahead (manual and threaded), stale-on-error with backoff,
+ * single-flight, negative caching, S3-FIFO eviction order, bounds, no lost updates. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "testutil.h"
+
+#define SEC 1000000ull
+
+/* ---- the scripted source: record of id = slot 0 {id * 100 + version[id]}, slot 1 {id};
+ * ids >= 1000 are unknown; ids in fail[] make the whole fetch fail. */
+static struct {
+    pthread_mutex_t mu;
+    int version[1000];
+    bool fail[1000];
+    int fetched[1000];       /* per id */
+    int calls;               /* fetch calls */
+    int delay_ms;            /* per call, so concurrent misses overlap */
+    pthread_mutex_t gate;    /* held by a test to stall fetches of gate_id */
+    int64_t gate_id;
+} src = {.mu = PTHREAD_MUTEX_INITIALIZER, .gate = PTHREAD_MUTEX_INITIALIZER, .gate_id = -1};
+
+static _Atomic uint64_t now_us = 1000 * SEC;
+static uint64_t test_clock(void *user)
+{
+    (void)user;
+    return atomic_load(&now_us);
+}
+
+static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    (void)user;
+    if (src.delay_ms) usleep((useconds_t)src.delay_ms * 1000);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == src.gate_id) {
+            pthread_mutex_lock(&src.gate);
+            pthread_mutex_unlock(&src.gate);
+        }
+    pthread_mutex_lock(&src.mu);
+    src.calls++;
+    flame_status st = FLAME_OK;
+    for (size_t i = 0; i < n && !st; i++) {
+        if (ids[i] >= 0 && ids[i] < 1000) {
+            src.fetched[ids[i]]++;
+            if (src.fail[ids[i]]) st = FLAME_ERR_UNAVAILABLE;
+        }
+    }
+    for (size_t i = 0; i < n && !st; i++) {
+        if (ids[i] < 0 || ids[i] >= 1000) {
+            flame_feature_batch_set_missing(out, i);
+            continue;
+        }
+        int64_t offs[3] = {0, 1, 2}, v[2] = {ids[i] * 100 + src.version[ids[i]], ids[i]};
+        st = flame_feature_batch_set(out, i, offs, v, NULL, 0);
+    }
+    pthread_mutex_unlock(&src.mu);
+    return st;
+}
+
+static void reset_source(void)
+{
+    pthread_mutex_lock(&src.mu);
+    memset(src.version, 0, sizeof src.version);
+    memset(src.fail, 0, sizeof src.fail);
+    memset(src.fetched, 0, sizeof src.fetched);
+    src.calls = 0;
+    src.delay_ms = 0;
+    src.gate_id = -1;
+    pthread_mutex_unlock(&src.mu);
+    atomic_store(&now_us, 1000 * SEC);
+}
+
+static int fetched(int64_t id)
+{
+    pthread_mutex_lock(&src.mu);
+    int n = src.fetched[id];
+    pthread_mutex_unlock(&src.mu);
+    return n;
+}
+
+static void set_version(int64_t id, int v)
+{
+    pthread_mutex_lock(&src.mu);
+    src.version[id] = v;
+    pthread_mutex_unlock(&src.mu);
+}
+
+static void set_fail(int64_t id, bool f)
+{
+    pthread_mutex_lock(&src.mu);
+    src.fail[id] = f;
+    pthread_mutex_unlock(&src.mu);
+}
+
+typedef struct fixture {
+    flame_feature_source *source;
+    flame_config *cfg;
+    flame_item_cache *cache;
+    flame_feature_batch *out;
+} fixture;
+
+static int setup(void **state)
+{
+    reset_source();
+    fixture *f = calloc(1, sizeof *f);
+    if (flame_feature_source_create_callback(2, fetch, NULL, NULL, &f->source) || flame_config_create(&f->cfg) ||
+        flame_feature_batch_create(2, &f->out))
+        return -1;
+    /* deterministic by default: refreshes run only when a test asks */
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    flame_item_cache_destroy(f->cache);
+    flame_feature_batch_destroy(f->out);
+    flame_config_destroy(f->cfg);
+    flame_feature_source_destroy(f->source);
+    free(f);
+    return 0;
+}
+
+static void make_cache(fixture *f)
+{
+    assert_int_equal(flame_item_cache_create(f->source, f->cfg, &f->cache), FLAME_OK);
+    assert_int_equal(flame_item_cache_set_clock(f->cache, test_clock, NULL), FLAME_OK);
+}
+
+/* The version served for id (slot 0 = id * 100 + version), -1 if missing. */
+static int served(fixture *f, int64_t id)
+{
+    flame_status st = flame_item_cache_get(f->cache, &id, 1, f->out);
+    if (st) fail_msg("get(%lld): %s %s", (long long)id, flame_status_string(st), flame_last_error());
+    int found;
+    const int64_t *ids;
+    size_t n;
+    assert_int_equal(flame_feature_batch_get_slot(f->out, 0, 0, &found, &ids, &n), FLAME_OK);
+    if (!found) return -1;
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0] / 100, id);
+    return (int)(ids[0] - id * 100);
+}
+
+static flame_item_cache_stats stats(fixture *f)
+{
+    flame_item_cache_stats s = {.struct_size = sizeof s};
+    assert_int_equal(flame_item_cache_get_stats(f->cache, &s), FLAME_OK);
+    return s;
+}
+
+static void test_batch_hits_misses(void **state)
+{
+    fixture *f = *state;
+    make_cache(f);
+    int64_t ids[4] = {1, 2, 3, 2};
+    assert_int_equal(flame_item_cache_get(f->cache, ids, 4, f->out), FLAME_OK);
+    assert_int_equal(src.calls, 1); /* the misses of a call go in one fetch, duplicates once */
+    assert_int_equal(fetched(2), 1);
+    for (int i = 0; i < 4; i++) {
+        int found;
+        const int64_t *v;
+        size_t n;
+        assert_int_equal(flame_feature_batch_get_slot(f->out, (size_t)i, 1, &found, &v, &n), FLAME_OK);
+        assert_true(found);
+        assert_int_equal(n, 1);
+        assert_int_equal(v[0], ids[i]);
+    }
+    assert_int_equal(flame_item_cache_get(f->cache, ids, 4, f->out), FLAME_OK);
+    assert_int_equal(src.calls, 1);
+    flame_item_cache_stats s = stats(f);
+    assert_int_equal(s.misses, 4);
+    assert_int_equal(s.hits, 4);
+    assert_int_equal(s.entries, 3);
+    assert_int_equal(s.fetches, 1);
+    assert_true(s.bytes > 3 * 40);
+    /* wrong slot count and NULLs are refused with a message */
+    flame_feature_batch *b3;
+    assert_int_equal(flame_feature_batch_create(3, &b3), FLAME_OK);
+    assert_status_msg(flame_item_cache_get(f->cache, ids, 4, b3), FLAME_ERR_INVALID_ARG, "batch has 3 slots, the cache's records 2");
+    flame_feature_batch_destroy(b3);
+    assert_status_msg(flame_item_cache_get(f->cache, NULL, 4, f->out), FLAME_ERR_INVALID_ARG, "ids is NULL with n 4");
+}
+
+static void test_ttl_from_popularity(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 0);
+    make_cache(f);
+    assert_int_equal(served(f, 7), 0);
+    atomic_fetch_add(&now_us, 59 * SEC); /* cold TTL is 1 min */
+    assert_int_equal(served(f, 7), 0);
+    assert_int_equal(fetched(7), 1);
+    for (int i = 0; i < 40; i++) served(f, 7); /* hot now: >= 32 hits this lifetime */
+    atomic_fetch_add(&now_us, 2 * SEC);
+    set_version(7, 1);
+    assert_int_equal(served(f, 7), 1); /* expired: fetched again */
+    assert_int_equal(fetched(7), 2);
+    atomic_fetch_add(&now_us, 29 * 60 * SEC); /* the new TTL is 30 min */
+    assert_int_equal(served(f, 7), 1);
+    assert_int_equal(fetched(7), 2);
+    atomic_fetch_add(&now_us, 61 * SEC);
+    served(f, 7);
+    assert_int_equal(fetched(7), 3);
+}
+
+static uint64_t ttl_fn(int64_t id, uint64_t previous_hits, void *user)
+{
+    (void)previous_hits, (void)user;
+    return id == 5 ? 5 * SEC : 100 * SEC;
+}
+
+static void test_custom_ttl_fn(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 0);
+    make_cache(f);
+    assert_int_equal(flame_item_cache_set_ttl_fn(f->cache, ttl_fn, NULL), FLAME_OK);
+    served(f, 5), served(f, 6);
+    atomic_fetch_add(&now_us, 6 * SEC);
+    served(f, 5), served(f, 6);
+    assert_int_equal(fetched(5), 2);
+    assert_int_equal(fetched(6), 1);
+}
+
+static void test_refresh_ahead_manual(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 50);
+    make_cache(f);
+    assert_int_equal(served(f, 9), 0);
+    atomic_fetch_add(&now_us, 31 * SEC); /* past 50% of the 60 s TTL */
+    served(f, 9);                      /* 1 hit: not popular yet */
+    uint64_t n = 99;
+    assert_int_equal(flame_item_cache_run_refresh(f->cache, &n), FLAME_OK);
+    assert_int_equal(n, 0);
+    set_version(9, 1);
+    assert_int_equal(served(f, 9), 0); /* 2nd hit queues the refresh; the old value is served */
+    assert_int_equal(flame_item_cache_run_refresh(f->cache, &n), FLAME_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(served(f, 9), 1);
+    flame_item_cache_stats s = stats(f);
+    assert_int_equal(s.refreshes, 1);
+    assert_int_equal(s.misses, 1);
+    assert_int_equal(s.refresh_failures, 0);
+}
+
+static void test_refresh_thread(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 1);
+    make_cache(f);
+    served(f, 11);
+    atomic_fetch_add(&now_us, 50 * SEC); /* past the default 80% of 60 s */
+    set_version(11, 3);
+    served(f, 11), served(f, 11);
+    for (int i = 0; i < 500 && stats(f).refreshes == 0; i++) usleep(10000);
+    assert_int_equal(stats(f).refreshes, 1);
+    assert_int_equal(served(f, 11), 3);
+    assert_int_equal(fetched(11), 2);
+}
+
+static void test_stale_on_error_with_backoff(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 50);
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_RETRY_MIN_US, 100000);
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_RETRY_MAX_US, 400000);
+    make_cache(f);
+    served(f, 20), served(f, 21);
+    atomic_fetch_add(&now_us, 40 * SEC);
+    set_fail(20, true);
+    set_version(20, 1), set_version(21, 1);
+    served(f, 20), served(f, 20), served(f, 21), served(f, 21); /* both queued */
+    uint64_t n;
+    flame_item_cache_run_refresh(f->cache, &n);
+    /* 20's failure does not hold back 21 */
+    assert_int_equal(served(f, 21), 1);
+    flame_item_cache_stats s = stats(f);
+    assert_int_equal(s.refreshes, 1);
+    assert_int_equal(s.refresh_failures, 1);
+    /* retries back off: 100 ms, then 200 ms, then 400 ms (the max), then 400 ms */
+    uint64_t delays[] = {100000, 200000, 400000, 400000};
+    int before = fetched(20);
+    for (int i = 0; i < 4; i++) {
+        atomic_fetch_add(&now_us, delays[i] - 1);
+        flame_item_cache_run_refresh(f->cache, &n);
+        assert_int_equal(n, 0);
+        atomic_fetch_add(&now_us, 1);
+        flame_item_cache_run_refresh(f->cache, &n);
+        assert_int_equal(n, 1);
+        assert_int_equal(fetched(20), before + i + 1);
+    }
+    atomic_fetch_add(&now_us, 30 * SEC); /* 20 has expired: served stale, not an error */
+    assert_int_equal(served(f, 20), 0);
+    assert_int_equal(stats(f).stale_serves, 1);
+    assert_int_equal(stats(f).refresh_failures, 5);
+    set_fail(20, false);
+    atomic_fetch_add(&now_us, 400000);
+    flame_item_cache_run_refresh(f->cache, &n);
+    assert_int_equal(n, 1);
+    assert_int_equal(served(f, 20), 1);
+    assert_int_equal(stats(f).refreshes, 2);
+}
+
+typedef struct sf_arg {
+    fixture *f;
+    int64_t key;
+    pthread_barrier_t *bar;
+    int64_t got;
+    flame_status st;
+} sf_arg;
+
+static void *sf_thread(void *p)
+{
+    sf_arg *a = p;
+    flame_feature_batch *b;
+    flame_feature_batch_create(2, &b);
+    pthread_barrier_wait(a->bar);
+    a->st = flame_item_cache_get(a->f->cache, &a->key, 1, b);
+    int found;
+    const int64_t *ids;
+    size_t n;
+    a->got = -1;
+    if (!a->st && !flame_feature_batch_get_slot(b, 0, 1, &found, &ids, &n) && found && n == 1) a->got = ids[0];
+    flame_feature_batch_destroy(b);
+    return NULL;
+}
+
+static void test_single_flight(void **state)
+{
+    fixture *f = *state;
+    make_cache(f);
+    src.delay_ms = 100; /* the fetches overlap every thread's lookup */
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 9);
+    pthread_t th[9];
+    sf_arg a[9];
+    for (int i = 0; i < 9; i++) {
+        a[i] = (sf_arg){.f = f, .key = 1 + i % 3, .bar = &bar};
+        pthread_create(&th[i], NULL, sf_thread, &a[i]);
+    }
+    for (int i = 0; i < 9; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(a[i].st, FLAME_OK);
+        assert_int_equal(a[i].got, a[i].key);
+    }
+    assert_int_equal(fetched(1), 1);
+    assert_int_equal(fetched(2), 1);
+    assert_int_equal(fetched(3), 1);
+    assert_int_equal(src.calls, 3);
+    assert_int_equal(stats(f).misses, 9);
+}
+
+static void test_negative_caching(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_NEGATIVE_TTL_US, 2 * SEC);
+    make_cache(f);
+    int64_t ids[2] = {5000, 3};
+    assert_int_equal(flame_item_cache_get(f->cache, ids, 2, f->out), FLAME_OK);
+    int found = 1;
+    const int64_t *v = (const int64_t *)1;
+    size_t n = 9;
+    assert_int_equal(flame_feature_batch_get_slot(f->out, 0, 0, &found, &v, &n), FLAME_OK);
+    assert_int_equal(found, 0);
+    assert_null(v);
+    assert_int_equal(n, 0);
+    assert_int_equal(src.calls, 1);
+    atomic_fetch_add(&now_us, 1 * SEC);
+    assert_int_equal(served(f, 5000), -1);
+    assert_int_equal(src.calls, 1); /* cached as missing */
+    atomic_fetch_add(&now_us, 1 * SEC + 1);
+    assert_int_equal(served(f, 5000), -1);
+    assert_int_equal(src.calls, 2); /* its own, shorter TTL ran out; 3 lives on */
+    assert_int_equal(served(f, 3), 0);
+    assert_int_equal(src.calls, 2);
+}
+
+static void test_s3fifo_eviction_order(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_SHARDS, 1);
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, 10); /* small queue: 1 entry */
+    make_cache(f);
+    for (int64_t k = 1; k <= 11; k++) served(f, k); /* 11 evicts the oldest, 1 (FIFO) */
+    served(f, 2), served(f, 2);                     /* 2 is hit twice... */
+    served(f, 12);                                  /* ...so it moves to main and 3 goes */
+    flame_item_cache_stats s = stats(f);
+    assert_int_equal(s.evictions, 2);
+    assert_int_equal(s.entries, 10);
+    served(f, 1); /* 1 is in the ghost: back straight into main; 4 (small's head) goes */
+    assert_int_equal(fetched(1), 2);
+    for (int64_t k = 100; k < 120; k++) served(f, k); /* a scan of one-hit wonders */
+    assert_int_equal(stats(f).evictions, 23);
+    int c1 = fetched(1), c2 = fetched(2);
+    served(f, 1), served(f, 2); /* survived the scan in main (LRU would have lost both) */
+    assert_int_equal(fetched(1), c1);
+    assert_int_equal(fetched(2), c2);
+    int c4 = fetched(4), c5 = fetched(5);
+    served(f, 4), served(f, 5);
+    assert_int_equal(fetched(4), c4 + 1);
+    assert_int_equal(fetched(5), c5 + 1);
+}
+
+static void test_byte_bound(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_SHARDS, 1);
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_BYTES, 4096);
+    make_cache(f);
+    for (int64_t k = 0; k < 200; k++) served(f, k);
+    flame_item_cache_stats s = stats(f);
+    assert_true(s.bytes <= 4096);
+    assert_true(s.bytes > 2048);
+    assert_int_equal(s.evictions, 200 - s.entries);
+}
+
+typedef struct getter {
+    fixture *f;
+    int64_t key;
+    int version;
+} getter;
+
+static void *get_thread(void *p)
+{
+    getter *g = p;
+    flame_feature_batch *b;
+    flame_feature_batch_create(2, &b);
+    int64_t k = g->key;
+    int found;
+    const int64_t *ids;
+    size_t n;
+    g->version = -2;
+    if (!flame_item_cache_get(g->f->cache, &k, 1, b) && !flame_feature_batch_get_slot(b, 0, 0, &found, &ids, &n) && found)
+        g->version = (int)(ids[0] - k * 100);
+    flame_feature_batch_destroy(b);
+    return NULL;
+}
+
+static void test_put_beats_inflight_fetch(void **state)
+{
+    fixture *f = *state;
+    make_cache(f);
+    for (int variant = 0; variant < 2; variant++) {
+        int64_t key = 42 + variant;
+        pthread_mutex_lock(&src.gate);
+        src.gate_id = key;
+        getter g = {f, key, 0};
+        pthread_t th;
+        pthread_create(&th, NULL, get_thread, &g);
+        while (fetched(key) == 0 && src.calls < 1000) {
+            /* wait until the fetch is underway (it counts the id after the gate) */
+            pthread_mutex_lock(&src.mu);
+            int inflight = src.gate_id == key;
+            pthread_mutex_unlock(&src.mu);
+            if (inflight) break;
+        }
+        usleep(20000);
+        if (variant == 0) {
+            int64_t offs[3] = {0, 1, 2}, v[2] = {key * 100 + 7, key};
+            assert_int_equal(flame_item_cache_put(f->cache, key, offs, v, NULL, 0), FLAME_OK);
+        } else {
+            set_version(key, 5);
+            assert_int_equal(flame_item_cache_invalidate(f->cache, key), FLAME_OK);
+        }
+        pthread_mutex_unlock(&src.gate);
+        pthread_join(th, NULL);
+        assert_true(g.version == 0 || g.version == (variant ? 5 : 7));
+        /* the stale fetch result was not installed over the newer write */
+        assert_int_equal(served(f, key), variant ? 5 : 7);
+    }
+}
+
+static void test_arguments_and_options(void **state)
+{
+    fixture *f = *state;
+    flame_item_cache *c = (flame_item_cache *)1;
+    assert_status_msg(flame_item_cache_create(NULL, NULL, &c), FLAME_ERR_INVALID_ARG, "NULL source");
+    assert_null(c);
+    assert_status_msg(flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 100), FLAME_ERR_INVALID_ARG,
+                      "FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT = 100 is out of range [0, 99]");
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_COLD_TTL_US, 10 * SEC);
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_HOT_TTL_US, 5 * SEC);
+    assert_status_msg(flame_item_cache_create(f->source, f->cfg, &c), FLAME_ERR_INVALID_ARG, "HOT_TTL_US = 5000000 is below");
+    int64_t v;
+    assert_int_equal(flame_config_get_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, &v), FLAME_OK);
+    assert_int_equal(v, 1000000);
+    flame_item_cache_destroy(NULL);
+    flame_item_cache_stats s = {.struct_size = 8};
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_HOT_TTL_US, 50 * SEC);
+    make_cache(f);
+    assert_status_msg(flame_item_cache_get_stats(f->cache, &s), FLAME_ERR_INVALID_ARG, "struct_size = 8");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_batch_hits_misses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ttl_from_popularity, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_custom_ttl_fn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refresh_ahead_manual, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refresh_thread, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_on_error_with_backoff, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_single_flight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_negative_caching, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_s3fifo_eviction_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_byte_bound, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_beats_inflight_fetch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_arguments_and_options, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("item_cache", tests, NULL, NULL);
+}
