@@ -9,12 +9,18 @@
 
 flame_status fl_dev_reserve(fl_cuda_engine *g, uint64_t bytes, const char *what)
 {
-    const uint64_t held = g->weight_bytes + g->buffer_bytes + g->gemm.workspace_bytes;
+    const uint64_t held = g->weight_bytes + g->buffer_bytes + g->workspace_bytes;
     if (g->budget && held + bytes > g->budget)
         return fl_error(FLAME_ERR_NOMEM, "%s needs %llu bytes of GPU memory; %llu are held and the budget "
                                          "(FLAME_OPT_DEVICE_MEMORY_BUDGET) is %llu",
                         what, (unsigned long long)bytes, (unsigned long long)held, (unsigned long long)g->budget);
     return FLAME_OK;
+}
+
+void fl_graphs_clear(fl_cuda_executor *x)
+{
+    for (fl_graph &gr : x->graphs) cudaGraphExecDestroy(gr.exec);
+    x->graphs.clear();
 }
 
 // Uploads `count` floats as dtype `t` (float, half or bfloat16); the allocation is tracked.
@@ -119,6 +125,31 @@ static flame_status upload_model(fl_cuda_engine *g, const fl_weights &w)
     return FLAME_OK;
 }
 
+static flame_status make_executor(fl_cuda_engine *g, const struct flame_config *cfg, fl_cuda_executor *x)
+{
+    if (cfg->cuda_stream) {
+        x->stream = static_cast<cudaStream_t>(cfg->cuda_stream);
+    } else {
+        FL_CUDA_TRY(cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
+        x->own_stream = true;
+    }
+    const size_t ws = 32u << 20; // cuBLASLt workspace: 32 MiB, what its docs suggest for Hopper
+    FL_TRY(fl_dev_reserve(g, ws, "a GEMM workspace"));
+    FL_TRY(fl_gemm_init(&x->gemm, ws));
+    g->workspace_bytes += ws;
+    return FLAME_OK;
+}
+
+static void free_executor(fl_cuda_executor *x)
+{
+    if (x->stream) cudaStreamSynchronize(x->stream);
+    fl_graphs_clear(x);
+    if (x->arena) cudaFree(x->arena);
+    if (x->staging) cudaFreeHost(x->staging);
+    fl_gemm_destroy(&x->gemm);
+    if (x->own_stream) cudaStreamDestroy(x->stream);
+}
+
 extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_weights *w, int64_t num_items,
                                               const struct flame_config *cfg, int device, fl_cuda_engine **out)
 {
@@ -128,27 +159,25 @@ extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_w
         return fl_error(FLAME_ERR_UNSUPPORTED, "the CUDA backend supports head dims up to 128; this model has %d", dh);
     fl_cuda_engine *g = new (std::nothrow) fl_cuda_engine();
     if (!g) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
-    pthread_mutex_init(&g->lock, nullptr);
+    pthread_mutex_init(&g->pool_lock, nullptr);
+    pthread_cond_init(&g->pool_cond, nullptr);
     g->device = device;
     g->cfg = *mc;
     g->num_items = num_items;
     g->dtype = fl_config_dtype(cfg);
     g->ab = g->dtype == FL_COMPUTE_FP16 ? CUDA_R_16F : g->dtype == FL_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     g->budget = (uint64_t)cfg->device_memory_budget;
+    g->use_graphs = cfg->cuda_graphs != 0;
     flame_status st = FLAME_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) st = fl_error(FLAME_ERR_NO_DEVICE, "cuda:%d: %s", device, cudaGetErrorString(e));
-    if (!st && cfg->cuda_stream) {
-        g->stream = static_cast<cudaStream_t>(cfg->cuda_stream);
-    } else if (!st) {
-        e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
-        g->own_stream = e == cudaSuccess;
-        if (e != cudaSuccess) st = fl_error(FLAME_ERR_INTERNAL, "cudaStreamCreate: %s", cudaGetErrorString(e));
-    }
-    if (!st) {
-        const size_t ws = 32u << 20; // cuBLASLt workspace: 32 MiB, what its docs suggest for Hopper
-        st = fl_dev_reserve(g, ws, "the GEMM workspace");
-        if (!st) st = fl_gemm_init(&g->gemm, ws);
+    const int n = cfg->cuda_stream ? 1 : (int)cfg->cuda_executors; // the caller's one stream: one executor
+    g->ex = st ? nullptr : new (std::nothrow) fl_cuda_executor[n];
+    if (!st && !g->ex) st = fl_error(FLAME_ERR_NOMEM, "out of host memory");
+    for (int i = 0; !st && i < n; i++) {
+        st = make_executor(g, cfg, &g->ex[i]);
+        g->num_ex = i + 1; // destroy frees what was made
+        g->free_ex.push_back(i);
     }
     if (!st) st = upload_model(g, *w);
     if (st) {
@@ -163,21 +192,32 @@ extern "C" void fl_cuda_engine_destroy(fl_cuda_engine *g)
 {
     if (!g) return;
     cudaSetDevice(g->device);
-    if (g->stream) cudaStreamSynchronize(g->stream);
+    for (int i = 0; i < g->num_ex; i++) free_executor(&g->ex[i]);
+    delete[] g->ex;
     for (size_t i = 0; i < g->num_allocs; i++) cudaFree(g->allocs[i]);
     free(g->allocs);
     free(g->blocks);
-    if (g->arena) cudaFree(g->arena);
-    if (g->staging) cudaFreeHost(g->staging);
-    fl_gemm_destroy(&g->gemm);
-    if (g->own_stream) cudaStreamDestroy(g->stream);
-    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->pool_cond);
+    pthread_mutex_destroy(&g->pool_lock);
     delete g;
 }
 
 extern "C" uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g)
 {
-    return g->weight_bytes + g->buffer_bytes + g->gemm.workspace_bytes;
+    fl_cuda_engine *m = const_cast<fl_cuda_engine *>(g); // buffers grow under pool_lock
+    pthread_mutex_lock(&m->pool_lock);
+    const uint64_t bytes = g->weight_bytes + g->buffer_bytes + g->workspace_bytes;
+    pthread_mutex_unlock(&m->pool_lock);
+    return bytes;
+}
+
+extern "C" void fl_cuda_graph_counts(const fl_cuda_engine *g, uint64_t *captures, uint64_t *replays)
+{
+    *captures = *replays = 0;
+    for (int i = 0; i < g->num_ex; i++) {
+        *captures += g->ex[i].captures.load(std::memory_order_relaxed);
+        *replays += g->ex[i].replays.load(std::memory_order_relaxed);
+    }
 }
 
 extern "C" uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g)

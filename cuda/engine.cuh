@@ -1,7 +1,11 @@
-// The GPU engine's state: weights in the compute dtype, buffers, stream, GEMM context.
+// The GPU engine's state: weights in the compute dtype (shared), and executors, each with
+// its own stream, GEMM workspace, buffers and captured CUDA graphs, so concurrent calls run
+// on different executors and their copies and kernels overlap.
 #pragma once
 
 #include <pthread.h>
+
+#include <atomic>
 
 #include <vector>
 
@@ -34,36 +38,57 @@ struct fl_dot_group {
     int64_t sel0, count, first_id, num, out;
 };
 
-struct fl_cuda_engine {
-    int device = 0;
+// A captured forward pass, replayed for passes with the same signature (shapes, index
+// layout and head groups): every pointer and launch parameter in it is then the same.
+struct fl_graph {
+    std::vector<int64_t> signature;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;
+};
+
+struct fl_cuda_executor {
     cudaStream_t stream = nullptr;
     bool own_stream = false;
-    pthread_mutex_t lock;
+    fl_gemm_ctx gemm;
+    uint8_t *arena = nullptr; // device: a copy of the staging, then the activations
+    size_t arena_bytes = 0;
+    uint8_t *staging = nullptr; // pinned host: the per-call index data
+    size_t staging_bytes = 0;
+    std::vector<fl_seq_plan> seqs; // per-call plans, kept to reuse their memory
+    std::vector<fl_dot_group> groups;
+    std::vector<int64_t> signature;
+    std::vector<fl_graph> graphs;
+    uint64_t clock = 0;
+    std::atomic<uint64_t> replays{0}, captures{0};
+};
+
+struct fl_cuda_engine {
+    int device = 0;
     fl_dtype_opt dtype = FL_COMPUTE_FP32;
     cudaDataType_t ab = CUDA_R_32F; // the compute dtype as cuBLASLt names it
     fl_model_cfg cfg;
     int64_t num_items = 0;
-    fl_gemm_ctx gemm;
+    bool use_graphs = true;
     // weights
     void *tables[FL_MAX_TABLES] = {};
     fl_dev_linear proj;
     float *position = nullptr;
     float *input_ln_w = nullptr, *input_ln_b = nullptr, *final_ln_w = nullptr, *final_ln_b = nullptr;
-    fl_dev_block *blocks = nullptr;  // host array of device pointers
+    fl_dev_block *blocks = nullptr; // host array of device pointers
     fl_dev_linear tasks[FL_MAX_TASKS][FL_MAX_TASK_LAYERS];
-    // memory
-    uint64_t budget = 0, weight_bytes = 0, buffer_bytes = 0;
     void **allocs = nullptr; // every weight allocation, freed at destroy
     size_t num_allocs = 0;
-    uint8_t *arena = nullptr; // activations + device copy of the staging, grown as needed
-    size_t arena_bytes = 0;
-    uint8_t *staging = nullptr; // pinned host buffer for the per-call index data
-    size_t staging_bytes = 0;
-    // per-call host plans, kept to reuse their memory
-    std::vector<fl_seq_plan> seqs;
-    std::vector<fl_dot_group> groups;
+    // executors, handed out under pool_lock
+    fl_cuda_executor *ex = nullptr;
+    int num_ex = 0;
+    std::vector<int> free_ex;
+    pthread_mutex_t pool_lock;
+    pthread_cond_t pool_cond;
+    // device memory, under pool_lock once executors exist
+    uint64_t budget = 0, weight_bytes = 0, buffer_bytes = 0, workspace_bytes = 0;
 };
 
-
-// Device allocation within the engine's memory budget (FLAME_ERR_NOMEM naming both numbers).
+// Checks that `bytes` more fit the engine's memory budget (FLAME_ERR_NOMEM naming the numbers).
 flame_status fl_dev_reserve(fl_cuda_engine *g, uint64_t bytes, const char *what);
+// Drops an executor's captured graphs (its buffers moved).
+void fl_graphs_clear(fl_cuda_executor *x);

@@ -37,6 +37,7 @@ struct indices {
 
 struct pass {
     fl_cuda_engine *g;
+    fl_cuda_executor *x;
     const flame_request *reqs;
     size_t n;
     int64_t T = 0, S = 0, tiles_full = 0, tiles_last = 0, gathered = 0, total_scores = 0;
@@ -47,12 +48,13 @@ struct pass {
 void plan(pass &p)
 {
     fl_cuda_engine *g = p.g;
+    fl_cuda_executor *x = p.x;
     const fl_model_cfg &c = g->cfg;
     const bool sumi = c.head == FLAME_HEAD_SUMI;
-    g->seqs.resize(p.n);
+    x->seqs.resize(p.n);
     for (size_t r = 0; r < p.n; r++) {
         const flame_request &q = p.reqs[r];
-        fl_seq_plan &s = g->seqs[r];
+        fl_seq_plan &s = x->seqs[r];
         s.n = q.history_len < (size_t)c.max_len ? (int64_t)q.history_len : c.max_len;
         s.start = (int64_t)q.history_len - s.n;
         s.m = sumi ? (int64_t)q.num_candidates : 0;
@@ -102,19 +104,20 @@ static bool contiguous(const int64_t *ids, size_t n)
     return true;
 }
 
-// Fills the staging buffer (host side of `indices`); dot-head GEMM groups go to g->groups.
+// Fills the staging buffer (host side of `indices`); dot-head GEMM groups go to x->groups.
 void fill(pass &p)
 {
     fl_cuda_engine *g = p.g;
+    fl_cuda_executor *x = p.x;
     const fl_model_cfg &c = g->cfg;
     indices &h = p.host;
     int64_t side_fill[FL_MAX_FEATURES] = {};
     for (int s = 0; s < c.num_side; s++) h.side_off[s][0] = 0;
     int64_t tf = 0, tl = 0, ng = 0;
-    g->groups.clear();
+    x->groups.clear();
     for (size_t r = 0; r < p.n; r++) {
         const flame_request &q = p.reqs[r];
-        const fl_seq_plan &s = g->seqs[r];
+        const fl_seq_plan &s = x->seqs[r];
         for (int64_t i = 0; i < s.n + s.m; i++) {
             const bool cand = i >= s.n;
             const int64_t t = s.off + i, src = cand ? i - s.n : s.start + i;
@@ -149,12 +152,12 @@ void fill(pass &p)
         if (c.head != FLAME_HEAD_DOT || s.nsel == 0 || q.num_candidates == 0) continue;
         const int64_t m = (int64_t)q.num_candidates;
         if (contiguous(q.candidates, (size_t)m)) {
-            fl_dot_group *last = g->groups.empty() ? nullptr : &g->groups.back();
+            fl_dot_group *last = x->groups.empty() ? nullptr : &x->groups.back();
             if (last && last->first_id == q.candidates[0] && last->num == m && last->sel0 + last->count == s.sel0 &&
                 last->out + last->count * m == s.out)
                 last->count++; // the next user of the same range: one more row of the same GEMM
             else
-                g->groups.push_back({s.sel0, 1, q.candidates[0], m, s.out});
+                x->groups.push_back({s.sel0, 1, q.candidates[0], m, s.out});
             continue;
         }
         for (int64_t j = 0; j < m; j++) {
@@ -195,25 +198,41 @@ size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, 
     return cv.used;
 }
 
-flame_status grow(fl_cuda_engine *g, size_t staging, size_t arena)
+// Grows the executor's pinned staging and device arena (with headroom, so slowly growing
+// batches do not reallocate each call). Captured graphs point into both: moving either
+// drops them.
+flame_status grow(fl_cuda_engine *g, fl_cuda_executor *x, size_t staging, size_t arena)
 {
-    if (staging > g->staging_bytes) {
-        if (g->staging) cudaFreeHost(g->staging);
-        g->staging = nullptr;
-        g->staging_bytes = 0;
-        FL_CUDA_TRY(cudaMallocHost(&g->staging, staging + staging / 4));
-        g->staging_bytes = staging + staging / 4;
+    if (staging > x->staging_bytes) {
+        fl_graphs_clear(x);
+        if (x->staging) cudaFreeHost(x->staging);
+        x->staging = nullptr;
+        x->staging_bytes = 0;
+        FL_CUDA_TRY(cudaMallocHost(&x->staging, staging + staging / 4));
+        x->staging_bytes = staging + staging / 4;
     }
-    if (arena > g->arena_bytes) {
-        const size_t want = arena + arena / 4; // headroom: slowly growing batches do not reallocate each call
-        if (g->arena) cudaFree(g->arena);
-        g->buffer_bytes -= g->arena_bytes;
-        g->arena = nullptr;
-        g->arena_bytes = 0;
-        FL_TRY(fl_dev_reserve(g, want, "this batch's activation buffers"));
-        FL_CUDA_TRY(cudaMalloc(&g->arena, want));
-        g->arena_bytes = want;
-        g->buffer_bytes += want;
+    if (arena > x->arena_bytes) {
+        fl_graphs_clear(x);
+        const size_t want = arena + arena / 4;
+        if (x->arena) cudaFree(x->arena);
+        pthread_mutex_lock(&g->pool_lock);
+        g->buffer_bytes -= x->arena_bytes;
+        x->arena = nullptr;
+        x->arena_bytes = 0;
+        flame_status st = fl_dev_reserve(g, want, "this batch's activation buffers");
+        if (!st) g->buffer_bytes += want; // reserved before the allocation, so two executors cannot both pass
+        pthread_mutex_unlock(&g->pool_lock);
+        FL_TRY(st);
+        cudaError_t e = cudaMalloc(&x->arena, want);
+        if (e != cudaSuccess) {
+            pthread_mutex_lock(&g->pool_lock);
+            g->buffer_bytes -= want;
+            pthread_mutex_unlock(&g->pool_lock);
+            (void)cudaGetLastError();
+            return fl_error(FLAME_ERR_NOMEM, "cudaMalloc of %zu bytes of activation buffers: %s", want,
+                            cudaGetErrorString(e));
+        }
+        x->arena_bytes = want;
     }
     return FLAME_OK;
 }
@@ -221,37 +240,38 @@ flame_status grow(fl_cuda_engine *g, size_t staging, size_t arena)
 // A linear layer with its activation: cuBLASLt fuses bias, ReLU and tanh-GELU; erf-GELU
 // takes the bias epilogue and one elementwise pass.
 template <typename T>
-flame_status linear_act(fl_cuda_engine *g, int64_t rows, const fl_dev_linear &l, const void *x, int64_t ldx, T *y,
+flame_status linear_act(fl_cuda_engine *g, fl_cuda_executor *x, int64_t rows, const fl_dev_linear &l, const void *in, int64_t ldx, T *y,
                         int64_t ldy, fl_activation act)
 {
     fl_epilogue epi = act == FL_ACT_RELU ? FL_EPI_BIAS_RELU : act == FL_ACT_GELU_TANH ? FL_EPI_BIAS_GELU_TANH : FL_EPI_BIAS;
-    FL_TRY(fl_gemm(&g->gemm, g->stream, rows, l.in, l.out, x, ldx, l.w, l.in, g->ab, l.b, y, ldy, g->ab, 0.0f, epi));
-    if (act == FL_ACT_GELU_ERF) FL_TRY(fl_cuda_activation<T>(y, rows, l.out, ldy, 1, g->stream));
+    FL_TRY(fl_gemm(&x->gemm, x->stream, rows, l.in, l.out, in, ldx, l.w, l.in, g->ab, l.b, y, ldy, g->ab, 0.0f, epi));
+    if (act == FL_ACT_GELU_ERF) FL_TRY(fl_cuda_activation<T>(y, rows, l.out, ldy, 1, x->stream));
     return FLAME_OK;
 }
 
 template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &blk, bool last)
 {
+    fl_cuda_executor *x = p.x;
     const fl_model_cfg &c = g->cfg;
     const int32_t d = c.d_model, H = c.num_heads, dh = d / H;
     const int64_t NT = p.T, R = last ? p.S : NT;
-    cudaStream_t s = g->stream;
+    cudaStream_t s = x->stream;
     T *Y = static_cast<T *>(b.Y), *QKV = static_cast<T *>(b.QKV), *A = static_cast<T *>(b.A);
     // the attention input: LN1(X) before a pre-LN block, X itself (in T) before a post-LN one
     FL_TRY(fl_cuda_rows<T>(NT, d, b.X, nullptr, nullptr, blk.ln1_w, blk.ln1_b, c.ln_eps, c.eps_inside_sqrt,
                            c.pre_ln ? FL_ROW_LN_Y : FL_ROW_COPY, Y, d, s));
     if (!last) {
-        FL_TRY(fl_gemm(&g->gemm, s, NT, d, 3 * d, Y, d, blk.qkv.w, d, g->ab, blk.qkv.b, QKV, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
+        FL_TRY(fl_gemm(&x->gemm, s, NT, d, 3 * d, Y, d, blk.qkv.w, d, g->ab, blk.qkv.b, QKV, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
         FL_TRY(fl_cuda_attention<T>(p.dev.tiles_full, p.tiles_full, nullptr, H, dh, QKV, 3 * d, QKV + d, QKV + 2 * d,
                                     3 * d, A, d, s));
     } else {
         // keys and values for every token (rows d..3d of the fused weight), queries for the selected rows only
         const size_t esz = sizeof(T);
-        FL_TRY(fl_gemm(&g->gemm, s, NT, d, 2 * d, Y, d, static_cast<uint8_t *>(blk.qkv.w) + (size_t)d * d * esz, d, g->ab,
+        FL_TRY(fl_gemm(&x->gemm, s, NT, d, 2 * d, Y, d, static_cast<uint8_t *>(blk.qkv.w) + (size_t)d * d * esz, d, g->ab,
                        static_cast<uint8_t *>(blk.qkv.b) + (size_t)d * esz, QKV + d, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
         T *YS = static_cast<T *>(b.YS), *Q = static_cast<T *>(b.Q);
         FL_TRY(fl_cuda_gather<T>(Y, d, p.dev.sel, p.S, d, YS, d, s));
-        FL_TRY(fl_gemm(&g->gemm, s, p.S, d, d, YS, d, blk.qkv.w, d, g->ab, blk.qkv.b, Q, d, g->ab, 0.0f, FL_EPI_BIAS));
+        FL_TRY(fl_gemm(&x->gemm, s, p.S, d, d, YS, d, blk.qkv.w, d, g->ab, blk.qkv.b, Q, d, g->ab, 0.0f, FL_EPI_BIAS));
         FL_TRY(fl_cuda_attention<T>(p.dev.tiles_last, p.tiles_last, p.dev.qpos, H, dh, Q, d, QKV + d, QKV + 2 * d, 3 * d,
                                     A, d, s));
         FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
@@ -259,7 +279,7 @@ template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b,
     float *X = last ? b.XS : b.X;
     T *Yr = last ? static_cast<T *>(b.YS) : Y;
     // X += A Wo^T + bo (the residual add is the GEMM's beta = 1)
-    FL_TRY(fl_gemm(&g->gemm, s, R, d, d, A, d, blk.o.w, d, g->ab, blk.o.b, X, d, CUDA_R_32F, 1.0f, FL_EPI_BIAS));
+    FL_TRY(fl_gemm(&x->gemm, s, R, d, d, A, d, blk.o.w, d, g->ab, blk.o.b, X, d, CUDA_R_32F, 1.0f, FL_EPI_BIAS));
     // the FFN input: LN2(X) (pre-LN), or X = LN1(X + attention) itself (post-LN)
     if (c.pre_ln)
         FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln2_w, blk.ln2_b, c.ln_eps, c.eps_inside_sqrt,
@@ -268,8 +288,8 @@ template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b,
         FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln1_w, blk.ln1_b, c.ln_eps, c.eps_inside_sqrt,
                                FL_ROW_LN_X, Yr, d, s));
     T *F = static_cast<T *>(b.F);
-    FL_TRY(linear_act<T>(g, R, blk.fc1, Yr, d, F, c.ffn_dim, c.activation));
-    FL_TRY(fl_gemm(&g->gemm, s, R, c.ffn_dim, d, F, c.ffn_dim, blk.fc2.w, c.ffn_dim, g->ab, blk.fc2.b, X, d, CUDA_R_32F,
+    FL_TRY(linear_act<T>(g, x, R, blk.fc1, Yr, d, F, c.ffn_dim, c.activation));
+    FL_TRY(fl_gemm(&x->gemm, s, R, c.ffn_dim, d, F, c.ffn_dim, blk.fc2.w, c.ffn_dim, g->ab, blk.fc2.b, X, d, CUDA_R_32F,
                    1.0f, FL_EPI_BIAS));
     if (!c.pre_ln)
         FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln2_w, blk.ln2_b, c.ln_eps, c.eps_inside_sqrt,
@@ -279,6 +299,7 @@ template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b,
 
 template <typename T> flame_status embed(fl_cuda_engine *g, pass &p, buffers &b)
 {
+    fl_cuda_executor *x = p.x;
     const fl_model_cfg &c = g->cfg;
     fl_dev_features fs{};
     fs.count = c.num_features;
@@ -298,24 +319,25 @@ template <typename T> flame_status embed(fl_cuda_engine *g, pass &p, buffers &b)
     }
     const int32_t d = c.d_model;
     if (c.projection) {
-        FL_TRY(fl_cuda_embedding_bag<T, T>(fs, p.T, static_cast<T *>(b.E), c.embed_dim, g->stream));
-        FL_TRY(fl_gemm(&g->gemm, g->stream, p.T, c.embed_dim, d, b.E, c.embed_dim, g->proj.w, c.embed_dim, g->ab,
+        FL_TRY(fl_cuda_embedding_bag<T, T>(fs, p.T, static_cast<T *>(b.E), c.embed_dim, x->stream));
+        FL_TRY(fl_gemm(&x->gemm, x->stream, p.T, c.embed_dim, d, b.E, c.embed_dim, g->proj.w, c.embed_dim, g->ab,
                        g->proj.b, b.X, d, CUDA_R_32F, 0.0f, FL_EPI_BIAS));
     } else {
-        FL_TRY(fl_cuda_embedding_bag<T, float>(fs, p.T, b.X, d, g->stream));
+        FL_TRY(fl_cuda_embedding_bag<T, float>(fs, p.T, b.X, d, x->stream));
     }
     if (c.position_rule != FL_POS_NONE || c.input_layernorm)
         FL_TRY(fl_cuda_rows<T>(p.T, d, b.X, g->position, p.dev.prow, g->input_ln_w, g->input_ln_b, c.ln_eps,
                                c.eps_inside_sqrt, c.input_layernorm ? FL_ROW_LN_X : FL_ROW_COPY, (T *)nullptr, d,
-                               g->stream));
+                               x->stream));
     return FLAME_OK;
 }
 
 template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
 {
+    fl_cuda_executor *x = p.x;
     const fl_model_cfg &c = g->cfg;
     const int32_t d = c.d_model;
-    cudaStream_t s = g->stream;
+    cudaStream_t s = x->stream;
     T *YS = static_cast<T *>(b.YS);
     // the head input: final LN (or a copy) of the selected rows, in T
     FL_TRY(fl_cuda_rows<T>(p.S, d, b.XS, nullptr, nullptr, g->final_ln_w, g->final_ln_b, c.ln_eps, c.eps_inside_sqrt,
@@ -324,8 +346,8 @@ template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
         // requests with an empty history score 0: clear everything, groups and gathers overwrite the rest
         FL_CUDA_TRY(cudaMemsetAsync(b.scores, 0, (size_t)p.total_scores * sizeof(float), s));
         const T *table = static_cast<const T *>(g->tables[c.dot_table]);
-        for (const fl_dot_group &gr : g->groups)
-            FL_TRY(fl_gemm(&g->gemm, s, gr.count, d, (int32_t)gr.num, YS + gr.sel0 * d, d, table + gr.first_id * d, d,
+        for (const fl_dot_group &gr : x->groups)
+            FL_TRY(fl_gemm(&x->gemm, s, gr.count, d, (int32_t)gr.num, YS + gr.sel0 * d, d, table + gr.first_id * d, d,
                            g->ab, nullptr, b.scores + gr.out, gr.num, CUDA_R_32F, 0.0f, FL_EPI_NONE));
         return fl_cuda_dot_gather<T>(YS, d, p.dev.g_hrow, table, d, p.dev.g_ids, p.dev.g_out, p.gathered, b.scores, s);
     }
@@ -337,12 +359,12 @@ template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
         for (int l = 0; l < tc.num_layers; l++) {
             const fl_dev_linear &lin = g->tasks[t][l];
             if (l == tc.num_layers - 1) { // width 1, float, straight into column t of [S x tasks]
-                FL_TRY(fl_gemm(&g->gemm, s, p.S, lin.in, 1, in, ld_in, lin.w, lin.in, g->ab, lin.b, b.scores + t,
+                FL_TRY(fl_gemm(&x->gemm, s, p.S, lin.in, 1, in, ld_in, lin.w, lin.in, g->ab, lin.b, b.scores + t,
                                c.num_tasks, CUDA_R_32F, 0.0f, FL_EPI_BIAS));
                 break;
             }
             T *out = static_cast<T *>(bufs[l & 1]);
-            FL_TRY(linear_act<T>(g, p.S, lin, in, ld_in, out, lin.out, tc.activation));
+            FL_TRY(linear_act<T>(g, x, p.S, lin, in, ld_in, out, lin.out, tc.activation));
             in = out;
             ld_in = lin.out;
         }
@@ -351,30 +373,97 @@ template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
     return FLAME_OK;
 }
 
+// Everything a pass puts on the stream after the host has filled the staging buffer.
+template <typename T> flame_status enqueue(fl_cuda_engine *g, pass &p, buffers &b, size_t idx_bytes)
+{
+    fl_cuda_executor *x = p.x;
+    FL_CUDA_TRY(cudaMemcpyAsync(x->arena, x->staging, idx_bytes, cudaMemcpyHostToDevice, x->stream));
+    if (p.S == 0) { // dot head, empty histories only: every score is 0
+        FL_CUDA_TRY(cudaMemsetAsync(b.scores, 0, (size_t)p.total_scores * sizeof(float), x->stream));
+        return FLAME_OK;
+    }
+    const int32_t d = g->cfg.d_model;
+    FL_TRY(embed<T>(g, p, b));
+    for (int i = 0; i < g->cfg.num_blocks; i++) FL_TRY(block<T>(g, p, b, g->blocks[i], i == g->cfg.num_blocks - 1));
+    if (g->cfg.num_blocks == 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, x->stream));
+    return head<T>(g, p, b);
+}
+
+// What fixes every pointer and launch parameter of a pass: equal signatures replay one graph.
+void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
+{
+    const fl_cuda_executor *x = p.x;
+    sig.clear();
+    sig.insert(sig.end(), {p.T, p.S, p.tiles_full, p.tiles_last, p.gathered, p.total_scores, (int64_t)idx_bytes,
+                           (int64_t)p.n});
+    sig.insert(sig.end(), p.side_total, p.side_total + p.g->cfg.num_side);
+    for (size_t r = 0; r < p.n; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
+    for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
+}
+
+#define MAX_GRAPHS 16
+
+// Replays the graph of this signature, capturing it first if it is new. *done false: the
+// capture failed and the pass is to run uncaptured.
+template <typename T> flame_status run_graph(fl_cuda_engine *g, pass &p, buffers &b, size_t idx_bytes, bool *done)
+{
+    fl_cuda_executor *x = p.x;
+    *done = false;
+    signature(p, idx_bytes, x->signature);
+    fl_graph *hit = nullptr;
+    for (fl_graph &gr : x->graphs)
+        if (gr.signature == x->signature) hit = &gr;
+    if (!hit) {
+        cudaGraph_t graph = nullptr;
+        FL_CUDA_TRY(cudaStreamBeginCapture(x->stream, cudaStreamCaptureModeThreadLocal));
+        flame_status st = enqueue<T>(g, p, b, idx_bytes);
+        cudaError_t e = cudaStreamEndCapture(x->stream, &graph);
+        cudaGraphExec_t exec = nullptr;
+        if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+        if (graph) cudaGraphDestroy(graph);
+        if (st || e != cudaSuccess) { // not capturable: say so once in the log, run uncaptured
+            (void)cudaGetLastError();
+            fl_log(FLAME_LOG_WARN, "CUDA graph capture failed (%s); running uncaptured",
+                   st ? flame_last_error() : cudaGetErrorString(e));
+            return FLAME_OK;
+        }
+        if (x->graphs.size() == MAX_GRAPHS) { // drop the least recently used
+            size_t lru = 0;
+            for (size_t i = 1; i < x->graphs.size(); i++)
+                if (x->graphs[i].last_use < x->graphs[lru].last_use) lru = i;
+            cudaGraphExecDestroy(x->graphs[lru].exec);
+            x->graphs.erase(x->graphs.begin() + (long)lru);
+        }
+        x->graphs.push_back({x->signature, exec, 0});
+        hit = &x->graphs.back();
+        x->captures++;
+    }
+    hit->last_use = ++x->clock;
+    FL_CUDA_TRY(cudaGraphLaunch(hit->exec, x->stream));
+    x->replays++;
+    *done = true;
+    return FLAME_OK;
+}
+
 template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores)
 {
+    fl_cuda_executor *x = p.x;
     plan(p);
     if (p.total_scores == 0) return FLAME_OK;
     const size_t idx_bytes = carve_indices(p, nullptr, p.host);
     buffers b{};
     const size_t arena = carve_buffers(p, sizeof(T), nullptr, idx_bytes, b);
-    FL_TRY(grow(g, idx_bytes, arena));
-    carve_indices(p, g->staging, p.host);
-    carve_indices(p, g->arena, p.dev);
-    carve_buffers(p, sizeof(T), g->arena, idx_bytes, b);
+    FL_TRY(grow(g, x, idx_bytes, arena));
+    carve_indices(p, x->staging, p.host);
+    carve_indices(p, x->arena, p.dev);
+    carve_buffers(p, sizeof(T), x->arena, idx_bytes, b);
     fill(p);
-    FL_CUDA_TRY(cudaMemcpyAsync(g->arena, g->staging, idx_bytes, cudaMemcpyHostToDevice, g->stream));
-    if (p.S > 0) {
-        FL_TRY(embed<T>(g, p, b));
-        for (int i = 0; i < g->cfg.num_blocks; i++) FL_TRY(block<T>(g, p, b, g->blocks[i], i == g->cfg.num_blocks - 1));
-        if (g->cfg.num_blocks == 0) FL_TRY(fl_cuda_gather<float>(b.X, g->cfg.d_model, p.dev.sel, p.S, g->cfg.d_model, b.XS, g->cfg.d_model, g->stream));
-        FL_TRY(head<T>(g, p, b));
-    } else { // dot head, empty histories only: every score is 0
-        FL_CUDA_TRY(cudaMemsetAsync(b.scores, 0, (size_t)p.total_scores * sizeof(float), g->stream));
-    }
+    bool done = false;
+    if (g->use_graphs) FL_TRY(run_graph<T>(g, p, b, idx_bytes, &done));
+    if (!done) FL_TRY(enqueue<T>(g, p, b, idx_bytes));
     FL_CUDA_TRY(cudaMemcpyAsync(scores, b.scores, (size_t)p.total_scores * sizeof(float), cudaMemcpyDeviceToHost,
-                                g->stream));
-    FL_CUDA_TRY(cudaStreamSynchronize(g->stream));
+                                x->stream));
+    FL_CUDA_TRY(cudaStreamSynchronize(x->stream));
     return FLAME_OK;
 }
 
@@ -382,11 +471,15 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
 
 extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores)
 {
-    pthread_mutex_lock(&g->lock);
+    pthread_mutex_lock(&g->pool_lock); // take a free executor, waiting for one if all are busy
+    while (g->free_ex.empty()) pthread_cond_wait(&g->pool_cond, &g->pool_lock);
+    fl_cuda_executor *x = &g->ex[g->free_ex.back()];
+    g->free_ex.pop_back();
+    pthread_mutex_unlock(&g->pool_lock);
     flame_status st = FLAME_OK;
     cudaError_t e = cudaSetDevice(g->device);
     if (e != cudaSuccess) st = fl_error(FLAME_ERR_INTERNAL, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(e));
-    pass p{g, reqs, n};
+    pass p{g, x, reqs, n};
     if (!st) {
         if (g->dtype == FL_COMPUTE_FP16)
             st = run<__half>(g, p, scores);
@@ -395,7 +488,10 @@ extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *re
         else
             st = run<float>(g, p, scores);
     }
-    if (st) cudaStreamSynchronize(g->stream); // nothing of this call may still run after we return
-    pthread_mutex_unlock(&g->lock);
+    if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
+    pthread_mutex_lock(&g->pool_lock);
+    g->free_ex.push_back((int)(x - g->ex));
+    pthread_cond_signal(&g->pool_cond);
+    pthread_mutex_unlock(&g->pool_lock);
     return st;
 }

@@ -1,7 +1,9 @@
 // cuBLASLt wrapper. Row-major y = x W^T is column-major y^T = W x^T: A = W (transposed),
 // B = x, m = out, n = rows, k = in. A plan (descriptors, layouts, heuristic's algorithm) is
-// cached per shape, dtype, epilogue and pointer alignment, so steady-state calls make no
-// heuristic query.
+// cached per shape, dtype, epilogue and pointer alignment, with the row count rounded up to
+// a power of two: token counts vary from call to call, and one heuristic query (tens of us)
+// per distinct count would cost more than the GEMM. The layouts then take the exact count;
+// should the cached algorithm refuse it, an exact plan is made.
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,7 +115,9 @@ flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, int64_t rows, int32_t in, i
     if (rows == 0 || out == 0) return FLAME_OK;
     fl_gemm_key k;
     memset(&k, 0, sizeof k); // padding takes part in the comparison
-    k.rows = rows;
+    int64_t bucket = 16;
+    while (bucket < rows) bucket <<= 1;
+    k.rows = bucket;
     k.ldx = ldx;
     k.ldw = ldw;
     k.ldy = ldy;
@@ -138,8 +142,24 @@ flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, int64_t rows, int32_t in, i
     }
     if (epi != FL_EPI_NONE)
         FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const uint64_t n = (uint64_t)rows;
+    FL_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n));
+    FL_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n));
     const float alpha = 1.0f;
-    FL_CUBLAS_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
-                                 g->workspace, g->workspace_bytes, s));
+    cublasStatus_t st = cublasLtMatmul(g->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                                       g->workspace, g->workspace_bytes, s);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+        fl_gemm_plan exact; // the bucket's algorithm does not take this row count
+        k.rows = rows;
+        FL_TRY(make_plan(g, k, x, w, y, bias, &exact));
+        if (epi != FL_EPI_NONE)
+            cublasLtMatmulDescSetAttribute(exact.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        st = cublasLtMatmul(g->lt, exact.desc, &alpha, w, exact.a, x, exact.b, &beta, y, exact.c, y, exact.c,
+                            &exact.algo, g->workspace, g->workspace_bytes, s);
+        free_plan(&exact);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return fl_error(FLAME_ERR_INTERNAL, "cublasLtMatmul [%lld x %d] . [%d x %d]^T: %s", (long long)rows, in, out,
+                        in, fl_cublas_status_name(st));
     return FLAME_OK;
 }

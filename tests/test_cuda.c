@@ -2,6 +2,8 @@
  * (normwise relative error < 1e-5 in fp32, < 1e-2 in fp16/bf16), with outputs poisoned
  * before each run. Skipped with a message where no GPU is usable; FLAME_REQUIRE_GPU=1 (make
  * test-gpu) turns the skip into a failure. */
+#include <pthread.h>
+
 #include "testutil.h"
 #include "core/device.h"
 
@@ -207,6 +209,114 @@ static void test_matrix_bf16(void **state)
     for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "bf16", 1e-2);
 }
 
+/* Uniform passes are captured once and replayed: with fresh ids (the same shapes) every
+ * replay still matches the CPU, and the stats count the captures and replays. */
+static void test_graph_replay_matches_cpu(void **state)
+{
+    NEED_GPU();
+    flame_model *m = NULL;
+    flame_engine *cpu = NULL;
+    assert_int_equal(flame_model_create_random(configs[1], 7, &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &cpu), FLAME_OK);
+    flame_engine *gpu = gpu_engine(m, "fp32");
+    enum { R = 3, N = 40, M = 16, S = 2 };
+    static int64_t hist[R][N], cand[R][M], hoff[R][S][N + 1], hids[R][S][N], coff[R][S][M + 1], cids[R][S][M];
+    flame_bags hb[R][S], cb[R][S];
+    flame_request req[R];
+    float got[R * M * 3 + 1], want[R * M * 3];
+    double ref[R * M * 3];
+    for (int round = 0; round < 4; round++) {
+        for (int r = 0; r < R; r++) {
+            for (int i = 0; i < N; i++) hist[r][i] = tu_below(300);
+            for (int i = 0; i < M; i++) cand[r][i] = tu_below(300);
+            for (int s2 = 0; s2 < S; s2++) { /* one id per bag: the index layout stays the same */
+                for (int i = 0; i <= N; i++) hoff[r][s2][i] = i;
+                for (int i = 0; i <= M; i++) coff[r][s2][i] = i;
+                for (int i = 0; i < N; i++) hids[r][s2][i] = tu_below(9);
+                for (int i = 0; i < M; i++) cids[r][s2][i] = tu_below(9);
+                hb[r][s2] = (flame_bags){hoff[r][s2], hids[r][s2]};
+                cb[r][s2] = (flame_bags){coff[r][s2], cids[r][s2]};
+            }
+            req[r] = (flame_request){.struct_size = sizeof req[r], .history = hist[r], .history_len = N,
+                                     .candidates = cand[r], .num_candidates = M, .history_side = hb[r],
+                                     .candidate_side = cb[r], .num_side_features = S};
+        }
+        tu_poison(got, R * M * 3 + 1);
+        assert_int_equal(flame_score_batch(cpu, req, R, want, R * M * 3), FLAME_OK);
+        assert_int_equal(flame_score_batch(gpu, req, R, got, R * M * 3), FLAME_OK);
+        for (int i = 0; i < R * M * 3; i++) ref[i] = want[i];
+        assert_rel_err_below(got, ref, R * M * 3, 1e-5);
+        assert_true(isnan(got[R * M * 3]));
+    }
+    flame_engine_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_engine_get_stats(gpu, &st), FLAME_OK);
+    fprintf(stderr, "# graphs: %llu captured, %llu replays\n", (unsigned long long)st.graph_captures,
+            (unsigned long long)st.graph_replays);
+    assert_int_equal(st.graph_captures, 1);
+    assert_int_equal(st.graph_replays, 4);
+    flame_engine_destroy(gpu);
+    flame_engine_destroy(cpu);
+    flame_model_destroy(m);
+}
+
+/* Several host threads on one GPU engine (2 executors): every result matches the CPU. */
+typedef struct gpu_job {
+    flame_engine *gpu;
+    flame_model *m;
+    int failures;
+    double worst;
+} gpu_job;
+
+static void *gpu_worker(void *arg)
+{
+    gpu_job *j = arg;
+    flame_engine *cpu = NULL;
+    flame_engine_create(j->m, NULL, &cpu);
+    for (int rep = 0; rep < 5; rep++) {
+        batch b;
+        make_batch(&b, j->m, 4);
+        float *want = malloc((b.total + 1) * sizeof(float)), *got = malloc((b.total + 1) * sizeof(float));
+        double *ref = malloc((b.total + 1) * sizeof(double));
+        if (flame_score_batch(cpu, b.req, 4, want, b.total) || flame_score_batch(j->gpu, b.req, 4, got, b.total)) {
+            j->failures++;
+        } else {
+            for (size_t i = 0; i < b.total; i++) ref[i] = want[i];
+            double e = tu_rel_err(got, ref, b.total);
+            if (e > j->worst) j->worst = e;
+            if (!(e < 1e-5)) j->failures++;
+        }
+        free(want);
+        free(got);
+        free(ref);
+        free_batch(&b);
+    }
+    flame_engine_destroy(cpu);
+    return NULL;
+}
+
+static void test_concurrent_callers(void **state)
+{
+    NEED_GPU();
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(configs[0], 3, &m), FLAME_OK);
+    flame_engine *gpu = gpu_engine(m, "fp32");
+    pthread_t th[4];
+    gpu_job jobs[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t] = (gpu_job){gpu, m, 0, 0.0};
+        pthread_create(&th[t], NULL, gpu_worker, &jobs[t]);
+    }
+    int failures = 0;
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        failures += jobs[t].failures;
+        fprintf(stderr, "# thread %d: worst relative error %.2e\n", t, jobs[t].worst);
+    }
+    assert_int_equal(failures, 0);
+    flame_engine_destroy(gpu);
+    flame_model_destroy(m);
+}
+
 static void test_memory_budget_and_devices(void **state)
 {
     NEED_GPU();
@@ -231,6 +341,8 @@ int main(void)
         cmocka_unit_test(test_matrix_fp32),
         cmocka_unit_test(test_matrix_fp16),
         cmocka_unit_test(test_matrix_bf16),
+        cmocka_unit_test(test_graph_replay_matches_cpu),
+        cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_memory_budget_and_devices),
     };
     return cmocka_run_group_tests_name("cuda", tests, setup, NULL);

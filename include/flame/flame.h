@@ -177,6 +177,15 @@ typedef enum flame_option {
     /* pointer: the caller's cudaStream_t the engine runs on (cuBLAS idiom); NULL (default) =
      * a stream the engine creates. The caller keeps the stream alive as long as the engine. */
     FLAME_OPT_CUDA_STREAM = 6,
+    /* int: GPU executors of an engine, 1..16, default 2. Each has its own stream, buffers,
+     * GEMM workspace and captured graphs; concurrent calls take different executors, so one
+     * call's copies overlap another's kernels. With FLAME_OPT_CUDA_STREAM set there is one. */
+    FLAME_OPT_CUDA_EXECUTORS = 7,
+    /* int: 1 (default) = capture a pass as a CUDA graph the first time its shape is seen
+     * (every request with the same history window, candidate count and candidate layout) and
+     * replay it after; passes of other shapes run uncaptured. 0 = never capture. Up to 16
+     * graphs per executor, least recently used dropped first. */
+    FLAME_OPT_CUDA_GRAPHS = 8,
 
     /* ---- item cache options (issue 4), read by flame_item_cache_create; numbered from 100.
      * Times are microseconds. */
@@ -311,6 +320,8 @@ typedef struct flame_engine_stats {
     uint64_t max_workspace_bytes;  /* largest single workspace */
     uint64_t device_bytes;         /* GPU memory held: weights + activation buffers + GEMM workspace; 0 on the CPU */
     uint64_t device_weight_bytes;  /* of which weights (in the compute dtype) */
+    uint64_t graph_captures;       /* GPU passes captured as CUDA graphs (FLAME_OPT_CUDA_GRAPHS) */
+    uint64_t graph_replays;        /* GPU passes run by replaying a captured graph */
 } flame_engine_stats;
 
 /* Fills *stats up to stats->struct_size bytes (a caller built against an older header gets

@@ -16,6 +16,8 @@ static const int_option int_options[] = {
     {FLAME_OPT_SCORE_CHUNK, "FLAME_OPT_SCORE_CHUNK", 16, 1048576, offsetof(struct flame_config, score_chunk)},
     {FLAME_OPT_DEVICE_MEMORY_BUDGET, "FLAME_OPT_DEVICE_MEMORY_BUDGET", 0, (int64_t)1 << 50,
      offsetof(struct flame_config, device_memory_budget)},
+    {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", 1, 16, offsetof(struct flame_config, cuda_executors)},
+    {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", 0, 1, offsetof(struct flame_config, cuda_graphs)},
     /* item cache (issue 4); times in us, up to a year */
 #define IC(opt, field, lo, hi) {opt, #opt, lo, hi, offsetof(struct flame_config, field)}
     IC(FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, ic_max_entries, 1, 1ll << 32),
@@ -40,6 +42,8 @@ void fl_config_defaults(struct flame_config *c)
     strcpy(c->dtype, "fp32");
     c->max_batch = 256;
     c->score_chunk = 512;
+    c->cuda_executors = 2;
+    c->cuda_graphs = 1;
     /* item cache (issue 4) */
     c->ic_max_entries = 1000000;
     c->ic_max_bytes = 1ll << 30;

@@ -36,6 +36,11 @@ uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g)
     return 0;
 }
 
+void fl_cuda_graph_counts(const fl_cuda_engine *g, uint64_t *captures, uint64_t *replays)
+{
+    *captures = *replays = 0;
+}
+
 int fl_cuda_host_register(void *p, size_t bytes, char *why, size_t why_len)
 {
     snprintf(why, why_len, "this libflame was built without CUDA: cannot pin %zu bytes at %p", bytes, p);

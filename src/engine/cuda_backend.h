@@ -22,6 +22,8 @@ flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t 
 /* Device bytes held now: weights, activation buffers, workspace. */
 uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g);
 uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g);
+/* CUDA graphs captured and replays made, over all executors. */
+void fl_cuda_graph_counts(const fl_cuda_engine *g, uint64_t *captures, uint64_t *replays);
 
 #ifdef __cplusplus
 }

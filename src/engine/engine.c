@@ -103,6 +103,7 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
         .device_bytes = engine->gpu ? fl_cuda_device_bytes(engine->gpu) : 0,
         .device_weight_bytes = engine->gpu ? fl_cuda_weight_bytes(engine->gpu) : 0,
     };
+    if (engine->gpu) fl_cuda_graph_counts(engine->gpu, &v.graph_captures, &v.graph_replays);
     memcpy(stats, &v, stats->struct_size < sizeof v ? stats->struct_size : sizeof v);
     return FLAME_OK;
 }

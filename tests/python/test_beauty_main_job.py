@@ -1,6 +1,7 @@
 """The main job end to end: examples/flame-score evaluates the trained ICLRec Beauty model
 (converted to the flame format) with the C engine and reproduces its published metrics."""
 import json
+import os
 import subprocess
 import sys
 
@@ -38,6 +39,24 @@ def test_flame_score_reproduces_beauty_metrics(beauty_dir, beauty_flame):
     assert set(got["latency_us"]) == {"p50", "p90", "p99"}
     assert 0 < got["latency_us"]["p50"] <= got["latency_us"]["p90"] <= got["latency_us"]["p99"]
     assert got["users_per_s"] > 0
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_flame_score_reproduces_beauty_metrics_on_the_gpu(beauty_dir, beauty_flame, dtype):
+    """The same evaluation through the CUDA backend: within 0.0005 of the published metrics."""
+    res = subprocess.run([str(REPO / "examples" / "flame-score"), "--model", str(beauty_flame), "--sequences",
+                          str(beauty_dir / "Beauty.txt"), "--eval", "loo", "--k", "5,10,20", "--exclude-history",
+                          "--json", "--batch", "256", "--device", "cuda", "--dtype", dtype],
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0 and "FLAME_ERR_NO_DEVICE" in res.stderr:
+        if os.environ.get("FLAME_REQUIRE_GPU"):
+            pytest.fail("FLAME_REQUIRE_GPU is set but: " + res.stderr.strip())
+        pytest.skip("no usable GPU: " + res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    want = json.loads((beauty_dir / "iclrec-beauty.metrics.json").read_text())
+    for k in METRICS:
+        assert abs(got[k] - want[k]) <= 0.0005, f"{k} ({dtype}): libflame {got[k]:.5f} vs published {want[k]:.4f}"
 
 
 def test_flame_score_rejects_a_bad_sequences_file(beauty_flame, tmp_path):
