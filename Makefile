@@ -36,10 +36,12 @@ ifeq ($(CUDA),1)
 CU_SRC := $(wildcard cuda/*.cu)
 CU_OBJ := $(CU_SRC:%.cu=build/%.o)
 NVFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DFLAME_BUILDING -DFLAME_WITH_CUDA -Iinclude -Isrc \
+           -DFL_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"' \
            -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_90,code=compute_90
 BASE_CFLAGS += -DFLAME_WITH_CUDA
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
+# cuBLASLt is dlopen'ed by cuda/cublaslt_loader.cu when a GPU engine is made (not linked)
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
 CU_SRC :=
 CU_OBJ := build/cuda/no_cuda.o

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cublaslt_loader.cuh"
 #include "gemm.cuh"
 
 #define MAX_PLANS 64
@@ -27,7 +28,8 @@ struct fl_gemm_plan {
 
 flame_status fl_gemm_init(fl_gemm_ctx *g, size_t workspace_bytes)
 {
-    FL_CUBLAS_TRY(cublasLtCreate(&g->lt));
+    if (!fl_cublaslt()) return FLAME_ERR_NO_DEVICE; /* the message says which library is missing */
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtCreate(&g->lt));
     FL_CUDA_TRY(cudaMalloc(&g->workspace, workspace_bytes));
     g->workspace_bytes = workspace_bytes;
     g->plans = static_cast<fl_gemm_plan *>(calloc(MAX_PLANS, sizeof(fl_gemm_plan)));
@@ -37,10 +39,10 @@ flame_status fl_gemm_init(fl_gemm_ctx *g, size_t workspace_bytes)
 
 static void free_plan(fl_gemm_plan *p)
 {
-    cublasLtMatmulDescDestroy(p->desc);
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->c);
+    fl_cublaslt()->cublasLtMatmulDescDestroy(p->desc);
+    fl_cublaslt()->cublasLtMatrixLayoutDestroy(p->a);
+    fl_cublaslt()->cublasLtMatrixLayoutDestroy(p->b);
+    fl_cublaslt()->cublasLtMatrixLayoutDestroy(p->c);
 }
 
 void fl_gemm_destroy(fl_gemm_ctx *g)
@@ -48,7 +50,7 @@ void fl_gemm_destroy(fl_gemm_ctx *g)
     for (int i = 0; i < g->num_plans; i++) free_plan(&g->plans[i]);
     free(g->plans);
     if (g->workspace) cudaFree(g->workspace);
-    if (g->lt) cublasLtDestroy(g->lt);
+    if (g->lt) fl_cublaslt()->cublasLtDestroy(g->lt);
     *g = fl_gemm_ctx{};
 }
 
@@ -69,36 +71,36 @@ static flame_status make_plan(fl_gemm_ctx *g, const fl_gemm_key &k, const void *
                               const void *bias, fl_gemm_plan *p)
 {
     p->key = k;
-    FL_CUBLAS_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (k.epi == FL_EPI_BIAS) epi = CUBLASLT_EPILOGUE_BIAS;
     if (k.epi == FL_EPI_BIAS_RELU) epi = CUBLASLT_EPILOGUE_RELU_BIAS;
     if (k.epi == FL_EPI_BIAS_GELU_TANH) epi = CUBLASLT_EPILOGUE_GELU_BIAS;
-    FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (k.epi != FL_EPI_NONE) {
         cudaDataType_t bt = (cudaDataType_t)k.yt;
-        FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
-    FL_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->a, (cudaDataType_t)k.ab, k.in, k.out, k.ldw));
-    FL_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->b, (cudaDataType_t)k.ab, k.in, k.rows, k.ldx));
-    FL_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->c, (cudaDataType_t)k.yt, k.out, k.rows, k.ldy));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatrixLayoutCreate(&p->a, (cudaDataType_t)k.ab, k.in, k.out, k.ldw));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatrixLayoutCreate(&p->b, (cudaDataType_t)k.ab, k.in, k.rows, k.ldx));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatrixLayoutCreate(&p->c, (cudaDataType_t)k.yt, k.out, k.rows, k.ldy));
     cublasLtMatmulPreference_t pref;
-    FL_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = g->workspace_bytes;
     uint32_t aa = min_align(w), ab = min_align(x), ac = min_align(y), ad = min_align(bias ? bias : y);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+    fl_cublaslt()->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    fl_cublaslt()->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+    fl_cublaslt()->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+    fl_cublaslt()->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+    fl_cublaslt()->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
     (void)ad;
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    cublasStatus_t st = fl_cublaslt()->cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    fl_cublaslt()->cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         free_plan(p);
         return fl_error(FLAME_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for [%lld x %d] . [%d x %d]^T (epilogue %d): %s",
@@ -141,20 +143,20 @@ flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, int64_t rows, int32_t in, i
         p = &g->plans[0];
     }
     if (epi != FL_EPI_NONE)
-        FL_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     const uint64_t n = (uint64_t)rows;
-    FL_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n));
-    FL_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n));
+    FL_CUBLAS_TRY(fl_cublaslt()->cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof n));
     const float alpha = 1.0f;
-    cublasStatus_t st = cublasLtMatmul(g->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+    cublasStatus_t st = fl_cublaslt()->cublasLtMatmul(g->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                                        g->workspace, g->workspace_bytes, s);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
         fl_gemm_plan exact; // the bucket's algorithm does not take this row count
         k.rows = rows;
         FL_TRY(make_plan(g, k, x, w, y, bias, &exact));
         if (epi != FL_EPI_NONE)
-            cublasLtMatmulDescSetAttribute(exact.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-        st = cublasLtMatmul(g->lt, exact.desc, &alpha, w, exact.a, x, exact.b, &beta, y, exact.c, y, exact.c,
+            fl_cublaslt()->cublasLtMatmulDescSetAttribute(exact.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        st = fl_cublaslt()->cublasLtMatmul(g->lt, exact.desc, &alpha, w, exact.a, x, exact.b, &beta, y, exact.c, y, exact.c,
                             &exact.algo, g->workspace, g->workspace_bytes, s);
         free_plan(&exact);
     }

@@ -10,7 +10,7 @@ for f in include/flame/flame.h lib/libflame.so lib/libflame.so.0 lib/libflame.a 
 done
 flags=$(PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$lib/pkgconfig" pkg-config --cflags --libs flame)
 ${CC:-cc} -std=c11 -o "$stage/consumer" tests/consumer.c $flags
-LD_LIBRARY_PATH="$lib" "$stage/consumer"
+LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/consumer"
 make -s uninstall DESTDIR="$stage" PREFIX=/opt/flame
 left=$(find "$stage/opt" \( -type f -o -type l \) | head -5)
 [ -z "$left" ] || { echo "uninstall: FAILED, left behind: $left"; exit 1; }
