@@ -213,6 +213,17 @@ static void test_dot_gather(void **state)
         fl_cpu_dot_gather(h, d, table, ids, n, out, 2);
         for (int64_t i = 0; i < n; i++) got[i] = out[2 * i];
         if (n) assert_rel_err_below(got, want, (size_t)n, TOL);
+        /* the contiguous form: rows first .. first + m - 1 */
+        int64_t first = tu_below(rows), m = rows - first < n ? rows - first : n;
+        for (int64_t i = 0; i < m; i++) {
+            double sum = 0;
+            for (int32_t j = 0; j < d; j++) sum += (double)h[j] * table[(first + i) * d + j];
+            want[i] = sum;
+        }
+        tu_poison(got, (size_t)n + 1);
+        fl_cpu_dot_rows(h, d, table, NULL, first, m, got, 1);
+        if (m >= 16) assert_rel_err_below(got, want, (size_t)m, TOL);
+        for (int64_t i = 0; i < m; i++) assert_false(isnan(got[i]));
         free(h);
         free(table);
         free(ids);

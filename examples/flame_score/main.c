@@ -64,8 +64,16 @@ int make_engine(flame_model *model, const char *device, const char *dtype, flame
     return st == FLAME_OK ? 0 : 1;
 }
 
+/* Warnings and errors of the library go to stderr (e.g. a BLAS running slow kernels). */
+static void log_to_stderr(flame_log_level level, const char *message, void *user)
+{
+    (void)user;
+    fprintf(stderr, "libflame %s: %s\n", level == FLAME_LOG_ERROR ? "error" : "warning", message);
+}
+
 int main(int argc, char **argv)
 {
+    flame_set_log_callback(log_to_stderr, NULL, FLAME_LOG_WARN);
     eval_options ev = {.ks = {5, 10, 20}, .num_ks = 3, .batch = 1};
     default_options def = {.requests = 200, .candidates = 128, .seed = 42};
     const char *eval = NULL;

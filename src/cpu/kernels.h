@@ -58,9 +58,17 @@ void fl_cpu_attention_sumi(int64_t n_hist, int64_t n_cand, int32_t heads, int32_
                            const int32_t *qpos, int64_t nq, const float *k, const float *v, int64_t ldkv,
                            const uint8_t *key_valid, float *out, int64_t ldo, float *scratch);
 
+/* Dot-product scores for table rows: out[c * stride] = <h, table[row_c, :]> over d columns,
+ * row_c = ids[c], or first + c when ids is NULL (a contiguous range). */
+void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
+                     float *out, int64_t stride);
+
 /* Dot-product scores for gathered rows: out[c * stride] = <h, table[ids[c], :]> over d columns. */
 void fl_cpu_dot_gather(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t n, float *out,
                        int64_t stride);
+
+/* True when the CBLAS library runs pre-AVX kernels on an AVX2 CPU (logged once). */
+bool fl_blas_is_weak(void);
 
 /* In-place logistic sigmoid over n values with the given stride. */
 void fl_cpu_sigmoid(float *x, int64_t n, int64_t stride);

@@ -49,20 +49,3 @@ void fl_cpu_sigmoid(float *x, int64_t n, int64_t stride)
         x[i * stride] = v >= 0 ? 1.0f / (1.0f + expf(-v)) : expf(v) / (1.0f + expf(v));
     }
 }
-
-void fl_cpu_dot_gather(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t n, float *out,
-                       int64_t stride)
-{
-    for (int64_t c = 0; c < n; c++) {
-        const float *row = table + ids[c] * (int64_t)d;
-        /* eight partial sums: the compiler vectorizes this without -ffast-math, and the
-         * order is fixed, so results never depend on the thread that computes them */
-        float acc[8] = {0};
-        int32_t j = 0;
-        for (; j + 8 <= d; j += 8)
-            for (int u = 0; u < 8; u++) acc[u] += h[j + u] * row[j + u];
-        float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        for (; j < d; j++) s += h[j] * row[j];
-        out[c * stride] = s;
-    }
-}

@@ -22,6 +22,7 @@ typedef struct seq {
 
 typedef struct batch {
     const struct flame_model *model;
+    bool own_gemv; /* score single users with fl_cpu_dot_rows: the BLAS has no vector kernels here */
     const flame_request *reqs;
     size_t n;
     seq *seqs;
@@ -276,9 +277,13 @@ static void head_dot(batch *b, float *scores)
         }
         size_t g = 1;
         while (r + g < b->n && b->reqs[r + g].num_candidates == (size_t)mcand && b->seqs[r + g].nsel == 1 &&
-               b->reqs[r + g].candidates[0] == c0 && contiguous_start(b->reqs[r + g].candidates, (size_t)mcand) == c0)
+               b->reqs[r + g].candidates[0] == c0 &&
+               (b->reqs[r + g].candidates == q->candidates || /* the same array: scanned already */
+                contiguous_start(b->reqs[r + g].candidates, (size_t)mcand) == c0))
             g++;
-        if (g == 1)
+        if (g == 1 && b->own_gemv)
+            fl_cpu_dot_rows(h, d, table, NULL, c0, mcand, out, 1);
+        else if (g == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)mcand, d, 1.0f, table + c0 * d, d, h, 1, 0.0f, out, 1);
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)g, (blasint)mcand, d, 1.0f, h, d,
@@ -319,7 +324,7 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
 {
     const struct flame_model *m = e->model;
     const fl_model_cfg *c = &m->cfg;
-    batch b = {.model = m, .reqs = reqs, .n = n};
+    batch b = {.model = m, .reqs = reqs, .n = n, .own_gemv = fl_blas_is_weak()};
     plan_layout(&b);
     flame_status st = fl_workspace_reserve(e, ws, carve(&b, NULL)); /* a no-op after fl_forward_bytes */
     if (st) return st;

@@ -1,0 +1,37 @@
+/* Whether the CBLAS library fell back to pre-AVX kernels on a CPU that has AVX2 (OpenBLAS
+ * 0.3.21 does this on CPUs newer than it, e.g. Emerald Rapids: "Prescott"). The engine then
+ * scores single users with its own vector kernel and says so once through the log hook. */
+#include <cblas.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+
+static bool weak;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void check(void)
+{
+    static const char *const old[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
+                                      "Coppermine", "Northwood", "Banias", "Generic"};
+    const char *core = openblas_get_corename();
+    bool avx2 = false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    avx2 = __builtin_cpu_supports("avx2");
+#endif
+    for (size_t i = 0; core && avx2 && i < sizeof old / sizeof old[0]; i++)
+        if (!strcasecmp(core, old[i])) weak = true;
+    if (weak)
+        fl_log(FLAME_LOG_WARN,
+               "OpenBLAS uses its '%s' kernels on this AVX2 CPU (it does not recognise the CPU): GEMMs run "
+               "several times slower than they could; set OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) in the "
+               "environment, or use a newer OpenBLAS. Single-user scoring uses libflame's own kernel meanwhile.",
+               core);
+}
+
+bool fl_blas_is_weak(void)
+{
+    pthread_once(&once, check);
+    return weak;
+}

@@ -1,0 +1,72 @@
+/* Dot-product scoring of table rows (the dot head): out[c * stride] = <h, table[row(c)]>.
+ * Compiled for AVX-512, AVX2+FMA and baseline x86-64, picked at load time (target_clones), so
+ * scoring never depends on how the BLAS library recognised the CPU. Four rows share each
+ * load of h; sixteen partial sums per row in a fixed order, so every clone gives the same
+ * bits and results never depend on the thread or the batch. */
+#include "cpu/kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) &&        \
+    !defined(__SANITIZE_THREAD__)
+#define FL_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define FL_CLONES
+#endif
+
+/* Pairwise sum of 16 partial sums: a fixed tree. */
+static inline float sum16(const float *a)
+{
+    float b[8];
+    for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
+    return ((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7]));
+}
+
+static inline const float *row_of(const float *table, int32_t d, const int64_t *ids, int64_t first, int64_t c)
+{
+    return table + (ids ? ids[c] : first + c) * (int64_t)d;
+}
+
+FL_CLONES void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first,
+                               int64_t n, float *out, int64_t stride)
+{
+    const int32_t dv = d & ~15; /* the 16-wide part; the tail is summed last */
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        const float *r0 = row_of(table, d, ids, first, c), *r1 = row_of(table, d, ids, first, c + 1),
+                    *r2 = row_of(table, d, ids, first, c + 2), *r3 = row_of(table, d, ids, first, c + 3);
+        float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0};
+        for (int32_t j = 0; j < dv; j += 16)
+            for (int u = 0; u < 16; u++) {
+                const float x = h[j + u];
+                a0[u] += x * r0[j + u];
+                a1[u] += x * r1[j + u];
+                a2[u] += x * r2[j + u];
+                a3[u] += x * r3[j + u];
+            }
+        float s0 = sum16(a0), s1 = sum16(a1), s2 = sum16(a2), s3 = sum16(a3);
+        for (int32_t j = dv; j < d; j++) {
+            s0 += h[j] * r0[j];
+            s1 += h[j] * r1[j];
+            s2 += h[j] * r2[j];
+            s3 += h[j] * r3[j];
+        }
+        out[c * stride] = s0;
+        out[(c + 1) * stride] = s1;
+        out[(c + 2) * stride] = s2;
+        out[(c + 3) * stride] = s3;
+    }
+    for (; c < n; c++) {
+        const float *r = row_of(table, d, ids, first, c);
+        float a[16] = {0};
+        for (int32_t j = 0; j < dv; j += 16)
+            for (int u = 0; u < 16; u++) a[u] += h[j + u] * r[j + u];
+        float s = sum16(a);
+        for (int32_t j = dv; j < d; j++) s += h[j] * r[j];
+        out[c * stride] = s;
+    }
+}
+
+void fl_cpu_dot_gather(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t n, float *out,
+                       int64_t stride)
+{
+    fl_cpu_dot_rows(h, d, table, ids, 0, n, out, stride);
+}
