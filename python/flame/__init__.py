@@ -16,6 +16,7 @@ from ._lib import version as library_version
 from .engine import Engine, Request
 from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, FlameIOError, FormatError,
                      InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
+                     UnavailableError,
                      ShapeError, UnsupportedError, VersionMismatchError)
 from .exporter import export
 from .log import clear_log_handler, set_log_handler
@@ -32,5 +33,5 @@ def __getattr__(name):
 
 __all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "export", "library_version", "set_log_handler",
            "clear_log_handler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
-           "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError",
+           "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",
            "DTypeError", "ShapeError", "ClosedError", "LibraryNotFoundError", "VersionMismatchError"]

@@ -36,7 +36,9 @@ class Request(C.Structure):
 class EngineStats(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("calls", C.c_uint64), ("requests", C.c_uint64),
                 ("workspaces", C.c_uint64), ("scratch_bytes", C.c_uint64),
-                ("max_workspace_bytes", C.c_uint64)]
+                ("max_workspace_bytes", C.c_uint64), ("device_bytes", C.c_uint64),
+                ("device_weight_bytes", C.c_uint64), ("graph_captures", C.c_uint64),
+                ("graph_replays", C.c_uint64)]
 
 
 def as_dict(s: C.Structure) -> dict:

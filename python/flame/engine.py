@@ -18,7 +18,8 @@ from .errors import ClosedError, DTypeError, ShapeError
 from .model import Model
 
 # Engine options (flame_option): keyword -> (enum value, Python type).
-OPTIONS = {"device": (1, str), "max_batch": (2, int), "score_chunk": (3, int)}
+OPTIONS = {"device": (1, str), "max_batch": (2, int), "score_chunk": (3, int), "dtype": (4, str),
+           "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
 # does not export are left out, so newer handles (cache, allocator) slot in as one line each.
@@ -53,6 +54,9 @@ class Engine:
       device: "cpu" (default), "auto", "cuda", "cuda:N"
       max_batch: requests per pass in score_batch (1..65536, default 256)
       score_chunk: item-table rows gathered at once by the dot head (16..1048576, default 512)
+      dtype: GPU compute dtype "fp32" (default), "fp16", "bf16"
+      device_memory_budget: most bytes of GPU memory the engine may hold (0 = no limit)
+      cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0
     """
 
     def __init__(self, model: Model, **options: Union[str, int]):

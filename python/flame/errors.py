@@ -19,6 +19,7 @@ ERR_UNSUPPORTED = 5
 ERR_NO_DEVICE = 6
 ERR_BUFFER_TOO_SMALL = 7
 ERR_INTERNAL = 8
+ERR_UNAVAILABLE = 9
 
 
 class FlameError(Exception):
@@ -70,6 +71,12 @@ class InternalError(FlameError):
 # ---- raised before reaching C
 
 
+class UnavailableError(FlameError):
+    """A feature source or store did not answer (FLAME_ERR_UNAVAILABLE)."""
+
+    status, status_name = ERR_UNAVAILABLE, "FLAME_ERR_UNAVAILABLE"
+
+
 class DTypeError(InvalidArgumentError, TypeError):
     """An array has the wrong dtype (ids must be int64, scores float32)."""
 
@@ -96,7 +103,8 @@ class VersionMismatchError(FlameError):
 
 BY_STATUS: Dict[int, Type[FlameError]] = {
     c.status: c for c in (InvalidArgumentError, OutOfMemoryError, FlameIOError, FormatError,
-                          UnsupportedError, NoDeviceError, BufferTooSmallError, InternalError)
+                          UnsupportedError, NoDeviceError, BufferTooSmallError, InternalError,
+                          UnavailableError)
 }
 
 

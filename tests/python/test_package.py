@@ -82,7 +82,9 @@ def test_model_info_random_and_default(tmp_path):
 def test_engine_stats_count_calls_and_requests(dot_engine):
     _, _, e = dot_engine
     before = e.stats()["engine"]
-    assert set(before) == {"calls", "requests", "workspaces", "scratch_bytes", "max_workspace_bytes"}
+    assert set(before) == {"calls", "requests", "workspaces", "scratch_bytes", "max_workspace_bytes",
+                           "device_bytes", "device_weight_bytes", "graph_captures", "graph_replays"}
+    assert before["device_bytes"] == 0  # a CPU engine holds no GPU memory
     e.score([1, 2], [3])
     e.score([1], [3, 4])
     e.score_batch([([1], [2]), ([3], [4]), ([5], [6])])
