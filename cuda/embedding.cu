@@ -1,7 +1,9 @@
 // Table-batched embedding bag (FBGEMM TBE style): one launch for every token and feature.
-// A warp owns one token (sum combine: all features add into the same columns, accumulated in
-// registers and written once) or one (token, feature) bag (concat: disjoint columns). Rows
-// are read with 16-byte vector loads, four rows in flight, accumulated in float.
+// A group of lanes owns one token (sum combine: all features add into the same columns,
+// accumulated in registers and written once) or one (token, feature) bag (concat: disjoint
+// columns). The group is as wide as a row has 16-byte vectors (up to a warp), so short rows
+// do not leave most of a warp idle. Rows are read with 16-byte vector loads, four rows in
+// flight per lane, accumulated in float.
 #include "kernels.cuh"
 
 template <typename T, int VEC> struct vec_load;
@@ -20,17 +22,19 @@ template <typename T, int VEC> struct vec_load {
 };
 
 template <typename T, typename OutT, int VEC, bool CONCAT>
-__global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int64_t tokens, OutT *out, int64_t ldo)
+__global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int64_t tokens, OutT *out, int64_t ldo,
+                                                  int lanes)
 {
-    const int lane = threadIdx.x & 31;
-    const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    const int64_t thread = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t item = thread / lanes; // lanes: a power of two <= 32, so groups never straddle warps
+    const int sub = (int)(thread % lanes);
     const int64_t items = CONCAT ? tokens * fs.count : tokens;
-    if (warp >= items) return;
-    const int64_t t = CONCAT ? warp / fs.count : warp;
-    const int f0 = CONCAT ? (int)(warp % fs.count) : 0, f1 = CONCAT ? f0 + 1 : fs.count;
+    if (item >= items) return;
+    const int64_t t = CONCAT ? item / fs.count : item;
+    const int f0 = CONCAT ? (int)(item % fs.count) : 0, f1 = CONCAT ? f0 + 1 : fs.count;
     const int dim = fs.f[f0].dim; // sum combine: every feature has the same dim
     OutT *dst = out + t * ldo + fs.f[f0].out_col;
-    for (int c0 = lane * VEC; c0 < dim; c0 += 32 * VEC) {
+    for (int c0 = sub * VEC; c0 < dim; c0 += lanes * VEC) {
         float acc[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
@@ -62,12 +66,16 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
 template <typename T, typename OutT, int VEC>
 static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s)
 {
+    int widest = 1; // vectors in the widest row
+    for (int f = 0; f < fs.count; f++) widest = fs.f[f].dim / VEC > widest ? fs.f[f].dim / VEC : widest;
+    int lanes = 1;
+    while (lanes < widest && lanes < 32) lanes <<= 1;
     const int64_t items = fs.concat ? tokens * fs.count : tokens;
-    const unsigned blocks = ceil_div(items * 32, 256);
+    const unsigned blocks = ceil_div(items * lanes, 256);
     if (fs.concat)
-        emb_kernel<T, OutT, VEC, true><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo);
+        emb_kernel<T, OutT, VEC, true><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
     else
-        emb_kernel<T, OutT, VEC, false><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo);
+        emb_kernel<T, OutT, VEC, false><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
 }
 
 template <typename T, typename OutT>

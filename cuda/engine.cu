@@ -145,7 +145,6 @@ static void free_executor(fl_cuda_executor *x)
     if (x->stream) cudaStreamSynchronize(x->stream);
     fl_graphs_clear(x);
     if (x->arena) cudaFree(x->arena);
-    if (x->staging) cudaFreeHost(x->staging);
     fl_gemm_destroy(&x->gemm);
     if (x->own_stream) cudaStreamDestroy(x->stream);
 }
@@ -179,6 +178,7 @@ extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_w
         g->num_ex = i + 1; // destroy frees what was made
         g->free_ex.push_back(i);
     }
+    if (!st) st = flame_pinned_pool_create(nullptr, &g->pinned);
     if (!st) st = upload_model(g, *w);
     if (st) {
         fl_cuda_engine_destroy(g);
@@ -192,7 +192,11 @@ extern "C" void fl_cuda_engine_destroy(fl_cuda_engine *g)
 {
     if (!g) return;
     cudaSetDevice(g->device);
-    for (int i = 0; i < g->num_ex; i++) free_executor(&g->ex[i]);
+    for (int i = 0; i < g->num_ex; i++) {
+        free_executor(&g->ex[i]); // synchronizes its stream first
+        if (g->ex[i].staging) flame_pinned_free(g->pinned, g->ex[i].staging);
+    }
+    flame_pinned_pool_destroy(g->pinned);
     delete[] g->ex;
     for (size_t i = 0; i < g->num_allocs; i++) cudaFree(g->allocs[i]);
     free(g->allocs);

@@ -64,6 +64,7 @@ struct fl_cuda_executor {
 
 struct fl_cuda_engine {
     int device = 0;
+    flame_pinned_pool *pinned = nullptr; // staging buffers: NUMA-local pages registered with CUDA
     fl_dtype_opt dtype = FL_COMPUTE_FP32;
     cudaDataType_t ab = CUDA_R_32F; // the compute dtype as cuBLASLt names it
     fl_model_cfg cfg;

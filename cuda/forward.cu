@@ -203,12 +203,14 @@ size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, 
 // drops them.
 flame_status grow(fl_cuda_engine *g, fl_cuda_executor *x, size_t staging, size_t arena)
 {
-    if (staging > x->staging_bytes) {
+    if (staging > x->staging_bytes) { // from the engine's pinned pool (pageable if pinning fails)
         fl_graphs_clear(x);
-        if (x->staging) cudaFreeHost(x->staging);
+        if (x->staging) flame_pinned_free(g->pinned, x->staging);
         x->staging = nullptr;
         x->staging_bytes = 0;
-        FL_CUDA_TRY(cudaMallocHost(&x->staging, staging + staging / 4));
+        void *p = nullptr;
+        FL_TRY(flame_pinned_alloc(g->pinned, staging + staging / 4, &p, nullptr));
+        x->staging = static_cast<uint8_t *>(p);
         x->staging_bytes = staging + staging / 4;
     }
     if (arena > x->arena_bytes) {
