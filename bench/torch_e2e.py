@@ -130,23 +130,29 @@ def run_sumi(args, dev, dtype):
     if not model32.sumi:
         raise SystemExit("torch_e2e: the shapes mode wants a sumi-head model; use --sequences for dot heads")
     model = FlameModel.from_file(args.model).to(dev).eval().to(dtype)
-    results = []
+    doc = {"mode": "shapes", "model": args.model, "device": str(dev), "dtype": args.dtype, "bag": args.bag,
+           "torch": torch.__version__, "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+           "results": []}
     engine = None
     if args.compare:
         _, engine = flame_engine(args.model, "cuda" if dev.type == "cuda" else "cpu", args.dtype)
-    for shape in args.shapes.split(","):
-        B, L, M = (int(x) for x in shape.lower().split("x"))
-        name = f"b{B}_l{L}_m{M}"
-        sets = [make_inputs(cfg, B, L, M, args.bag, 1000 * k + B, dev) for k in range(args.sets)]
-        r = {"shape": name, "B": B, "L": L, "M": M, "dtype": args.dtype, "calls": args.calls, "warmup": args.warmup}
 
-        with torch.no_grad():
-            def eager(h, c, hs, cs):
-                return model.predict(h, c, None, hs, cs)
+    def eager(h, c, hs, cs):
+        return model.predict(h, c, None, hs, cs)
 
+    # eager (and the comparison) for every shape first, then compilation, the long pole,
+    # shape by shape; --out-json is rewritten after each step so a timeout keeps what ran
+    work = []
+    with torch.no_grad():
+        for shape in args.shapes.split(","):
+            B, L, M = (int(x) for x in shape.lower().split("x"))
+            name = f"b{B}_l{L}_m{M}"
+            sets = [make_inputs(cfg, B, L, M, args.bag, 1000 * k + B, dev) for k in range(args.sets)]
+            r = {"shape": name, "B": B, "L": L, "M": M, "dtype": args.dtype, "calls": args.calls, "warmup": args.warmup}
             log(f"{name}: eager")
             r["eager"] = time_calls(eager, sets, args.calls, args.warmup, dev)
             r["eager"]["candidates_per_s"] = round(B * M / (r["eager"]["mean_us"] * 1e-6), 1)
+            log(f"{name}: eager p50 {r['eager']['p50_us']} us")
             if args.compare:
                 h, c, hs, cs = sets[0]
                 mine = eager(h, c, hs, cs).float().cpu().numpy()
@@ -158,28 +164,36 @@ def run_sumi(args, dev, dtype):
                 log(f"{name}: max |torch {args.dtype} - libflame| = {r['max_abs_diff_torch_vs_libflame']:.3g}, "
                     f"|torch fp32 - libflame| = {r['max_abs_diff_torch_fp32_vs_libflame']:.3g}, "
                     f"|torch {args.dtype} - torch fp32| = {r['max_abs_diff_torch_vs_torch_fp32']:.3g}")
-            if not args.no_compile:
-                log(f"{name}: torch.compile(mode='reduce-overhead') (compiling)")
-                t0 = time.perf_counter()
-                try:
-                    compiled = torch.compile(eager, mode="reduce-overhead", dynamic=False)
-                    compiled(*sets[0])
-                    r["compile_s"] = round(time.perf_counter() - t0, 1)
-                    r["compiled"] = time_calls(compiled, sets, args.calls, args.warmup, dev)
-                    r["compiled"]["candidates_per_s"] = round(B * M / (r["compiled"]["mean_us"] * 1e-6), 1)
-                    got = compiled(*sets[0]).float().cpu().numpy()
-                    r["max_abs_diff_compiled_vs_eager"] = float(np.abs(got - eager(*sets[0]).float().cpu().numpy()).max())
-                except Exception as e:  # reported; the driver counts it as a failure
-                    r["compiled_error"] = f"{type(e).__name__}: {e}"[:2000]
-                    log(f"{name}: torch.compile failed: {r['compiled_error'][:300]}")
-        log(f"{name}: eager p50 {r['eager']['p50_us']} us" +
-            (f", compiled p50 {r['compiled']['p50_us']} us" if "compiled" in r else ""))
-        results.append(r)
+            doc["results"].append(r)
+            work.append((r, sets))
+            dump(args, doc)
+        for r, sets in work if not args.no_compile else []:
+            name, B, M = r["shape"], r["B"], r["M"]
+            log(f"{name}: torch.compile(mode='reduce-overhead') (compiling)")
+            t0 = time.perf_counter()
+            try:
+                compiled = torch.compile(eager, mode="reduce-overhead", dynamic=False)
+                compiled(*sets[0])
+                r["compile_s"] = round(time.perf_counter() - t0, 1)
+                r["compiled"] = time_calls(compiled, sets, args.calls, args.warmup, dev)
+                r["compiled"]["candidates_per_s"] = round(B * M / (r["compiled"]["mean_us"] * 1e-6), 1)
+                got = compiled(*sets[0]).float().cpu().numpy()
+                r["max_abs_diff_compiled_vs_eager"] = float(np.abs(got - eager(*sets[0]).float().cpu().numpy()).max())
+                log(f"{name}: compiled p50 {r['compiled']['p50_us']} us (compiled in {r['compile_s']} s)")
+            except Exception as e:  # reported; the driver counts it as a failure
+                r["compiled_error"] = f"{type(e).__name__}: {e}"[:2000]
+                log(f"{name}: torch.compile failed: {r['compiled_error'][:300]}")
+            dump(args, doc)
     if engine is not None:
         engine.close()
-    return {"mode": "shapes", "model": args.model, "device": str(dev), "dtype": args.dtype, "bag": args.bag,
-            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
-            "results": results}
+    return doc
+
+
+def dump(args, doc):
+    if args.out_json:
+        with open(args.out_json + ".tmp", "w") as f:
+            json.dump(doc, f)
+        os.replace(args.out_json + ".tmp", args.out_json)
 
 
 # ------------------------------------------------------------------ full sort (dot head)
@@ -294,6 +308,7 @@ def main(argv=None):
     ap.add_argument("--max-users", type=int, default=0, help="full-sort mode: only the first N users (testing)")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out-json", help="also write the result here, rewritten after every step (partial on a timeout)")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -301,6 +316,7 @@ def main(argv=None):
         log(f"{args.dtype} on the CPU: computing in fp32 instead (testing only)")
         dtype = torch.float32
     doc = run_fullsort(args, dev, dtype) if args.sequences else run_sumi(args, dev, dtype)
+    dump(args, doc)
     print(json.dumps(doc) if args.json else json.dumps(doc, indent=1))
     failed = any("compiled_error" in r for r in doc.get("results", []))
     return 1 if failed else 0
