@@ -163,11 +163,9 @@ def main(argv=None):
     beauty = None
     if beauty_src:
         beauty = beauty_src[0]
-        conv = R.run("convert_beauty", [py, "-m", "flame.convert", "iclrec", beauty_src[1], beauty], 120,
-                     want_json=False)
+        R.run("convert_beauty", [py, "-m", "flame.convert", "iclrec", beauty_src[1], beauty], 120, want_json=False)
         if not args.dry_run and not os.path.exists(beauty):
             beauty = None
-        del conv
 
     # 2. embedding
     if args.cpu:
