@@ -13,6 +13,8 @@
  *
  * Other sources of the model: --config FILE (a flame.config JSON; random weights, --seed) or
  * neither (the embedded default configuration).
+ * --history-min L0 draws each synthetic history length uniformly from [L0, L] (variable-length
+ * traffic: token counts differ from call to call).
  * --sequences FILE (lines "user i1 i2 ... in", e.g. Beauty.txt) takes the histories from the
  * file (i1..i(n-1) of each user, in file order, B users per call) instead of synthetic ones;
  * --all-items scores every item id 0..num_items-1 for each user (full-sort evaluation); then
@@ -32,7 +34,7 @@
 
 typedef struct options {
     const char *model, *config, *sequences, *device, *dtype;
-    size_t users, history, candidates, calls, warmup, bag, sets;
+    size_t users, history, history_min, candidates, calls, warmup, bag, sets;
     uint64_t seed;
     int all_items, json;
 } options;
@@ -66,7 +68,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: e2e-bench [--model FILE | --config FILE] [--device cpu|cuda|cuda:N|auto] [--dtype fp32|fp16|bf16]\n"
-            "                 [--users B] [--history L] [--candidates M] [--calls N] [--warmup W] [--bag K]\n"
+            "                 [--users B] [--history L] [--history-min L0] [--candidates M] [--calls N] [--warmup W] [--bag K]\n"
             "                 [--sets S] [--seed S] [--sequences FILE] [--all-items] [--json]\n");
 }
 
@@ -88,6 +90,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--dtype")) str = &o->dtype;
         else if (!strcmp(a, "--users")) num = &o->users;
         else if (!strcmp(a, "--history")) num = &o->history;
+        else if (!strcmp(a, "--history-min")) num = &o->history_min;
         else if (!strcmp(a, "--candidates")) num = &o->candidates;
         else if (!strcmp(a, "--calls")) num = &o->calls;
         else if (!strcmp(a, "--warmup")) num = &o->warmup;
@@ -118,6 +121,10 @@ static int parse_args(int argc, char **argv, options *o)
     }
     if (o->model && o->config) {
         fprintf(stderr, "e2e-bench: give --model or --config, not both\n");
+        return -1;
+    }
+    if (o->history_min > o->history) {
+        fprintf(stderr, "e2e-bench: --history-min %zu exceeds --history %zu\n", o->history_min, o->history);
         return -1;
     }
     if (o->users == 0 || o->calls == 0 || o->sets == 0) {
@@ -384,10 +391,13 @@ int main(int argc, char **argv)
                 hist = seqs[k * o.users + r];
                 L = seq_lens[k * o.users + r];
             } else {
-                int64_t *h = xmalloc(o.history * sizeof *h);
-                for (size_t i = 0; i < o.history; i++) h[i] = (int64_t)(next_u64(&rng) % (uint64_t)info.num_items);
-                hist = h;
+                /* --history-min: lengths uniform in [history_min, history] (variable-length traffic) */
                 L = o.history;
+                if (o.history_min && o.history_min < o.history)
+                    L = o.history_min + (size_t)(next_u64(&rng) % (uint64_t)(o.history - o.history_min + 1));
+                int64_t *h = xmalloc(L * sizeof *h);
+                for (size_t i = 0; i < L; i++) h[i] = (int64_t)(next_u64(&rng) % (uint64_t)info.num_items);
+                hist = h;
             }
             const int64_t *cands = all_items;
             if (!o.all_items) {
@@ -452,7 +462,7 @@ int main(int argc, char **argv)
     const double rps = (double)total_req / (elapsed * 1e-6), cps = (double)total_cand / (elapsed * 1e-6);
     const char *head = info.head == FLAME_HEAD_SUMI ? "sumi" : "dot";
     if (o.json) {
-        printf("{\"model\":\"%s\",\"device\":\"%s\",\"dtype\":\"%s\",\"users\":%zu,\"history\":%zu,\"candidates\":%zu,"
+        printf("{\"model\":\"%s\",\"device\":\"%s\",\"dtype\":\"%s\",\"users\":%zu,\"history\":%zu,\"history_min\":%zu,\"candidates\":%zu,"
                "\"sequences\":%s%s%s,\"all_items\":%s,\"calls\":%zu,\"warmup\":%zu,\"sets\":%zu,\"bag\":%zu,"
                "\"p50_us\":%.2f,\"p99_us\":%.2f,\"mean_us\":%.2f,\"min_us\":%.2f,\"max_us\":%.2f,"
                "\"calls_per_s\":%.2f,\"requests_per_s\":%.2f,\"candidates_per_s\":%.1f,"
@@ -462,7 +472,8 @@ int main(int argc, char **argv)
                "\"num_side_features\":%d,\"num_items\":%lld,\"head\":\"%s\",\"score_checksum\":%.6g,"
                "\"nonfinite_scores\":%zu,\"libflame\":\"%s\"}\n",
                o.model ? o.model : o.config ? o.config : "(embedded default)", o.device, o.dtype, o.users,
-               o.sequences ? (size_t)0 : o.history, M, o.sequences ? "\"" : "", o.sequences ? o.sequences : "null",
+               o.sequences ? (size_t)0 : o.history, o.sequences ? (size_t)0 : o.history_min ? o.history_min : o.history, M,
+               o.sequences ? "\"" : "", o.sequences ? o.sequences : "null",
                o.sequences ? "\"" : "", o.all_items ? "true" : "false", o.calls, o.warmup, o.sets, o.bag, p50, p99, mean,
                lat[0], lat[o.calls - 1], (double)o.calls / (elapsed * 1e-6), rps, cps,
                (unsigned long long)es.device_bytes, (unsigned long long)es.device_weight_bytes,
@@ -474,7 +485,12 @@ int main(int argc, char **argv)
                o.model ? o.model : o.config ? o.config : "(embedded default)", info.d_model, info.num_blocks,
                info.num_heads, info.ffn_dim, head, info.num_tasks, info.num_side_features, (long long)info.num_items);
         char hist[64];
-        snprintf(hist, sizeof hist, o.sequences ? "from the file" : "%zu", o.history);
+        if (o.sequences)
+            snprintf(hist, sizeof hist, "from the file");
+        else if (o.history_min && o.history_min < o.history)
+            snprintf(hist, sizeof hist, "%zu..%zu", o.history_min, o.history);
+        else
+            snprintf(hist, sizeof hist, "%zu", o.history);
         printf("device %s, dtype %s: B=%zu users/call, L=%s, M=%zu candidates, %zu calls after %zu warm-up\n",
                o.device, o.dtype, o.users, hist, M, o.calls, o.warmup);
         printf("latency per call: p50 %.1f us, p99 %.1f us, mean %.1f us, min %.1f us\n", p50, p99, mean, lat[0]);

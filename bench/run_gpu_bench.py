@@ -11,7 +11,9 @@ Steps (each a subprocess whose raw output goes to DIR; progress lines carry time
      bench/torch_embedding.py (F.embedding_bag, one call over concatenated tables);
   3. end to end, fp16, B1 L256 M128, B8 L256 M128, B1 L1024 M128: bench/e2e-bench (through
      the public C API, 1000 calls) and bench/torch_e2e.py (eager and torch.compile
-     reduce-overhead, and the max abs score difference against libflame);
+     reduce-overhead, and the max abs score difference against libflame); also libflame on
+     variable-length histories (B8, L 128..256, 256 distinct request sets) against the
+     peer's fixed L256 (what padding gives PyTorch);
   4. Beauty full sort (all 12,103 items per user, batches of 256, fp16 and fp32): e2e-bench
      --sequences --all-items against torch_e2e.py --sequences.
 Then prints a table and writes bench/results/<machine>-<date>.json (also copied to DIR): a
@@ -185,6 +187,15 @@ def main(argv=None):
                                                    "--calls", str(calls), "--warmup", "100" if not args.cpu else "3",
                                                    "--json"], 120)
 
+    # variable-length traffic: B8, histories of 128..256 (token counts differ from call to
+    # call, as in serving), against the peer padded to L256 (the peer entries reuse b8_l256_m128)
+    vB, vL, vM = shapes[1]
+    e2e["var"] = R.run("e2e_libflame_b8_l128to256_m128", ["bench/e2e-bench", "--model", ref, "--device", dev,
+                                                         "--dtype", "fp16", "--users", str(vB), "--history", str(vL),
+                                                         "--history-min", str(vL // 2), "--candidates", str(vM),
+                                                         "--sets", "256", "--calls", str(calls),
+                                                         "--warmup", "100" if not args.cpu else "3", "--json"], 120)
+
     # 4. Beauty full sort, fp16 and fp32
     bl, bt = {}, {}
     if beauty and seqs:
@@ -248,6 +259,11 @@ def main(argv=None):
         res.append(entry(f"e2e_ref_{name}_device_bytes", mine.get("device_bytes"), "bytes", None, None))
         res.append(entry(f"e2e_ref_{name}_max_abs_score_diff", peer.get("max_abs_diff_torch_vs_libflame"), "abs",
                          "0 (libflame fp16 vs PyTorch fp16 on the same inputs)", None))
+    mine, peer = e2e.get("var") or {}, tres.get("b{}_l{}_m{}".format(*shapes[1]), {}).get("compiled", {})
+    peer_name = "torch.compile(mode='reduce-overhead') at B8 L256 M128 (variable histories padded to 256), same run"
+    res.append(entry("e2e_ref_b8_l128to256_m128_p50_us", mine.get("p50_us"), "us", peer_name, peer.get("p50_us")))
+    res.append(entry("e2e_ref_b8_l128to256_m128_candidates_per_s", mine.get("candidates_per_s"), "candidates/s",
+                     peer_name, peer.get("candidates_per_s")))
     for dt, suffix in (("fp16", ""), ("fp32", "_fp32")):
         mine, peer = bl.get(dt) or {}, bt.get(dt) or {}
         res.append(entry(f"beauty_fullsort_gpu{suffix}_users_per_s", mine.get("requests_per_s"), "users/s",
