@@ -54,6 +54,8 @@ EXAMPLES := examples/flame-score
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
 BENCHES  += bench/cache-bench # issue 4
+BENCHES  += bench/e2e-bench # issue 3: end-to-end flame_score_batch (any device)
+BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # issue 3: the TBE kernel vs copy bandwidth (nvcc)
 
 .PHONY: all lib examples test test-c test-python test-gpu bench run install uninstall clean deps test-sanitize san-run
 
@@ -105,6 +107,15 @@ bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
 # issue 4: item cache hit ratio vs LRU, hit-path throughput, flame_score through the cache
 bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
+# issue 3: flame_score_batch end to end on any device (bench/run_gpu_bench.py drives it)
+bench/e2e-bench: bench/e2e_bench.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS) -lcjson
+# issue 3: calls the internal kernel wrapper, so it links the static library and the CUDA libs
+bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
+	@mkdir -p build/bench
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -gencode arch=compute_80,code=sm_80 \
+	    -gencode arch=compute_90,code=sm_90 -c $< -o build/bench/embedding_bench.o
+	$(CC) -o $@ build/bench/embedding_bench.o $(STLIB) $(LDLIBS)
 
 build/tests/%: tests/%.c tests/testutil.h $(SHLIB) lib/libflame.so $(STLIB)
 	@mkdir -p $(dir $@)
