@@ -48,7 +48,8 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
         }
         if (b > need) need = b;
     }
-    st = fl_workspace_reserve(engine, ws, need); /* all memory up front: no half-written scores */
+    /* all memory up front: no half-written scores (a GPU engine keeps its buffers on the device) */
+    if (!engine->gpu) st = fl_workspace_reserve(engine, ws, need);
     float *out = scores;
     for (size_t r0 = 0; r0 < num_requests && !st; r0 += slice) {
         size_t n = num_requests - r0 < slice ? num_requests - r0 : slice;
