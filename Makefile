@@ -22,7 +22,7 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFLAME_BUILDING \
                -Iinclude -Isrc $(shell pkg-config --cflags cblas 2>/dev/null)
-LDLIBS  := -lcjson -lopenblas -lhiredis -lpthread -lm
+LDLIBS  := -lcjson -lopenblas -lhiredis -fopenmp -lpthread -lm
 
 SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory (issue 4): NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
@@ -65,7 +65,7 @@ lib: $(SHLIB) lib/libflame.so.$(MAJOR) lib/libflame.so $(STLIB)
 
 build/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(if $(findstring src/cpu/,$<),-O3) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(findstring src/cpu/dot.c,$<),-fopenmp) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) include/flame/flame.h
 	@mkdir -p $(dir $@)

@@ -34,7 +34,7 @@
 
 typedef struct options {
     const char *model, *config, *sequences, *device, *dtype;
-    size_t users, history, history_min, candidates, calls, warmup, bag, sets;
+    size_t users, history, history_min, candidates, calls, warmup, bag, sets, graphs;
     uint64_t seed;
     int all_items, json;
 } options;
@@ -75,7 +75,7 @@ static void usage(void)
 static int parse_args(int argc, char **argv, options *o)
 {
     *o = (options){.device = "cpu", .dtype = "fp32", .users = 1, .history = 256, .candidates = 128, .calls = 1000,
-                   .warmup = 100, .bag = 1, .sets = 8, .seed = 1};
+                   .warmup = 100, .bag = 1, .sets = 8, .graphs = 1, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         size_t *num = NULL;
@@ -96,6 +96,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--warmup")) num = &o->warmup;
         else if (!strcmp(a, "--bag")) num = &o->bag;
         else if (!strcmp(a, "--sets")) num = &o->sets;
+        else if (!strcmp(a, "--graphs")) num = &o->graphs; /* FLAME_OPT_CUDA_GRAPHS: 1 (default) or 0 */
         else if (strcmp(a, "--seed") != 0) {
             fprintf(stderr, "e2e-bench: unknown argument '%s'\n", a);
             usage();
@@ -307,8 +308,16 @@ static double percentile(const double *sorted, size_t n, double p)
         }                                                                                                      \
     } while (0)
 
+static void log_to_stderr(flame_log_level level, const char *message, void *user)
+{
+    (void)level;
+    (void)user;
+    fprintf(stderr, "libflame: %s\n", message);
+}
+
 int main(int argc, char **argv)
 {
+    flame_set_log_callback(log_to_stderr, NULL, FLAME_LOG_WARN);
     options o;
     if (parse_args(argc, argv, &o)) return 2;
 
@@ -341,6 +350,7 @@ int main(int argc, char **argv)
     CHECK(flame_config_create(&cfg));
     CHECK(flame_config_set_string(cfg, FLAME_OPT_DEVICE, o.device));
     CHECK(flame_config_set_string(cfg, FLAME_OPT_DTYPE, o.dtype));
+    CHECK(flame_config_set_int(cfg, FLAME_OPT_CUDA_GRAPHS, (int64_t)o.graphs));
     if (o.users > 256) CHECK(flame_config_set_int(cfg, FLAME_OPT_MAX_BATCH, (int64_t)(o.users < 65536 ? o.users : 65536)));
     flame_engine *engine;
     t0 = now_us();
@@ -470,7 +480,7 @@ int main(int argc, char **argv)
                "\"load_us\":%.0f,\"engine_create_us\":%.0f,"
                "\"d_model\":%d,\"num_blocks\":%d,\"num_heads\":%d,\"ffn_dim\":%d,\"max_len\":%d,\"num_tasks\":%d,"
                "\"num_side_features\":%d,\"num_items\":%lld,\"head\":\"%s\",\"score_checksum\":%.6g,"
-               "\"nonfinite_scores\":%zu,\"libflame\":\"%s\"}\n",
+               "\"nonfinite_scores\":%zu,\"graph_captures\":%llu,\"graph_replays\":%llu,\"libflame\":\"%s\"}\n",
                o.model ? o.model : o.config ? o.config : "(embedded default)", o.device, o.dtype, o.users,
                o.sequences ? (size_t)0 : o.history, o.sequences ? (size_t)0 : o.history_min ? o.history_min : o.history, M,
                o.sequences ? "\"" : "", o.sequences ? o.sequences : "null",
@@ -479,7 +489,8 @@ int main(int argc, char **argv)
                (unsigned long long)es.device_bytes, (unsigned long long)es.device_weight_bytes,
                (unsigned long long)ru.ru_maxrss * 1024ull, load_us, create_us, info.d_model, info.num_blocks,
                info.num_heads, info.ffn_dim, info.max_len, info.num_tasks, info.num_side_features,
-               (long long)info.num_items, head, checksum, bad, flame_version_string());
+               (long long)info.num_items, head, checksum, bad, (unsigned long long)es.graph_captures,
+               (unsigned long long)es.graph_replays, flame_version_string());
     } else {
         printf("model %s: d_model %d, %d blocks, %d heads, ffn %d, %s head, %d tasks, %d side slots, %lld items\n",
                o.model ? o.model : o.config ? o.config : "(embedded default)", info.d_model, info.num_blocks,

@@ -186,6 +186,11 @@ typedef enum flame_option {
      * replay it after; passes of other shapes run uncaptured. 0 = never capture. Up to 16
      * graphs per executor, least recently used dropped first. */
     FLAME_OPT_CUDA_GRAPHS = 8,
+    /* int: CPU threads one call may use in libflame's own dot-head kernel (gathered candidate
+     * ids, and single users when the BLAS library runs without vector kernels on this CPU).
+     * 0 (default) = as many as the BLAS library uses (OPENBLAS_NUM_THREADS), so one knob sets
+     * both; 1..256 otherwise. Results do not depend on it (bitwise). */
+    FLAME_OPT_THREADS = 9,
 
     /* ---- item cache options (issue 4), read by flame_item_cache_create; numbered from 100.
      * Times are microseconds. */

@@ -18,6 +18,7 @@ static const int_option int_options[] = {
      offsetof(struct flame_config, device_memory_budget)},
     {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", 1, 16, offsetof(struct flame_config, cuda_executors)},
     {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", 0, 1, offsetof(struct flame_config, cuda_graphs)},
+    {FLAME_OPT_THREADS, "FLAME_OPT_THREADS", 0, 256, offsetof(struct flame_config, threads)},
     /* item cache (issue 4); times in us, up to a year */
 #define IC(opt, field, lo, hi) {opt, #opt, lo, hi, offsetof(struct flame_config, field)}
     IC(FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, ic_max_entries, 1, 1ll << 32),

@@ -1,6 +1,6 @@
 /* Whether the CBLAS library fell back to pre-AVX kernels on a CPU that has AVX2 (OpenBLAS
- * 0.3.21 does this on CPUs newer than it, e.g. Emerald Rapids: "Prescott"). The engine then
- * scores single users with its own vector kernel and says so once through the log hook. */
+ * 0.3.21 does this on CPUs newer than it, e.g. Emerald Rapids: "Prescott"). Said once through
+ * the log hook: the encoder's GEMMs and batched scoring then run several times slower. */
 #include <cblas.h>
 #include <pthread.h>
 #include <string.h>
@@ -26,7 +26,7 @@ static void check(void)
         fl_log(FLAME_LOG_WARN,
                "OpenBLAS uses its '%s' kernels on this AVX2 CPU (it does not recognise the CPU): GEMMs run "
                "several times slower than they could; set OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) in the "
-               "environment, or use a newer OpenBLAS. Single-user scoring uses libflame's own kernel meanwhile.",
+               "environment, or use a newer OpenBLAS.",
                core);
 }
 

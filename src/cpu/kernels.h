@@ -63,6 +63,10 @@ void fl_cpu_attention_sumi(int64_t n_hist, int64_t n_cand, int32_t heads, int32_
 void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                      float *out, int64_t stride);
 
+/* fl_cpu_dot_rows split over up to `threads` OpenMP threads (bitwise the same result). */
+void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
+                        float *out, int64_t stride, int threads);
+
 /* Dot-product scores for gathered rows: out[c * stride] = <h, table[ids[c], :]> over d columns. */
 void fl_cpu_dot_gather(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t n, float *out,
                        int64_t stride);

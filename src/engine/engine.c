@@ -1,4 +1,5 @@
 /* Engine lifetime, device choice and statistics. */
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,8 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
                (unsigned long long)fl_cuda_device_bytes(e->gpu));
     }
     e->cfg = cfg;
+    e->threads = cfg.threads > 0 ? (int)cfg.threads : openblas_get_num_threads();
+    if (e->threads < 1) e->threads = 1;
     e->model = model;
     fl_model_retain(model);
     *out = e;

@@ -24,6 +24,7 @@ struct fl_cuda_engine;
 struct flame_engine {
     struct flame_model *model;
     struct fl_cuda_engine *gpu; /* non-NULL: the forward pass runs on this GPU backend */
+    int threads;                /* FLAME_OPT_THREADS resolved (>= 1) */
     struct flame_config cfg;
     pthread_mutex_t pool_lock;
     fl_workspace *free_list; /* workspaces not in use; all are freed at destroy */

@@ -22,7 +22,8 @@ typedef struct seq {
 
 typedef struct batch {
     const struct flame_model *model;
-    bool own_gemv; /* score single users with fl_cpu_dot_rows: the BLAS has no vector kernels here */
+    int threads;    /* FLAME_OPT_THREADS resolved: threads of libflame's own dot-head kernel */
+    bool weak_blas; /* the BLAS runs pre-AVX kernels here (src/cpu/blas_check.c) */
     const flame_request *reqs;
     size_t n;
     seq *seqs;
@@ -270,7 +271,7 @@ static void head_dot(batch *b, float *scores)
         const float *h = b->XS + s->sel0 * d;
         int64_t c0 = contiguous_start(q->candidates, (size_t)mcand);
         if (c0 < 0) {
-            fl_cpu_dot_gather(h, d, table, q->candidates, mcand, out, 1);
+            fl_cpu_dot_rows_mt(h, d, table, q->candidates, 0, mcand, out, 1, b->threads);
             out += mcand;
             r++;
             continue;
@@ -281,8 +282,8 @@ static void head_dot(batch *b, float *scores)
                (b->reqs[r + g].candidates == q->candidates || /* the same array: scanned already */
                 contiguous_start(b->reqs[r + g].candidates, (size_t)mcand) == c0))
             g++;
-        if (g == 1 && b->own_gemv)
-            fl_cpu_dot_rows(h, d, table, NULL, c0, mcand, out, 1);
+        if (g == 1 && b->weak_blas) /* one user, a BLAS without vector kernels: ours, on our threads */
+            fl_cpu_dot_rows_mt(h, d, table, NULL, c0, mcand, out, 1, b->threads);
         else if (g == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)mcand, d, 1.0f, table + c0 * d, d, h, 1, 0.0f, out, 1);
         else
@@ -324,7 +325,7 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
 {
     const struct flame_model *m = e->model;
     const fl_model_cfg *c = &m->cfg;
-    batch b = {.model = m, .reqs = reqs, .n = n, .own_gemv = fl_blas_is_weak()};
+    batch b = {.model = m, .reqs = reqs, .n = n, .threads = e->threads, .weak_blas = fl_blas_is_weak()};
     plan_layout(&b);
     flame_status st = fl_workspace_reserve(e, ws, carve(&b, NULL)); /* a no-op after fl_forward_bytes */
     if (st) return st;
