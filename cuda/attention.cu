@@ -54,16 +54,26 @@ __global__ void __launch_bounds__(128) attn_kernel(const fl_attn_tile *tiles, co
     float *ks = qs + FL_ATTN_QT * dh;    // [KT][dh + 1]
     float *vs = ks + KT * (dh + 1);      // [KT][dh]
     const int64_t col = (int64_t)h * dh;
-    for (int i = threadIdx.x; i < tile.nq * dh; i += blockDim.x)
-        qs[i] = to_f(q[(tile.q_row + i / dh) * ldq + col + i % dh]) * scale;
+    for (int qi = warp; qi < tile.nq; qi += 4) { // a warp per row, lanes along the row: coalesced
+        const T *src = q + (tile.q_row + qi) * ldq + col;
+#pragma unroll
+        for (int d = 0; d < DPL; d++)
+            if (lane + 32 * d < dh) qs[qi * dh + lane + 32 * d] = to_f(src[lane + 32 * d]) * scale;
+    }
     __syncthreads(); // queries staged (a sequence without history keys skips the tile loop)
     const int n = tile.n_hist;
     const int p_last = query_pos(tile, qpos, tile.nq - 1); // positions ascend within a tile
     const int kend = p_last < n ? p_last + 1 : n;
 
+    // the warp's 4 queries are processed together: 4 independent chains hide the latency of
+    // shared-memory loads and shuffles that a single query would wait on
+    bool active[4];
+    int pos[4];
     float m[4], l[4], o[4][DPL];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
+        active[j] = warp + 4 * j < tile.nq;
+        pos[j] = active[j] ? query_pos(tile, qpos, warp + 4 * j) : 0;
         m[j] = -INFINITY;
         l[j] = 0.0f;
 #pragma unroll
@@ -71,46 +81,58 @@ __global__ void __launch_bounds__(128) attn_kernel(const fl_attn_tile *tiles, co
     }
     for (int kb = 0; kb < kend; kb += KT) {
         const int nk = kend - kb < KT ? kend - kb : KT;
-        __syncthreads(); // the previous tile (and the query staging) is done with
-        for (int i = threadIdx.x; i < nk * dh; i += blockDim.x) {
-            const int r = i / dh, e = i % dh;
-            const int64_t row = (tile.seq_row + kb + r) * ldkv + col + e;
-            ks[r * (dh + 1) + e] = to_f(k[row]);
-            vs[r * dh + e] = to_f(v[row]);
+        __syncthreads(); // the previous tile is done with
+        for (int r = warp; r < nk; r += 4) {
+            const T *kr = k + (tile.seq_row + kb + r) * ldkv + col, *vr = v + (tile.seq_row + kb + r) * ldkv + col;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) {
+                const int e = lane + 32 * d;
+                if (e < dh) {
+                    ks[r * (dh + 1) + e] = to_f(kr[e]);
+                    vs[r * dh + e] = to_f(vr[e]);
+                }
+            }
         }
         __syncthreads();
+        // lane = key: its score against each of the 4 queries
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (lane < nk) {
+            const float *kr = ks + lane * (dh + 1), *q0 = qs + warp * dh;
+#pragma unroll 8
+            for (int e = 0; e < dh; e++) {
+                const float kv = kr[e];
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[j] += q0[4 * j * dh + e] * kv;
+            }
+        }
+        float pj[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int qi = warp + 4 * j;
-            if (qi >= tile.nq) continue;
-            const int p = query_pos(tile, qpos, qi);
-            const int vis = (p < n ? p + 1 : n) - kb; // visible keys in this tile: lanes < vis
-            if (vis <= 0) continue;
-            float s = -INFINITY;
-            if (lane < vis && lane < nk) {
-                const float *qr = qs + qi * dh, *kr = ks + lane * (dh + 1);
-                s = 0.0f;
-                for (int e = 0; e < dh; e++) s += qr[e] * kr[e];
-            }
+            pj[j] = 0.0f;
+            const int vis = (pos[j] < n ? pos[j] + 1 : n) - kb; // visible keys in this tile: lanes < vis
+            if (!active[j] || vis <= 0) continue;                // warp-uniform
+            const float s = lane < vis && lane < nk ? acc[j] : -INFINITY;
             const float m_new = rescale<DPL>(m[j], l[j], o[j], warp_max(s));
-            const float pj = s == -INFINITY ? 0.0f : __expf(s - m_new);
-            l[j] += warp_sum(pj);
-            const int upto = vis < nk ? vis : nk;
-            for (int kk = 0; kk < upto; kk++) {
-                const float pk = __shfl_sync(0xffffffffu, pj, kk);
+            pj[j] = s == -INFINITY ? 0.0f : __expf(s - m_new);
+            l[j] += warp_sum(pj[j]);
+        }
+        for (int kk = 0; kk < nk; kk++) { // invisible keys carry weight 0
+            float vrow[DPL];
 #pragma unroll
-                for (int d = 0; d < DPL; d++) {
-                    const int e = lane + 32 * d;
-                    if (e < dh) o[j][d] += pk * vs[kk * dh + e];
-                }
+            for (int d = 0; d < DPL; d++) vrow[d] = lane + 32 * d < dh ? vs[kk * dh + lane + 32 * d] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float pk = __shfl_sync(0xffffffffu, pj[j], kk);
+#pragma unroll
+                for (int d = 0; d < DPL; d++) o[j][d] += pk * vrow[d];
             }
         }
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int qi = warp + 4 * j;
-        if (qi >= tile.nq) continue;
-        const int p = query_pos(tile, qpos, qi);
+        if (!active[j]) continue;
+        const int p = pos[j];
         if (p >= n) { // a candidate also sees itself
             const int64_t row = (tile.seq_row + p) * ldkv + col;
             float part = 0.0f;
