@@ -7,14 +7,15 @@ here, values (id ranges, CSR offsets) by the library, whose messages name the to
 from __future__ import annotations
 
 import ctypes as C
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _arrays, _lib
+from ._handle import Handle
 from ._structs import I64P, F32P, Bags, Request as _Request, EngineStats as _EngineStats, as_dict, new
-from .errors import ClosedError, DTypeError, ShapeError
+from .errors import DTypeError
 from .model import Model
 
 # Engine options (flame_option): keyword -> (enum value, Python type).
@@ -46,7 +47,7 @@ def _ptr(a: np.ndarray):
     return a.ctypes.data_as(I64P) if a.size else None
 
 
-class Engine:
+class Engine(Handle):
     """Scores candidates for users with a model. Thread-safe: score() may be called from many
     threads at once (the library gives each call its own workspace; ctypes releases the GIL).
 
@@ -58,6 +59,8 @@ class Engine:
       device_memory_budget: most bytes of GPU memory the engine may hold (0 = no limit)
       cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0
     """
+
+    _destroy, _what = "flame_engine_destroy", "engine"
 
     def __init__(self, model: Model, **options: Union[str, int]):
         self._handle = C.c_void_p()
@@ -86,37 +89,6 @@ class Engine:
             L.flame_config_destroy(cfg)
 
     # ------------------------------------------------------------ lifetime
-
-    @property
-    def handle(self) -> C.c_void_p:
-        if not self._handle:
-            raise ClosedError("the engine is closed")
-        return self._handle
-
-    @property
-    def closed(self) -> bool:
-        return not getattr(self, "_handle", None)
-
-    def close(self) -> None:
-        """Destroys the engine; no score() call may be running. Idempotent."""
-        h = getattr(self, "_handle", None)
-        if h:
-            self._handle = C.c_void_p()
-            _lib.lib().flame_engine_destroy(h)
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    # ------------------------------------------------------------ scoring
 
     def _request(self, r: Request, keep: List[Any], where: str = "") -> _Request:
         """A C request over the arrays of `r`; `keep` holds what must outlive the call."""

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
 from . import _lib
+from ._handle import Handle
 from ._structs import ModelInfo as _ModelInfo, as_dict, new
-from .errors import ClosedError
 
 HEAD_DOT, HEAD_SUMI = 0, 1
 
@@ -29,12 +29,14 @@ class ModelInfo:
     weight_bytes: int       # float32 weights held in memory
 
 
-class Model:
+class Model(Handle):
     """A flame model file (docs/model-format.md) loaded by libflame.
 
     Use as a context manager or call close(). Engines hold their own reference, so a model
     may be closed as soon as its engines exist.
     """
+
+    _destroy, _what = "flame_model_destroy", "model"
 
     def __init__(self, path: Union[str, os.PathLike]):
         self._handle = C.c_void_p()
@@ -56,41 +58,12 @@ class Model:
         return json.loads(_lib.lib().flame_default_model_config())
 
     @property
-    def handle(self) -> C.c_void_p:
-        if not self._handle:
-            raise ClosedError("the model is closed")
-        return self._handle
-
-    @property
     def info(self) -> ModelInfo:
         raw = new(_ModelInfo)
         _lib.check(_lib.lib().flame_model_get_info(self.handle, C.byref(raw)))
         d = as_dict(raw)
         d["head"] = "sumi" if d["head"] == HEAD_SUMI else "dot"
         return ModelInfo(**d)
-
-    @property
-    def closed(self) -> bool:
-        return not getattr(self, "_handle", None)
-
-    def close(self) -> None:
-        """Releases this reference (engines keep theirs). Idempotent."""
-        h = getattr(self, "_handle", None)
-        if h:
-            self._handle = C.c_void_p()
-            _lib.lib().flame_model_destroy(h)
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may already be gone
-            pass
 
     def __repr__(self) -> str:
         if self.closed:
