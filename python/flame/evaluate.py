@@ -14,7 +14,6 @@ tied with the target ranks ahead of it iff its id is smaller. The count of users
 top-20 membership depends on a tie is reported, to show how much the rule matters.
 """
 import argparse
-import math
 import sys
 import time
 

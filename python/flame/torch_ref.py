@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -227,7 +227,6 @@ class FlameModel(nn.Module):
         if rule != "none":
             # history item i of n sits in slot s = L - n + i of the window
             x = x + self.position(ml - L + slot if rule == "left_padded_slot" else L - 1 - slot)
-        M = candidates.shape[1]
         if self.sumi:
             c = self._embed(candidates, self._check_side(candidate_side, "candidate_side"))
             cp = cfg["position"].get("candidate_position", -1)
