@@ -709,14 +709,16 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
 FLAME_API void flame_item_cache_destroy(flame_item_cache *cache);
 
 /* Clock used for TTLs and retry times, in microseconds on any monotonic base. For tests;
- * default CLOCK_MONOTONIC. fn NULL restores the default. Call before the cache is shared. */
+ * default CLOCK_MONOTONIC. fn NULL restores the default. Call before the cache is shared
+ * (not thread-safe). Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
 typedef uint64_t (*flame_clock_fn)(void *user);
 FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
 
 /* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
  * hits the id's entry had during its previous lifetime (0 for a first insert). Called with
  * a shard lock held: it must be fast and must not call into the cache. fn NULL restores the
- * default. Call before the cache is shared. */
+ * default. Call before the cache is shared (not thread-safe). Returns FLAME_OK;
+ * FLAME_ERR_INVALID_ARG (NULL cache). */
 typedef uint64_t (*flame_ttl_fn)(int64_t id, uint64_t previous_hits, void *user);
 FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *cache, flame_ttl_fn fn, void *user);
 
@@ -736,7 +738,8 @@ FLAME_API flame_status flame_item_cache_get(flame_item_cache *cache, const int64
 FLAME_API flame_status flame_item_cache_put(flame_item_cache *cache, int64_t id, const int64_t *slot_offsets,
                                             const int64_t *ids, const float *dense, size_t num_dense);
 
-/* Drops `id` (the next get fetches it); fetches in flight for it are not installed. */
+/* Drops `id` (the next get fetches it); fetches in flight for it are not installed.
+ * Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
 FLAME_API flame_status flame_item_cache_invalidate(flame_item_cache *cache, int64_t id);
 
 /* Runs the refreshes that are due now in the calling thread (for caches made with
