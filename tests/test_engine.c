@@ -518,6 +518,7 @@ static void test_config_options(void **state)
     assert_int_equal(flame_config_get_pointer(c, FLAME_OPT_CUDA_STREAM, &got), FLAME_OK);
     assert_ptr_equal(got, &stream_stub);
     assert_status_msg(flame_config_set_pointer(c, FLAME_OPT_DTYPE, &stream_stub), FLAME_ERR_INVALID_ARG, "not a pointer option");
+    assert_status_msg(flame_config_set_int(c, FLAME_OPT_THREADS, 257), FLAME_ERR_INVALID_ARG, "FLAME_OPT_THREADS = 257");
     flame_config_destroy(c);
     flame_config_destroy(NULL);
 }
@@ -659,6 +660,29 @@ static void test_beauty_sized_scratch(void **state)
     cand[100] = 7;
     r.num_candidates = 1000;
     assert_int_equal(flame_score(e, &r, s, 12103), FLAME_OK);
+    /* libflame's own dot-head kernel split over threads gives bitwise the one-thread scores */
+    for (int i = 0; i < 12103; i++) cand[i] = (i * 7919) % 12103; /* a permutation: the gather path */
+    r.candidates = cand;
+    r.num_candidates = 12103;
+    float *one = malloc(12103 * sizeof(float)), *four = malloc(12103 * sizeof(float));
+    flame_config *opts = NULL;
+    flame_engine *e1 = NULL, *e4 = NULL;
+    assert_int_equal(flame_config_create(&opts), FLAME_OK);
+    assert_int_equal(flame_config_set_int(opts, FLAME_OPT_THREADS, 1), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, opts, &e1), FLAME_OK);
+    assert_int_equal(flame_config_set_int(opts, FLAME_OPT_THREADS, 4), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, opts, &e4), FLAME_OK);
+    flame_config_destroy(opts);
+    tu_poison(one, 12103);
+    tu_poison(four, 12103);
+    assert_int_equal(flame_score(e1, &r, one, 12103), FLAME_OK);
+    assert_int_equal(flame_score(e4, &r, four, 12103), FLAME_OK);
+    assert_memory_equal(one, four, 12103 * sizeof(float));
+    for (int i = 0; i < 12103; i++) assert_false(isnan(one[i]));
+    flame_engine_destroy(e1);
+    flame_engine_destroy(e4);
+    free(one);
+    free(four);
     flame_engine_stats st = {.struct_size = sizeof st};
     assert_int_equal(flame_engine_get_stats(e, &st), FLAME_OK);
     fprintf(stderr, "# Beauty-sized call: %llu bytes of scratch\n", (unsigned long long)st.max_workspace_bytes);
