@@ -13,8 +13,8 @@ if [ -z "$FLAME_TEST_REDIS_PORT" ] && command -v redis-server >/dev/null; then
     trap './tests/redis-server.sh stop "$redis_dir"' EXIT
 fi
 for t in "$@"; do run "$t"; done
-# the engine again as on a CPU its OpenBLAS does not recognise (own scoring kernel, src/cpu/blas_check.c)
-for t in "$@"; do case "$t" in */test_engine) OPENBLAS_CORETYPE=Prescott run "$t" ;; esac; done
+# the engine and kernels again as on a CPU its OpenBLAS does not recognise (own kernels, src/cpu/blas_check.c)
+for t in "$@"; do case "$t" in */test_engine | */test_kernels) OPENBLAS_CORETYPE=Prescott run "$t" ;; esac; done
 if [ -z "$FLAME_C_ONLY" ]; then # FLAME_C_ONLY=1: the cmocka suites only (make test-sanitize)
     run ./tests/check-exports.sh lib/libflame.so
     run ./tests/check-install.sh

@@ -27,12 +27,21 @@ void fl_cpu_activation(int64_t rows, int32_t cols, float *x, int64_t ld, fl_act_
     }
 }
 
+/* Multiply-adds up to which a GEMM may bypass a weak BLAS (see fl_cpu_linear). */
+#define SMALL_GEMM_MACS (1 << 22)
+
 void fl_cpu_linear(int64_t rows, int32_t in, int32_t out, const float *x, int64_t ldx, const float *w,
                    const float *bias, float beta, fl_act_kind act, float *y, int64_t ldy)
 {
     if (rows == 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)rows, out, in, 1.0f, x, (blasint)ldx, w, in,
-                beta, y, (blasint)ldy);
+    if (beta == 0.0f && (int64_t)rows * in * out <= SMALL_GEMM_MACS && fl_blas_is_weak()) {
+        /* A BLAS without vector kernels on this CPU: small GEMMs (an encoder's projections for
+         * one user) as dot products of rows with libflame's own vector kernel. */
+        for (int64_t r = 0; r < rows; r++) fl_cpu_dot_rows(x + r * ldx, in, w, NULL, 0, out, y + r * ldy, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)rows, out, in, 1.0f, x, (blasint)ldx, w, in,
+                    beta, y, (blasint)ldy);
+    }
     if (bias)
         for (int64_t r = 0; r < rows; r++) {
             float *row = y + r * ldy;
