@@ -1,5 +1,4 @@
-// Device discovery for the engine's device option. The CUDA forward pass itself is not part
-// of this file; it is what the CUDA backend adds.
+// Device discovery for the engine's device option.
 #include <cuda_runtime.h>
 
 #include "core/device.h"
@@ -9,7 +8,10 @@ extern "C" int fl_cuda_device_count(char *why, size_t why_len)
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
-        snprintf(why, why_len, "no usable CUDA device: %s", cudaGetErrorString(err));
+        // the runtime's words for "no driver" read like a version problem: say what it means
+        const bool no_driver = err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice;
+        snprintf(why, why_len, "%s (cudaGetDeviceCount: %s)",
+                 no_driver ? "no NVIDIA GPU or driver found" : "no usable CUDA device", cudaGetErrorString(err));
         (void)cudaGetLastError(); // clear the sticky error for later callers
         return 0;
     }

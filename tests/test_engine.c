@@ -202,7 +202,7 @@ static void test_bad_arguments(void **state)
     assert_status_msg(flame_score(NULL, &r, s, 4), FLAME_ERR_INVALID_ARG, "engine is NULL");
     assert_status_msg(flame_score(f->ed, NULL, s, 4), FLAME_ERR_INVALID_ARG, "request is NULL");
     assert_status_msg(flame_score(f->ed, &r, NULL, 4), FLAME_ERR_INVALID_ARG, "scores is NULL");
-    assert_status_msg(flame_score(f->ed, &r, s, 1), FLAME_ERR_BUFFER_TOO_SMALL, "room for 1 floats, the requests need 2");
+    assert_status_msg(flame_score(f->ed, &r, s, 1), FLAME_ERR_BUFFER_TOO_SMALL, "room for 1 floats, 1 request(s) need 2");
     r.struct_size = 8;
     assert_status_msg(flame_score(f->ed, &r, s, 4), FLAME_ERR_INVALID_ARG, "struct_size = 8");
     r = dot_req(NULL, 2, cand, 2);

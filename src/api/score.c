@@ -21,8 +21,8 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     uint64_t total = 0;
     if (!st) st = fl_validate_requests(engine->model, reqs, num_requests, &total);
     if (!st && total > scores_len)
-        st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, the requests need %llu", scores_len,
-                      (unsigned long long)total);
+        st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, %zu request(s) need %llu",
+                      scores_len, num_requests, (unsigned long long)total);
     if (!st && total && !scores) st = fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
     if (st || total == 0) { /* an error, or nothing to write: no work */
         if (ws) fl_workspace_release(engine, ws);
