@@ -210,7 +210,7 @@ static void test_dot_gather(void **state)
             for (int32_t j = 0; j < d; j++) s += (double)h[j] * table[ids[i] * d + j];
             want[i] = s;
         }
-        fl_cpu_dot_gather(h, d, table, ids, n, out, 2);
+        fl_cpu_dot_rows(h, d, table, ids, 0, n, out, 2);
         for (int64_t i = 0; i < n; i++) got[i] = out[2 * i];
         if (n) assert_rel_err_below(got, want, (size_t)n, TOL);
         /* the contiguous form: rows first .. first + m - 1 */

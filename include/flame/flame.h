@@ -164,8 +164,9 @@ typedef enum flame_option {
     /* int: most requests one flame_score_batch call processes in one pass; larger batches are
      * split. 1..65536, default 256. Bounds scratch memory. */
     FLAME_OPT_MAX_BATCH = 2,
-    /* int: rows of the item table gathered at once when scoring arbitrary candidate ids with
-     * the dot head. 16..1048576, default 512. */
+    /* int: 16..1048576, default 512. Accepted and stored, but without effect since 0.1.0: the
+     * dot head scores arbitrary candidate ids straight from the table, with no gather buffer
+     * to size. Kept so configurations that set it stay valid. */
     FLAME_OPT_SCORE_CHUNK = 3,
     /* string: compute dtype on the GPU, "fp32" (default), "fp16" or "bf16". Weights are
      * converted once at engine creation; accumulation, LayerNorm, softmax and the residual

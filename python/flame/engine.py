@@ -54,7 +54,7 @@ class Engine(Handle):
     Options (keyword arguments; the library checks the values):
       device: "cpu" (default), "auto", "cuda", "cuda:N"
       max_batch: requests per pass in score_batch (1..65536, default 256)
-      score_chunk: item-table rows gathered at once by the dot head (16..1048576, default 512)
+      score_chunk: accepted (16..1048576) but without effect, see FLAME_OPT_SCORE_CHUNK in flame.h
       dtype: GPU compute dtype "fp32" (default), "fp16", "bf16"
       device_memory_budget: most bytes of GPU memory the engine may hold (0 = no limit)
       cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0

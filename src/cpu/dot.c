@@ -65,12 +65,6 @@ FL_CLONES void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, co
     }
 }
 
-void fl_cpu_dot_gather(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t n, float *out,
-                       int64_t stride)
-{
-    fl_cpu_dot_rows(h, d, table, ids, 0, n, out, stride);
-}
-
 /* Rows per thread below which splitting costs more than it saves. */
 #define MIN_ROWS_PER_THREAD 1024
 

@@ -67,9 +67,6 @@ void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_
 void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                         float *out, int64_t stride, int threads);
 
-/* Dot-product scores for gathered rows: out[c * stride] = <h, table[ids[c], :]> over d columns. */
-void fl_cpu_dot_gather(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t n, float *out,
-                       int64_t stride);
 
 /* True when the CBLAS library runs pre-AVX kernels on an AVX2 CPU (logged once). */
 bool fl_blas_is_weak(void);
