@@ -52,6 +52,8 @@ SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
 EXAMPLES := examples/flame-score
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+# issue 3: kernel tests that call the CUDA launch wrappers (nvcc; CUDA=1 builds only)
+TESTS    += $(if $(filter 1,$(CUDA)),$(patsubst tests/%.cu,build/tests/%,$(wildcard tests/test_*.cu)))
 BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
 BENCHES  += bench/cache-bench # issue 4
 BENCHES  += bench/e2e-bench # issue 3: end-to-end flame_score_batch (any device)
@@ -120,6 +122,12 @@ bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh
 build/tests/%: tests/%.c tests/testutil.h $(SHLIB) lib/libflame.so $(STLIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(PROG_CFLAGS) -Wl,-rpath,'$(CURDIR)/lib' -o $@ $< $(STLIB) -lcmocka $(LDLIBS)
+
+build/tests/%: tests/%.cu tests/testutil.h $(wildcard cuda/*.cuh) $(STLIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Itests -gencode arch=compute_80,code=sm_80 \
+	    -gencode arch=compute_90,code=sm_90 -c $< -o $@.o
+	$(CC) -o $@ $@.o $(STLIB) -lcmocka $(LDLIBS)
 
 # ---- set-up: installs what a fresh Debian machine lacks (root or sudo), then nothing else
 deps:

@@ -1,4 +1,5 @@
-// SUMI attention, straightforward and exact (the tensor-core flash kernel is separate work).
+// SUMI attention on CUDA cores, exact in float: the fp32 path, and fp16/bf16 head dims or
+// strides the tensor-core kernel (attention_tc.cu) does not take.
 // One CTA = up to FL_ATTN_QT queries of one sequence and one head; 4 warps, each owning
 // 4 queries. Key/value tiles of 32 rows are staged in shared memory (float, keys padded by
 // one column so the 32 lanes' rows fall in 32 banks) and shared by all 16 queries; each
@@ -6,7 +7,9 @@
 // is one extra step after the history tiles.
 #include <math.h>
 
-#include "kernels.cuh"
+#include <type_traits>
+
+#include "attention_tc.cuh"
 
 #define KT 32
 
@@ -166,6 +169,9 @@ flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, con
                                int64_t ldo, cudaStream_t s)
 {
     if (num_tiles == 0) return FLAME_OK;
+    if constexpr (!std::is_same<T, float>::value)
+        if (fl_cuda_attention_tc_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
+            return fl_cuda_attention_tc<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s);
     if (dh > 128) return fl_error(FLAME_ERR_UNSUPPORTED, "CUDA attention supports head dims up to 128, not %d", dh);
     const size_t smem = sizeof(float) * ((size_t)FL_ATTN_QT * dh + (size_t)KT * (dh + 1) + (size_t)KT * dh);
     const float scale = 1.0f / sqrtf((float)dh);

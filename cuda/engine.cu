@@ -97,6 +97,76 @@ static flame_status upload_block(fl_cuda_engine *g, const fl_block &b, fl_dev_bl
     return upload_f32(g, b.ln2.b, dm, &d->ln2_b);
 }
 
+// The stacked first layer of the two-layer tasks (those sharing the first one's activation).
+static flame_status upload_head_stack(fl_cuda_engine *g, const fl_weights &w, bool *stacked)
+{
+    const fl_model_cfg &c = g->cfg;
+    const int32_t d = c.d_model;
+    int32_t width = 0;
+    for (int t = 0; t < c.num_tasks; t++) {
+        const fl_task_cfg &tc = c.tasks[t];
+        stacked[t] = tc.num_layers == 2 && (width == 0 || tc.activation == g->head_stack_act);
+        if (!stacked[t]) continue;
+        if (width == 0) g->head_stack_act = tc.activation;
+        g->task_col[t] = width;
+        width += tc.width[1];
+    }
+    if (width == 0) return FLAME_OK;
+    float *sw = static_cast<float *>(malloc((size_t)width * d * sizeof(float)));
+    float *sb = static_cast<float *>(malloc((size_t)width * sizeof(float)));
+    flame_status st = sw && sb ? FLAME_OK : fl_error(FLAME_ERR_NOMEM, "out of host memory stacking the task layers");
+    for (int t = 0; !st && t < c.num_tasks; t++) {
+        if (!stacked[t]) continue;
+        const fl_linear &l = w.tasks[t].layers[0];
+        memcpy(sw + (size_t)g->task_col[t] * d, l.w, (size_t)l.out * d * sizeof(float));
+        memcpy(sb + g->task_col[t], l.b, (size_t)l.out * sizeof(float));
+    }
+    if (!st) st = upload_linear(g, fl_linear{sw, sb, width, d}, g->ab, &g->head_stack);
+    free(sw);
+    free(sb);
+    g->head_stack_width = st ? 0 : width;
+    return st;
+}
+
+static flame_status upload_sumi_head(fl_cuda_engine *g, const fl_weights &w)
+{
+    const fl_model_cfg &c = g->cfg;
+    const size_t esz = g->ab == CUDA_R_32F ? 4 : 2;
+    bool stacked[FL_MAX_TASKS] = {};
+    FL_TRY(upload_head_stack(g, w, stacked));
+    std::vector<fl_task_tail> tails;
+    for (int t = 0; t < c.num_tasks; t++) {
+        const fl_task_cfg &tc = c.tasks[t];
+        for (int l = 0; l < tc.num_layers; l++) {
+            const bool last = l == tc.num_layers - 1; // writes float scores
+            if (l == 0 && stacked[t]) { // a view of the stacked layer
+                const size_t col = (size_t)g->task_col[t];
+                g->tasks[t][0] = {static_cast<uint8_t *>(g->head_stack.w) + col * c.d_model * esz,
+                                  static_cast<uint8_t *>(g->head_stack.b) + col * esz, tc.width[1], c.d_model};
+                continue;
+            }
+            FL_TRY(upload_linear(g, w.tasks[t].layers[l], last ? CUDA_R_32F : g->ab, &g->tasks[t][l]));
+        }
+        g->task_fused[t] = stacked[t] || tc.num_layers == 1;
+        if (!g->task_fused[t]) continue;
+        const fl_dev_linear &out = g->tasks[t][tc.num_layers - 1];
+        tails.push_back({t, stacked[t] ? g->task_col[t] : 0, out.in, stacked[t] ? 1 : 0, out.w,
+                         static_cast<const float *>(out.b)});
+    }
+    if (tails.empty()) return FLAME_OK;
+    const size_t bytes = tails.size() * sizeof(fl_task_tail);
+    FL_TRY(fl_dev_reserve(g, bytes, "the model's weights"));
+    void **grown = static_cast<void **>(realloc(g->allocs, (g->num_allocs + 1) * sizeof *grown));
+    if (!grown) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
+    g->allocs = grown;
+    FL_CUDA_TRY(cudaMalloc(&g->head_tails, bytes));
+    g->allocs[g->num_allocs++] = g->head_tails;
+    g->weight_bytes += bytes;
+    FL_CUDA_TRY(cudaMemcpy(g->head_tails, tails.data(), bytes, cudaMemcpyHostToDevice));
+    g->num_tails = (int32_t)tails.size();
+    return FLAME_OK;
+}
+
 static flame_status upload_model(fl_cuda_engine *g, const fl_weights &w)
 {
     const fl_model_cfg &c = g->cfg;
@@ -116,13 +186,7 @@ static flame_status upload_model(fl_cuda_engine *g, const fl_weights &w)
     g->blocks = static_cast<fl_dev_block *>(calloc(c.num_blocks ? c.num_blocks : 1, sizeof(fl_dev_block)));
     if (!g->blocks) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
     for (int i = 0; i < c.num_blocks; i++) FL_TRY(upload_block(g, w.blocks[i], &g->blocks[i]));
-    if (c.head == FLAME_HEAD_SUMI)
-        for (int t = 0; t < c.num_tasks; t++)
-            for (int l = 0; l < c.tasks[t].num_layers; l++) {
-                const bool last = l == c.tasks[t].num_layers - 1; // writes float scores
-                FL_TRY(upload_linear(g, w.tasks[t].layers[l], last ? CUDA_R_32F : g->ab, &g->tasks[t][l]));
-            }
-    return FLAME_OK;
+    return c.head == FLAME_HEAD_SUMI ? upload_sumi_head(g, w) : FLAME_OK;
 }
 
 static flame_status make_executor(fl_cuda_engine *g, const struct flame_config *cfg, fl_cuda_executor *x)

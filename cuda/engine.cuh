@@ -77,6 +77,16 @@ struct fl_cuda_engine {
     float *input_ln_w = nullptr, *input_ln_b = nullptr, *final_ln_w = nullptr, *final_ln_b = nullptr;
     fl_dev_block *blocks = nullptr; // host array of device pointers
     fl_dev_linear tasks[FL_MAX_TASKS][FL_MAX_TASK_LAYERS];
+    // SUMI head: the first layers of the two-layer tasks that share one activation are one
+    // stacked [head_stack_width, d] GEMM (tasks[t][0] point into it); the width-1 last layers
+    // of those tasks and of the one-layer tasks run as one fused launch (head_tails)
+    fl_dev_linear head_stack;
+    fl_activation head_stack_act = FL_ACT_RELU;
+    int32_t head_stack_width = 0;
+    int32_t task_col[FL_MAX_TASKS] = {};      // a stacked task's first column in the stacked output
+    bool task_fused[FL_MAX_TASKS] = {};       // its last layer is one of head_tails
+    fl_task_tail *head_tails = nullptr;       // device array
+    int32_t num_tails = 0;
     void **allocs = nullptr; // every weight allocation, freed at destroy
     size_t num_allocs = 0;
     // executors, handed out under pool_lock

@@ -172,7 +172,7 @@ void fill(pass &p)
 // Activation buffers on the device, after the index copy.
 struct buffers {
     float *X, *XS, *scores;
-    void *Y, *QKV, *A, *F, *E, *YS, *Q, *H1, *H2;
+    void *Y, *QKV, *A, *F, *E, *YS, *Q, *H1, *H2, *HS;
 };
 
 size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, buffers &b)
@@ -195,6 +195,7 @@ size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, 
     b.Q = cv.take<uint8_t>(S * d * esize);
     b.H1 = cv.take<uint8_t>(S * widest * esize);
     b.H2 = cv.take<uint8_t>(S * widest * esize);
+    b.HS = cv.take<uint8_t>(S * p.g->head_stack_width * esize);
     return cv.used;
 }
 
@@ -353,8 +354,14 @@ template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
                            g->ab, nullptr, b.scores + gr.out, gr.num, CUDA_R_32F, 0.0f, FL_EPI_NONE));
         return fl_cuda_dot_gather<T>(YS, d, p.dev.g_hrow, table, d, p.dev.g_ids, p.dev.g_out, p.gathered, b.scores, s);
     }
+    // the stacked first layers (one GEMM), then the tasks outside the stack layer by layer, then
+    // every fused task's last layer and sigmoid in one launch
+    T *HS = static_cast<T *>(b.HS);
+    const int32_t ws = g->head_stack_width;
+    if (ws) FL_TRY(linear_act<T>(g, x, p.S, g->head_stack, YS, d, HS, ws, g->head_stack_act));
     for (int t = 0; t < c.num_tasks; t++) {
         const fl_task_cfg &tc = c.tasks[t];
+        if (g->task_fused[t]) continue;
         const void *in = YS;
         int64_t ld_in = d;
         void *bufs[2] = {b.H1, b.H2};
@@ -372,7 +379,7 @@ template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
         }
         FL_TRY(fl_cuda_sigmoid(b.scores + t, p.S, c.num_tasks, s));
     }
-    return FLAME_OK;
+    return fl_cuda_task_tails<T>(g->head_tails, g->num_tails, YS, d, HS, ws, p.S, c.num_tasks, b.scores, s);
 }
 
 // Everything a pass puts on the stream after the host has filled the staging buffer.

@@ -75,3 +75,16 @@ flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, con
 template <typename T>
 flame_status fl_cuda_dot_gather(const T *h, int64_t ldh, const int64_t *hrow, const T *table, int32_t d,
                                 const int64_t *ids, const int64_t *o, int64_t n, float *scores, cudaStream_t s);
+
+// The last layer (width 1) and sigmoid of SUMI tasks, all tasks in one launch. A task's input
+// row is either the head input (ys, its first `width` columns) or its slice of the stacked
+// hidden layer (hid, columns col..col+width); w is the layer's weight row (compute dtype).
+struct fl_task_tail {
+    int32_t task, col, width, from_hidden;
+    const void *w;
+    const float *b;
+};
+// scores[r * num_tasks + task] = sigmoid(b + <input row r, w>) for every row and tail.
+template <typename T>
+flame_status fl_cuda_task_tails(const fl_task_tail *tails, int32_t count, const T *ys, int64_t ldys, const T *hid,
+                                int64_t ldh, int64_t rows, int32_t num_tasks, float *scores, cudaStream_t s);

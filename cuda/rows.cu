@@ -58,13 +58,17 @@ __global__ void __launch_bounds__(256) rows_reg_kernel(int64_t rows, int32_t d, 
     if (r >= rows) return;
     float *x = X + r * d;
     const float *p = position && prow && prow[r] >= 0 ? position + (int64_t)prow[r] * d : nullptr;
-    float z[PER];
+    float z[PER], wv[PER], bv[PER];
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int j = lane + 32 * i;
         z[i] = j < d ? x[j] + (p ? p[j] : 0.0f) : 0.0f;
         sum += z[i];
+        // the LN weights are loaded with the row, not after the reductions: one memory round trip
+        const bool ln = mode != FL_ROW_COPY && j < d;
+        wv[i] = ln ? w[j] : 0.0f;
+        bv[i] = ln ? b[j] : 0.0f;
     }
     if (p)
 #pragma unroll
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(256) rows_reg_kernel(int64_t rows, int32_t d, 
     for (int i = 0; i < PER; i++) {
         const int j = lane + 32 * i;
         if (j >= d) continue;
-        const float o = (z[i] - mean) * inv * w[j] + b[j];
+        const float o = (z[i] - mean) * inv * wv[i] + bv[i];
         if (mode == FL_ROW_LN_X) x[j] = o;
         if (Y) Y[r * ldy + j] = from_f<T>(o);
     }
@@ -142,26 +146,42 @@ flame_status fl_cuda_gather(const T *src, int64_t lds, const int64_t *rows, int6
     return FLAME_OK;
 }
 
-template <typename T> __global__ void act_kernel(T *x, int64_t rows, int32_t cols, int64_t ld, int act)
+__device__ __forceinline__ float activate(float v, int act)
 {
-    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (i >= rows * cols) return;
-    T *p = x + (i / cols) * ld + i % cols;
-    float v = to_f(*p);
-    if (act == 1)
-        v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    else if (act == 2)
-        v = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    else if (act == 3)
-        v = v > 0.0f ? v : 0.0f;
-    *p = from_f<T>(v);
+    if (act == 1) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    if (act == 2) return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    return act == 3 && v < 0.0f ? 0.0f : v;
+}
+
+// VEC consecutive elements per thread (one 16-byte access when VEC * sizeof(T) == 16); rows
+// along grid.y, so no thread divides a 64-bit index.
+template <typename T, int VEC> __global__ void act_kernel(T *x, int64_t rows, int32_t cols, int64_t ld, int act)
+{
+    struct alignas(sizeof(T) * VEC) vec_t {
+        T v[VEC];
+    };
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (c >= cols) return;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        vec_t *p = reinterpret_cast<vec_t *>(x + r * ld + c);
+        vec_t a = *p;
+#pragma unroll
+        for (int i = 0; i < VEC; i++) a.v[i] = from_f<T>(activate(to_f(a.v[i]), act));
+        *p = a;
+    }
 }
 
 template <typename T>
 flame_status fl_cuda_activation(T *x, int64_t rows, int32_t cols, int64_t ld, int act, cudaStream_t s)
 {
     if (rows == 0 || cols == 0 || act == 0) return FLAME_OK;
-    act_kernel<T><<<ceil_div(rows * cols, 256), 256, 0, s>>>(x, rows, cols, ld, act);
+    constexpr int VEC = 16 / sizeof(T);
+    const bool vec = cols % VEC == 0 && ld % VEC == 0 && (uintptr_t)x % 16 == 0;
+    const dim3 grid(ceil_div(vec ? cols / VEC : cols, 128), rows < 65535 ? (unsigned)rows : 65535u);
+    if (vec)
+        act_kernel<T, VEC><<<grid, 128, 0, s>>>(x, rows, cols, ld, act);
+    else
+        act_kernel<T, 1><<<grid, 128, 0, s>>>(x, rows, cols, ld, act);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }

@@ -36,7 +36,9 @@ static const char *configs[] = {
     "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":256,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
     "\"layernorm\":{\"eps\":1e-12},\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
     /* GR ranker: pre-LN, gelu_tanh, side features (sum + mean) summed then projected, from_recent
-     * positions with a candidate position, final LN, sumi head with hidden layers */
+     * positions with a candidate position, final LN, sumi head with hidden layers: on the GPU b
+     * and e share a stacked first layer (22 wide: the erf-GELU pass without 16-byte vectors), d
+     * (another activation) and a (deeper) do not, c has no hidden layer */
     "{\"format\":\"flame\",\"version\":1,\"d_model\":128,\"max_len\":40,"
     "\"tables\":[{\"name\":\"item\",\"rows\":300,\"dim\":32},{\"name\":\"artist\",\"rows\":50,\"dim\":32},"
     "{\"name\":\"genre\",\"rows\":9,\"dim\":32}],"
@@ -48,7 +50,8 @@ static const char *configs[] = {
     "\"blocks\":{\"count\":3,\"num_heads\":4,\"ffn_dim\":256,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
     "\"final_layernorm\":true,"
     "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[64,32]},{\"name\":\"b\",\"hidden\":[16],"
-    "\"activation\":\"gelu_erf\"},{\"name\":\"c\",\"hidden\":[]}]}}",
+    "\"activation\":\"gelu_erf\"},{\"name\":\"c\",\"hidden\":[]},{\"name\":\"d\",\"hidden\":[24],"
+    "\"activation\":\"relu\"},{\"name\":\"e\",\"hidden\":[6],\"activation\":\"gelu_erf\"}]}}",
     /* concat of odd dims (no 16-byte vectors), relu, post-LN, eps outside the root, no
      * positions, sumi head, one block, 4 heads of 8 */
     "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":10,"
@@ -173,9 +176,9 @@ static void check_config(int ci, const char *dtype, double tol)
         flame_model_get_info(m, &info);
         size_t off = 0, len = b.req[3].num_candidates * (size_t)info.num_tasks;
         for (int r = 0; r < 3; r++) off += b.req[r].num_candidates * (size_t)info.num_tasks;
-        float one[64 * 3];
-        tu_poison(one, 64 * 3);
-        assert_int_equal(flame_score(gpu, &b.req[3], one, 64 * 3), FLAME_OK);
+        float one[64 * 8];
+        tu_poison(one, 64 * 8);
+        assert_int_equal(flame_score(gpu, &b.req[3], one, 64 * 8), FLAME_OK);
         for (size_t i = 0; i < len; i++) ref[i] = got[off + i];
         if (len && !(tu_rel_err(one, ref, len) < tol)) fail_msg("config %d %s: request 3 alone differs", ci, dtype);
         free(want);
@@ -218,13 +221,16 @@ static void test_graph_replay_matches_cpu(void **state)
     flame_engine *cpu = NULL;
     assert_int_equal(flame_model_create_random(configs[1], 7, &m), FLAME_OK);
     assert_int_equal(flame_engine_create(m, NULL, &cpu), FLAME_OK);
+    enum { R = 3, N = 40, M = 16, S = 2, K = 5 }; /* K: config 1 has 5 tasks */
     flame_engine *gpu = gpu_engine(m, "fp32");
-    enum { R = 3, N = 40, M = 16, S = 2 };
+    flame_model_info info = {.struct_size = sizeof info};
+    assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+    assert_int_equal(info.num_tasks, K);
     static int64_t hist[R][N], cand[R][M], hoff[R][S][N + 1], hids[R][S][N], coff[R][S][M + 1], cids[R][S][M];
     flame_bags hb[R][S], cb[R][S];
     flame_request req[R];
-    float got[R * M * 3 + 1], want[R * M * 3];
-    double ref[R * M * 3];
+    float got[R * M * K + 1], want[R * M * K];
+    double ref[R * M * K];
     for (int round = 0; round < 4; round++) {
         for (int r = 0; r < R; r++) {
             for (int i = 0; i < N; i++) hist[r][i] = tu_below(300);
@@ -241,12 +247,12 @@ static void test_graph_replay_matches_cpu(void **state)
                                      .candidates = cand[r], .num_candidates = M, .history_side = hb[r],
                                      .candidate_side = cb[r], .num_side_features = S};
         }
-        tu_poison(got, R * M * 3 + 1);
-        assert_int_equal(flame_score_batch(cpu, req, R, want, R * M * 3), FLAME_OK);
-        assert_int_equal(flame_score_batch(gpu, req, R, got, R * M * 3), FLAME_OK);
-        for (int i = 0; i < R * M * 3; i++) ref[i] = want[i];
-        assert_rel_err_below(got, ref, R * M * 3, 1e-5);
-        assert_true(isnan(got[R * M * 3]));
+        tu_poison(got, R * M * K + 1);
+        assert_int_equal(flame_score_batch(cpu, req, R, want, R * M * K), FLAME_OK);
+        assert_int_equal(flame_score_batch(gpu, req, R, got, R * M * K), FLAME_OK);
+        for (int i = 0; i < R * M * K; i++) ref[i] = want[i];
+        assert_rel_err_below(got, ref, R * M * K, 1e-5);
+        assert_true(isnan(got[R * M * K]));
     }
     flame_engine_stats st = {.struct_size = sizeof st};
     assert_int_equal(flame_engine_get_stats(gpu, &st), FLAME_OK);
