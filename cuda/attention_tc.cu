@@ -115,6 +115,8 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
     constexpr int NT_O = DH / 8;    // output n-tiles
     constexpr int KS = DH / 16;     // k-steps of Q K^T
     constexpr int CH = DH / 8;      // 16-byte chunks per row
+    constexpr int BATCH = CH <= 8 ? CH : CH / 2; // chunks per lane loaded together: KT * CH / 32 = CH per lane
+    static_assert(CH % BATCH == 0, "whole batches");
     constexpr bool is_half = std::is_same<T, __half>::value;
     extern __shared__ uint4 smem_tc[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -152,17 +154,28 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
     for (int j = 0; j < NT_O; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
     for (int kb = warp * KT; kb < kend; kb += SPLIT * KT) {
-        // stage K and V rows kb..kb+KT-1 (rows past kend as zeros: 0 * garbage could be NaN)
-        for (int c = lane; c < KT * CH; c += 32) {
-            const int r = c / CH, e = (c % CH) * 8;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (kb + r < kend) {
-                const int64_t off = (tile.seq_row + kb + r) * ldkv + col + e;
-                kv = *reinterpret_cast<const uint4 *>(k + off);
-                vv = *reinterpret_cast<const uint4 *>(v + off);
+        // stage K and V rows kb..kb+KT-1 (rows past kend as zeros: 0 * garbage could be NaN);
+        // up to 8 chunks of each per lane are loaded before any is stored, so their memory
+        // latencies overlap instead of adding up
+#pragma unroll
+        for (int c0 = 0; c0 < KT * CH; c0 += 32 * BATCH) {
+            uint4 kv[BATCH], vv[BATCH];
+#pragma unroll
+            for (int u = 0; u < BATCH; u++) {
+                const int c = c0 + 32 * u + lane, r = c / CH, e = (c % CH) * 8;
+                kv[u] = vv[u] = make_uint4(0, 0, 0, 0);
+                if (kb + r < kend) {
+                    const int64_t off = (tile.seq_row + kb + r) * ldkv + col + e;
+                    kv[u] = *reinterpret_cast<const uint4 *>(k + off);
+                    vv[u] = *reinterpret_cast<const uint4 *>(v + off);
+                }
             }
-            *reinterpret_cast<uint4 *>(ks + r * DHP + e) = kv;
-            *reinterpret_cast<uint4 *>(vs + r * DHP + e) = vv;
+#pragma unroll
+            for (int u = 0; u < BATCH; u++) {
+                const int c = c0 + 32 * u + lane, r = c / CH, e = (c % CH) * 8;
+                *reinterpret_cast<uint4 *>(ks + r * DHP + e) = kv[u];
+                *reinterpret_cast<uint4 *>(vs + r * DHP + e) = vv[u];
+            }
         }
         __syncwarp();
         // S = Q K^T for 16 rows x 32 keys (4 n-tiles of 8 keys)

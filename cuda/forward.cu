@@ -42,6 +42,9 @@ struct pass {
     size_t n;
     int64_t T = 0, S = 0, tiles_full = 0, tiles_last = 0, gathered = 0, total_scores = 0;
     int64_t side_total[FL_MAX_FEATURES] = {};
+    // every bag of the slot holds one id: no offsets travel, the kernel reads ids[t] (common
+    // for single-valued side features such as an item's author)
+    bool single[FL_MAX_FEATURES];
     indices host{}, dev{};
 };
 
@@ -52,6 +55,7 @@ void plan(pass &p)
     const fl_model_cfg &c = g->cfg;
     const bool sumi = c.head == FLAME_HEAD_SUMI;
     x->seqs.resize(p.n);
+    for (int slot = 0; slot < c.num_side; slot++) p.single[slot] = true;
     for (size_t r = 0; r < p.n; r++) {
         const flame_request &q = p.reqs[r];
         fl_seq_plan &s = x->seqs[r];
@@ -67,11 +71,13 @@ void plan(pass &p)
         p.total_scores += (int64_t)q.num_candidates * c.num_tasks;
         p.tiles_full += ceil_div(s.n + s.m, FL_ATTN_QT);
         p.tiles_last += ceil_div(s.nsel, FL_ATTN_QT);
-        for (int f = 0; f < c.num_features; f++) {
-            const int slot = c.features[f].side_slot;
-            if (slot < 0) continue;
-            if (s.n) p.side_total[slot] += q.history_side[slot].offsets[s.start + s.n] - q.history_side[slot].offsets[s.start];
-            if (s.m) p.side_total[slot] += q.candidate_side[slot].offsets[s.m];
+        for (int slot = 0; slot < c.num_side; slot++) {
+            const int64_t *ho = s.n ? q.history_side[slot].offsets + s.start : nullptr;
+            const int64_t *co = s.m ? q.candidate_side[slot].offsets : nullptr;
+            if (ho) p.side_total[slot] += ho[s.n] - ho[0];
+            if (co) p.side_total[slot] += co[s.m];
+            for (int64_t i = 0; p.single[slot] && ho && i < s.n; i++) p.single[slot] = ho[i + 1] - ho[i] == 1;
+            for (int64_t i = 0; p.single[slot] && co && i < s.m; i++) p.single[slot] = co[i + 1] - co[i] == 1;
         }
         if (!sumi && s.nsel && q.num_candidates) p.gathered += (int64_t)q.num_candidates; // upper bound
     }
@@ -83,7 +89,7 @@ size_t carve_indices(pass &p, uint8_t *base, indices &ix)
     carver cv{base};
     ix.item = cv.take<int64_t>(p.T);
     for (int s = 0; s < c.num_side; s++) {
-        ix.side_off[s] = cv.take<int64_t>(p.T + 1);
+        ix.side_off[s] = cv.take<int64_t>(p.single[s] ? 0 : p.T + 1);
         ix.side_ids[s] = cv.take<int64_t>(p.side_total[s]);
     }
     ix.prow = cv.take<int32_t>(p.T);
@@ -112,7 +118,8 @@ void fill(pass &p)
     const fl_model_cfg &c = g->cfg;
     indices &h = p.host;
     int64_t side_fill[FL_MAX_FEATURES] = {};
-    for (int s = 0; s < c.num_side; s++) h.side_off[s][0] = 0;
+    for (int s = 0; s < c.num_side; s++)
+        if (!p.single[s]) h.side_off[s][0] = 0;
     int64_t tf = 0, tl = 0, ng = 0;
     x->groups.clear();
     for (size_t r = 0; r < p.n; r++) {
@@ -127,7 +134,7 @@ void fill(pass &p)
                 const int64_t len = b.offsets[src + 1] - b.offsets[src];
                 memcpy(h.side_ids[slot] + side_fill[slot], b.ids + b.offsets[src], (size_t)len * sizeof(int64_t));
                 side_fill[slot] += len;
-                h.side_off[slot][t + 1] = side_fill[slot];
+                if (!p.single[slot]) h.side_off[slot][t + 1] = side_fill[slot];
             }
             int64_t row = -1;
             if (cand)
@@ -317,7 +324,7 @@ template <typename T> flame_status embed(fl_cuda_engine *g, pass &p, buffers &b)
         df.pooling = fc.pooling;
         df.out_col = c.combine_concat ? col : 0;
         col += df.dim;
-        df.offsets = fc.side_slot < 0 ? nullptr : p.dev.side_off[fc.side_slot];
+        df.offsets = fc.side_slot < 0 || p.single[fc.side_slot] ? nullptr : p.dev.side_off[fc.side_slot];
         df.ids = fc.side_slot < 0 ? p.dev.item : p.dev.side_ids[fc.side_slot];
     }
     const int32_t d = c.d_model;
@@ -406,6 +413,7 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
     sig.insert(sig.end(), {p.T, p.S, p.tiles_full, p.tiles_last, p.gathered, p.total_scores, (int64_t)idx_bytes,
                            (int64_t)p.n});
     sig.insert(sig.end(), p.side_total, p.side_total + p.g->cfg.num_side);
+    sig.insert(sig.end(), p.single, p.single + p.g->cfg.num_side);
     for (size_t r = 0; r < p.n; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
     for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
 }
