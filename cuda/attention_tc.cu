@@ -63,8 +63,16 @@ template <> __device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v)
 {
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
 }
-// Two 16-bit values as a pair.
-__device__ __forceinline__ uint32_t pair16(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+// Four 8x8 16-bit matrices from shared memory, transposed (PTX "ldmatrix"): register k holds
+// matrix k's elements (2t, g) and (2t + 1, g) for lane 4g + t.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
 
 __device__ __forceinline__ float quad_max(float v)
 {
@@ -231,16 +239,22 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
                 pl[s][h + 1] = pack<T>(p[2] - hi1.x, p[3] - hi1.y);
             }
         }
-        // O += P V: B = V (k = key, n = dim); b0 pairs keys 2t, 2t+1 of column g
-        const uint16_t *vb = reinterpret_cast<const uint16_t *>(vs);
+        // O += P V: B = V (k = key, n = dim), b0 = keys 2t, 2t+1 of column g. One transposing
+        // ldmatrix.x4 gives b0, b1 of two n-tiles: matrices (keys +0, dims +0), (keys +8, dims
+        // +0), (keys +0, dims +8), (keys +8, dims +8); lane i addresses row i % 8 of matrix i / 8
 #pragma unroll
         for (int s = 0; s < KT / 16; s++)
 #pragma unroll
-            for (int j = 0; j < NT_O; j++) {
-                const uint16_t *c0 = vb + (16 * s + 2 * t) * DHP + 8 * j + g;
-                const uint32_t b0 = pair16(c0[0], c0[DHP]), b1 = pair16(c0[8 * DHP], c0[9 * DHP]);
-                mma<T>(o[j], pa[s], b0, b1);
-                if (!is_half) mma<T>(o[j], pl[s], b0, b1);
+            for (int j = 0; j < NT_O; j += 2) {
+                const int mi = lane >> 3;
+                uint32_t b[4];
+                ldsm_x4_trans(b, vs + (16 * s + (mi & 1) * 8 + (lane & 7)) * DHP + 8 * j + (mi >> 1) * 8);
+                mma<T>(o[j], pa[s], b[0], b[1]);
+                mma<T>(o[j + 1], pa[s], b[2], b[3]);
+                if (!is_half) {
+                    mma<T>(o[j], pl[s], b[0], b[1]);
+                    mma<T>(o[j + 1], pl[s], b[2], b[3]);
+                }
             }
         __syncwarp(); // the next step overwrites the staged rows
     }

@@ -125,17 +125,24 @@ void fill(pass &p)
     for (size_t r = 0; r < p.n; r++) {
         const flame_request &q = p.reqs[r];
         const fl_seq_plan &s = x->seqs[r];
+        // the history window, then the candidates: item ids and each slot's bags are one
+        // contiguous run each in the request, so each part is one copy (offsets rebased)
+        memcpy(h.item + s.off, q.history + s.start, (size_t)s.n * sizeof(int64_t));
+        if (s.m) memcpy(h.item + s.off + s.n, q.candidates, (size_t)s.m * sizeof(int64_t));
+        for (int slot = 0; slot < c.num_side; slot++)
+            for (int part = 0; part < 2; part++) {
+                const int64_t count = part ? s.m : s.n, src = part ? 0 : s.start, t0 = s.off + (part ? s.n : 0);
+                if (count == 0) continue;
+                const flame_bags &b = part ? q.candidate_side[slot] : q.history_side[slot];
+                const int64_t base = b.offsets[src], len = b.offsets[src + count] - base;
+                memcpy(h.side_ids[slot] + side_fill[slot], b.ids + base, (size_t)len * sizeof(int64_t));
+                if (!p.single[slot])
+                    for (int64_t i = 0; i < count; i++) h.side_off[slot][t0 + i + 1] = side_fill[slot] + b.offsets[src + i + 1] - base;
+                side_fill[slot] += len;
+            }
         for (int64_t i = 0; i < s.n + s.m; i++) {
             const bool cand = i >= s.n;
-            const int64_t t = s.off + i, src = cand ? i - s.n : s.start + i;
-            h.item[t] = cand ? q.candidates[src] : q.history[src];
-            for (int slot = 0; slot < c.num_side; slot++) {
-                const flame_bags &b = cand ? q.candidate_side[slot] : q.history_side[slot];
-                const int64_t len = b.offsets[src + 1] - b.offsets[src];
-                memcpy(h.side_ids[slot] + side_fill[slot], b.ids + b.offsets[src], (size_t)len * sizeof(int64_t));
-                side_fill[slot] += len;
-                if (!p.single[slot]) h.side_off[slot][t + 1] = side_fill[slot];
-            }
+            const int64_t t = s.off + i;
             int64_t row = -1;
             if (cand)
                 row = c.candidate_position;

@@ -46,55 +46,101 @@ __global__ void __launch_bounds__(256) rows_kernel(int64_t rows, int32_t d, floa
     }
 }
 
+// VEC consecutive floats as one access (VEC 4: 16 bytes).
+template <int VEC> __device__ __forceinline__ void load_vec(const float *src, float *dst)
+{
+    if constexpr (VEC == 4) {
+        const float4 v = *reinterpret_cast<const float4 *>(src);
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    } else {
+#pragma unroll
+        for (int u = 0; u < VEC; u++) dst[u] = src[u];
+    }
+}
+template <int VEC> __device__ __forceinline__ void store_vec(float *dst, const float *src)
+{
+    if constexpr (VEC == 4)
+        *reinterpret_cast<float4 *>(dst) = make_float4(src[0], src[1], src[2], src[3]);
+    else
+#pragma unroll
+        for (int u = 0; u < VEC; u++) dst[u] = src[u];
+}
+template <typename T, int VEC> __device__ __forceinline__ void store_vec(T *dst, const float *src)
+{
+    struct alignas(sizeof(T) * VEC) vec_t {
+        T v[VEC];
+    } o;
+#pragma unroll
+    for (int u = 0; u < VEC; u++) o.v[u] = from_f<T>(src[u]);
+    *reinterpret_cast<vec_t *>(dst) = o;
+}
+
 // The same with the row in registers (PER values per lane, d <= 32 * PER): one read of X
-// instead of three, and the loads of a row all in flight at once.
-template <typename T, int PER>
-__global__ void __launch_bounds__(256) rows_reg_kernel(int64_t rows, int32_t d, float *X, const float *position,
+// instead of three, every load of a row (X, position, LN weights) in flight at once, and with
+// VEC 4 (d a multiple of 128) 16-byte accesses: lane l holds elements 4 l + 128 i + u.
+template <typename T, int PER, int VEC>
+__global__ void __launch_bounds__(128) rows_reg_kernel(int64_t rows, int32_t d, float *X, const float *position,
                                                        const int32_t *prow, const float *w, const float *b, float eps,
                                                        bool inside, int mode, T *Y, int64_t ldy)
 {
+    constexpr int NV = PER / VEC;
     const int lane = threadIdx.x & 31;
     const int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     if (r >= rows) return;
     float *x = X + r * d;
     const float *p = position && prow && prow[r] >= 0 ? position + (int64_t)prow[r] * d : nullptr;
+    const bool ln = mode != FL_ROW_COPY;
     float z[PER], wv[PER], bv[PER];
-    float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int j = lane + 32 * i;
-        z[i] = j < d ? x[j] + (p ? p[j] : 0.0f) : 0.0f;
-        sum += z[i];
-        // the LN weights are loaded with the row, not after the reductions: one memory round trip
-        const bool ln = mode != FL_ROW_COPY && j < d;
-        wv[i] = ln ? w[j] : 0.0f;
-        bv[i] = ln ? b[j] : 0.0f;
+    for (int i = 0; i < NV; i++) {
+        const int j = VEC * lane + 32 * VEC * i;
+        float *zi = z + VEC * i, *wi = wv + VEC * i, *bi = bv + VEC * i;
+        if (j < d) { // VEC 4: d % 128 == 0, so a vector is wholly in or out
+            load_vec<VEC>(x + j, zi);
+            if (ln) {
+                load_vec<VEC>(w + j, wi);
+                load_vec<VEC>(b + j, bi);
+            }
+            if (p) {
+                float pv[VEC];
+                load_vec<VEC>(p + j, pv);
+#pragma unroll
+                for (int u = 0; u < VEC; u++) zi[u] += pv[u];
+                store_vec<VEC>(x + j, zi);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < VEC; u++) zi[u] = wi[u] = bi[u] = 0.0f;
+        }
     }
-    if (p)
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            if (lane + 32 * i < d) x[lane + 32 * i] = z[i];
-    if (mode == FL_ROW_COPY) {
+    if (!ln) {
         if (Y)
 #pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (lane + 32 * i < d) Y[r * ldy + lane + 32 * i] = from_f<T>(z[i]);
+            for (int i = 0; i < NV; i++)
+                if (VEC * lane + 32 * VEC * i < d) store_vec<T, VEC>(Y + r * ldy + VEC * lane + 32 * VEC * i, z + VEC * i);
         return;
     }
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) sum += z[i]; // out-of-row slots are 0
     const float mean = warp_sum(sum) / (float)d;
     float var = 0.0f;
 #pragma unroll
-    for (int i = 0; i < PER; i++)
-        if (lane + 32 * i < d) var += (z[i] - mean) * (z[i] - mean);
+    for (int i = 0; i < NV; i++)
+        if (VEC * lane + 32 * VEC * i < d)
+#pragma unroll
+            for (int u = 0; u < VEC; u++) var += (z[VEC * i + u] - mean) * (z[VEC * i + u] - mean);
     var = warp_sum(var) / (float)d;
     const float inv = inside ? rsqrtf(var + eps) : 1.0f / (sqrtf(var) + eps);
 #pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int j = lane + 32 * i;
+    for (int i = 0; i < NV; i++) {
+        const int j = VEC * lane + 32 * VEC * i;
         if (j >= d) continue;
-        const float o = (z[i] - mean) * inv * wv[i] + bv[i];
-        if (mode == FL_ROW_LN_X) x[j] = o;
-        if (Y) Y[r * ldy + j] = from_f<T>(o);
+        float o[VEC];
+#pragma unroll
+        for (int u = 0; u < VEC; u++) o[u] = (z[VEC * i + u] - mean) * inv * wv[VEC * i + u] + bv[VEC * i + u];
+        if (mode == FL_ROW_LN_X) store_vec<VEC>(x + j, o);
+        if (Y) store_vec<T, VEC>(Y + r * ldy + j, o);
     }
 }
 
@@ -104,22 +150,33 @@ flame_status fl_cuda_rows(int64_t rows, int32_t d, float *X, const float *positi
                           int64_t ldy, cudaStream_t s)
 {
     if (rows == 0) return FLAME_OK;
-    const unsigned grid = ceil_div(rows * 32, 256);
-#define ROWS_REG(PER)                                                                                          \
-    rows_reg_kernel<T, PER><<<grid, 256, 0, s>>>(rows, d, X, position, prow, ln_w, ln_b, eps, eps_inside, (int)mode, Y, \
-                                                 ldy)
+    // 16-byte accesses need d % 128 == 0 and 16-byte aligned rows of X, Y and the position table
+    const bool vec = d % 128 == 0 && ldy % 4 == 0 && ((uintptr_t)X | (uintptr_t)Y | (uintptr_t)position) % 16 == 0;
+    const unsigned grid = ceil_div(rows * 32, 128);
+#define ROWS_REG(PER, VEC)                                                                                     \
+    rows_reg_kernel<T, PER, VEC><<<grid, 128, 0, s>>>(rows, d, X, position, prow, ln_w, ln_b, eps, eps_inside, \
+                                                      (int)mode, Y, ldy)
     if (d <= 64)
-        ROWS_REG(2);
+        ROWS_REG(2, 1);
+    else if (d <= 128 && vec)
+        ROWS_REG(4, 4);
     else if (d <= 128)
-        ROWS_REG(4);
+        ROWS_REG(4, 1);
+    else if (d <= 256 && vec)
+        ROWS_REG(8, 4);
     else if (d <= 256)
-        ROWS_REG(8);
+        ROWS_REG(8, 1);
+    else if (d <= 512 && vec)
+        ROWS_REG(16, 4);
     else if (d <= 512)
-        ROWS_REG(16);
+        ROWS_REG(16, 1);
+    else if (d <= 1024 && vec)
+        ROWS_REG(32, 4);
     else if (d <= 1024)
-        ROWS_REG(32);
+        ROWS_REG(32, 1);
     else
-        rows_kernel<T><<<grid, 256, 0, s>>>(rows, d, X, position, prow, ln_w, ln_b, eps, eps_inside, (int)mode, Y, ldy);
+        rows_kernel<T><<<ceil_div(rows * 32, 256), 256, 0, s>>>(rows, d, X, position, prow, ln_w, ln_b, eps,
+                                                                eps_inside, (int)mode, Y, ldy);
 #undef ROWS_REG
     FL_LAUNCH_CHECK();
     return FLAME_OK;
