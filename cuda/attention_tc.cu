@@ -74,6 +74,14 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p)
                  : "memory");
 }
 
+// 2^x in one instruction (MUFU.EX2, relative error ~2^-22; -inf gives 0).
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float quad_max(float v)
 {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -99,7 +107,7 @@ __device__ __forceinline__ float raise_max(row_state &r, float mx, float &base)
 {
     const float m_new = fmaxf(r.m, mx);
     base = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = exp2f(r.m - base); // r.m = -inf: 0
+    const float alpha = fast_exp2(r.m - base); // r.m = -inf: 0
     r.m = m_new;
     return alpha;
 }
@@ -145,6 +153,8 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
     }
     const int p_last = tile.qpos_idx < 0 ? tile.pos0 + tile.nq - 1 : qpos[tile.qpos_idx + tile.nq - 1];
     const int kend = p_last < n ? p_last + 1 : n; // positions ascend within a tile
+    const int p_first = tile.qpos_idx < 0 ? tile.pos0 : qpos[tile.qpos_idx];
+    const int nvis_first = p_first < n ? p_first + 1 : n; // the fewest keys any row of the tile sees
 
     // Q as A fragments, straight from global memory (read once); padding rows are zeros
     uint32_t qa[KS][4];
@@ -197,20 +207,22 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
                 mma<T>(sc[j], qa[s], *reinterpret_cast<const uint32_t *>(kr + 16 * s),
                        *reinterpret_cast<const uint32_t *>(kr + 16 * s + 8));
         }
-        // mask (key visible iff key < nvis of the row), scale, online softmax
+        // mask (key visible iff key < nvis of the row) unless the step is wholly visible to the
+        // tile's first (least-seeing) row; padding rows need no mask, they are never written
         float mx[2] = {-INFINITY, -INFINITY};
+        const bool full = kb + KT <= nvis_first;
 #pragma unroll
         for (int j = 0; j < KT / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = kb + j * 8 + 2 * t + (e & 1), i = e >> 1;
-                sc[j][e] = key < rs[i].nvis ? sc[j][e] * scale_log2 : -INFINITY;
+                if (!full && key >= rs[i].nvis) sc[j][e] = -INFINITY;
                 mx[i] = fmaxf(mx[i], sc[j][e]);
             }
         float base[2], alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            alpha[i] = raise_max(rs[i], quad_max(mx[i]), base[i]);
+            alpha[i] = raise_max(rs[i], quad_max(mx[i]) * scale_log2, base[i]); // scale > 0: max commutes
             rs[i].l *= alpha[i];
         }
 #pragma unroll
@@ -226,7 +238,7 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
             float p[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                p[e] = exp2f(sc[j][e] - base[e >> 1]);
+                p[e] = fast_exp2(fmaf(sc[j][e], scale_log2, -base[e >> 1]));
                 rs[e >> 1].l += p[e];
             }
             // n-tile j of S is half of k-step j/2 of P: c0,c1 -> a0 (or a2), c2,c3 -> a1 (or a3)
@@ -278,7 +290,7 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
         if (!self) continue;
         float b;
         const float alpha = raise_max(rs[i], sself, b);
-        const float ps = exp2f(sself - b);
+        const float ps = fast_exp2(sself - b);
         rs[i].l = rs[i].l * alpha + (t == 0 ? ps : 0.0f); // counted once per quad
 #pragma unroll
         for (int j = 0; j < NT_O; j++) {
@@ -313,7 +325,7 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
 #pragma unroll
             for (int w = 0; w < SPLIT; w++) {
                 const int wr = w * FL_ATTN_QT + r;
-                const float f = exp2f(mb[wr] - mx); // a warp that saw no key: 0
+                const float f = fast_exp2(mb[wr] - mx); // a warp that saw no key: 0
                 const float2 ov = *reinterpret_cast<const float2 *>(ob + wr * DH + c);
                 l += lb[wr] * f;
                 o0 += ov.x * f;
