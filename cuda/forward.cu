@@ -45,6 +45,9 @@ struct pass {
     // every bag of the slot holds one id: no offsets travel, the kernel reads ids[t] (common
     // for single-valued side features such as an item's author)
     bool single[FL_MAX_FEATURES];
+    // the first selected row when the rows the head reads are one contiguous run (one request):
+    // the last block then works on those rows of X and Y in place, without gathering them
+    int64_t sel_run = -1;
     indices host{}, dev{};
 };
 
@@ -181,6 +184,9 @@ void fill(pass &p)
         }
     }
     p.gathered = ng;
+    p.sel_run = p.S > 0 ? h.sel[0] : -1;
+    for (int64_t i = 1; i < p.S && p.sel_run >= 0; i++)
+        if (h.sel[i] != h.sel[0] + i) p.sel_run = -1;
 }
 
 // Activation buffers on the device, after the index copy.
@@ -287,11 +293,11 @@ template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b,
         FL_TRY(fl_gemm(&x->gemm, s, NT, d, 2 * d, Y, d, static_cast<uint8_t *>(blk.qkv.w) + (size_t)d * d * esz, d, g->ab,
                        static_cast<uint8_t *>(blk.qkv.b) + (size_t)d * esz, QKV + d, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
         T *YS = static_cast<T *>(b.YS), *Q = static_cast<T *>(b.Q);
-        FL_TRY(fl_cuda_gather<T>(Y, d, p.dev.sel, p.S, d, YS, d, s));
+        if (p.sel_run < 0) FL_TRY(fl_cuda_gather<T>(Y, d, p.dev.sel, p.S, d, YS, d, s));
         FL_TRY(fl_gemm(&x->gemm, s, p.S, d, d, YS, d, blk.qkv.w, d, g->ab, blk.qkv.b, Q, d, g->ab, 0.0f, FL_EPI_BIAS));
         FL_TRY(fl_cuda_attention<T>(p.dev.tiles_last, p.tiles_last, p.dev.qpos, H, dh, Q, d, QKV + d, QKV + 2 * d, 3 * d,
                                     A, d, s));
-        FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
+        if (p.sel_run < 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
     }
     float *X = last ? b.XS : b.X;
     T *Yr = last ? static_cast<T *>(b.YS) : Y;
@@ -408,7 +414,8 @@ template <typename T> flame_status enqueue(fl_cuda_engine *g, pass &p, buffers &
     const int32_t d = g->cfg.d_model;
     FL_TRY(embed<T>(g, p, b));
     for (int i = 0; i < g->cfg.num_blocks; i++) FL_TRY(block<T>(g, p, b, g->blocks[i], i == g->cfg.num_blocks - 1));
-    if (g->cfg.num_blocks == 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, x->stream));
+    if (g->cfg.num_blocks == 0 && p.sel_run < 0)
+        FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, x->stream));
     return head<T>(g, p, b);
 }
 
@@ -421,6 +428,7 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
                            (int64_t)p.n});
     sig.insert(sig.end(), p.side_total, p.side_total + p.g->cfg.num_side);
     sig.insert(sig.end(), p.single, p.single + p.g->cfg.num_side);
+    sig.push_back(p.sel_run);
     for (size_t r = 0; r < p.n; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
     for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
 }
@@ -482,6 +490,10 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
     carve_indices(p, x->arena, p.dev);
     carve_buffers(p, sizeof(T), x->arena, idx_bytes, b);
     fill(p);
+    if (p.sel_run >= 0) { // the selected rows in place (see pass::sel_run)
+        b.XS = b.X + p.sel_run * g->cfg.d_model;
+        b.YS = static_cast<uint8_t *>(b.Y) + p.sel_run * g->cfg.d_model * sizeof(T);
+    }
     bool done = false;
     if (g->use_graphs) FL_TRY(run_graph<T>(g, p, b, idx_bytes, &done));
     if (!done) FL_TRY(enqueue<T>(g, p, b, idx_bytes));
