@@ -170,7 +170,10 @@ typedef enum flame_option {
     FLAME_OPT_SCORE_CHUNK = 3,
     /* string: compute dtype on the GPU, "fp32" (default), "fp16" or "bf16". Weights are
      * converted once at engine creation; accumulation, LayerNorm, softmax and the residual
-     * stream stay float32. The CPU always computes in float32 (it logs that it ignores this). */
+     * stream stay float32. In fp16/bf16, attention runs on tensor cores (FlashAttention-2
+     * style) and its probabilities enter the P.V product as fp16 (bf16: as a sum of two bf16
+     * terms, ~16 bits); fp32 attention is exact float on CUDA cores. The CPU always computes
+     * in float32 (it logs that it ignores this). */
     FLAME_OPT_DTYPE = 4,
     /* int: most bytes of GPU memory the engine may hold (weights + buffers + workspace);
      * 0 (default) = no limit. 0..2^50. Exceeding it is FLAME_ERR_NOMEM with the numbers. */
@@ -296,7 +299,8 @@ typedef struct flame_request {
  * scores_len is the capacity in floats. Nothing beyond num_candidates * num_tasks is written,
  * and on any error nothing is written at all.
  * Math: docs/model-format.md (embedding bags -> position -> transformer blocks with the
- * causal/SUMI mask -> dot or sumi head). float32 throughout, GEMMs through CBLAS.
+ * causal/SUMI mask -> dot or sumi head). On the CPU float32 throughout, GEMMs through
+ * CBLAS; on the GPU in the engine's compute dtype (FLAME_OPT_DTYPE).
  * An empty candidate list returns FLAME_OK and writes nothing.
  * Thread-safe (see flame_engine_create).
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/request with work to do, struct_size
