@@ -58,6 +58,7 @@ struct fl_cuda_executor {
     std::vector<fl_dot_group> groups;
     std::vector<int64_t> signature;
     std::vector<fl_graph> graphs;
+    std::vector<std::vector<int64_t>> seen; // signatures run once (eagerly), captured when seen again
     uint64_t clock = 0;
     std::atomic<uint64_t> replays{0}, captures{0};
 };

@@ -434,9 +434,10 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
 }
 
 #define MAX_GRAPHS 16
+#define MAX_SEEN 32 // shapes run once, not captured yet
 
-// Replays the graph of this signature, capturing it first if it is new. *done false: the
-// capture failed and the pass is to run uncaptured.
+// Replays the graph of this signature, capturing it first if it was seen once before. *done
+// false: the pass is to run uncaptured (first sight of the shape, or the capture failed).
 template <typename T> flame_status run_graph(fl_cuda_engine *g, pass &p, buffers &b, size_t idx_bytes, bool *done)
 {
     fl_cuda_executor *x = p.x;
@@ -446,6 +447,19 @@ template <typename T> flame_status run_graph(fl_cuda_engine *g, pass &p, buffers
     for (fl_graph &gr : x->graphs)
         if (gr.signature == x->signature) hit = &gr;
     if (!hit) {
+        // the first pass of a shape runs eagerly, the second is captured: one-off shapes (a
+        // varying history length) never pay for a capture (hundreds of us) nor hold a graph
+        bool seen = false;
+        for (size_t i = 0; i < x->seen.size() && !seen; i++)
+            if (x->seen[i] == x->signature) {
+                seen = true;
+                x->seen.erase(x->seen.begin() + (long)i);
+            }
+        if (!seen) {
+            if (x->seen.size() == MAX_SEEN) x->seen.erase(x->seen.begin()); // the oldest
+            x->seen.push_back(x->signature);
+            return FLAME_OK;
+        }
         cudaGraph_t graph = nullptr;
         FL_CUDA_TRY(cudaStreamBeginCapture(x->stream, cudaStreamCaptureModeThreadLocal));
         flame_status st = enqueue<T>(g, p, b, idx_bytes);

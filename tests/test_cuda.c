@@ -212,8 +212,9 @@ static void test_matrix_bf16(void **state)
     for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "bf16", 1e-2);
 }
 
-/* Uniform passes are captured once and replayed: with fresh ids (the same shapes) every
- * replay still matches the CPU, and the stats count the captures and replays. */
+/* Uniform passes are captured once (on the second sight of the shape) and replayed: with fresh
+ * ids (the same shapes) every replay still matches the CPU, and the stats count the captures
+ * and replays. */
 static void test_graph_replay_matches_cpu(void **state)
 {
     NEED_GPU();
@@ -258,8 +259,8 @@ static void test_graph_replay_matches_cpu(void **state)
     assert_int_equal(flame_engine_get_stats(gpu, &st), FLAME_OK);
     fprintf(stderr, "# graphs: %llu captured, %llu replays\n", (unsigned long long)st.graph_captures,
             (unsigned long long)st.graph_replays);
-    assert_int_equal(st.graph_captures, 1);
-    assert_int_equal(st.graph_replays, 4);
+    assert_int_equal(st.graph_captures, 1); /* round 1 runs eagerly, round 2 captures */
+    assert_int_equal(st.graph_replays, 3);
     flame_engine_destroy(gpu);
     flame_engine_destroy(cpu);
     flame_model_destroy(m);

@@ -185,10 +185,11 @@ typedef enum flame_option {
      * GEMM workspace and captured graphs; concurrent calls take different executors, so one
      * call's copies overlap another's kernels. With FLAME_OPT_CUDA_STREAM set there is one. */
     FLAME_OPT_CUDA_EXECUTORS = 7,
-    /* int: 1 (default) = capture a pass as a CUDA graph the first time its shape is seen
+    /* int: 1 (default) = capture a pass as a CUDA graph the second time its shape is seen
      * (every request with the same history window, candidate count and candidate layout) and
-     * replay it after; passes of other shapes run uncaptured. 0 = never capture. Up to 16
-     * graphs per executor, least recently used dropped first. */
+     * replay it after; the first pass of a shape runs uncaptured, so one-off shapes never
+     * pay for a capture. 0 = never capture. Up to 16 graphs per executor, least recently
+     * used dropped first. */
     FLAME_OPT_CUDA_GRAPHS = 8,
     /* int: CPU threads one call may use in libflame's own dot-head kernel (gathered candidate
      * ids, and single users when the BLAS library runs without vector kernels on this CPU).
