@@ -119,7 +119,7 @@ bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh
 	    -gencode arch=compute_90,code=sm_90 -c $< -o build/bench/embedding_bench.o
 	$(CC) -o $@ build/bench/embedding_bench.o $(STLIB) $(LDLIBS)
 
-build/tests/%: tests/%.c tests/testutil.h $(SHLIB) lib/libflame.so $(STLIB)
+build/tests/%: tests/%.c $(wildcard tests/*.h) $(SHLIB) lib/libflame.so $(STLIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(PROG_CFLAGS) -Wl,-rpath,'$(CURDIR)/lib' -o $@ $< $(STLIB) -lcmocka $(LDLIBS)
 
@@ -176,7 +176,7 @@ $(SAN_DIR)/obj/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
 $(SAN_DIR)/libflame.a: $(SAN_SRC:%.c=$(SAN_DIR)/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
 
-$(SAN_DIR)/tests/%: tests/%.c tests/testutil.h $(SAN_DIR)/libflame.a
+$(SAN_DIR)/tests/%: tests/%.c $(wildcard tests/*.h) $(SAN_DIR)/libflame.a
 	@mkdir -p $(dir $@)
 	$(CC) $(PROG_CFLAGS) $(SAN_FLAGS) -o $@ $< $(SAN_DIR)/libflame.a -lcmocka $(SAN_LIBS)
 

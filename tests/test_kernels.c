@@ -43,9 +43,9 @@ static void check_embedding(bool concat)
     }
     int32_t width = concat ? 24 : 8;
     fl_emb_feature fe[3] = {
-        {tables[0], rows[0], dims[0], FL_KPOOL_SUM, NULL, item_ids, 0},
-        {tables[1], rows[1], dims[1], FL_KPOOL_SUM, off[0], ids[0], concat ? 8 : 0},
-        {tables[2], rows[2], dims[2], FL_KPOOL_MEAN, off[1], ids[1], concat ? 16 : 0},
+        {tables[0], rows[0], dims[0], FL_KPOOL_SUM, NULL, item_ids, 0, NULL, NULL},
+        {tables[1], rows[1], dims[1], FL_KPOOL_SUM, off[0], ids[0], concat ? 8 : 0, NULL, NULL},
+        {tables[2], rows[2], dims[2], FL_KPOOL_MEAN, off[1], ids[1], concat ? 16 : 0, NULL, NULL},
     };
     const int64_t ldo = width + 3; /* a strided output must leave the gap alone */
     float *out = malloc((size_t)(T * ldo) * sizeof(float));
@@ -93,12 +93,150 @@ static void test_embedding_empty_bag_is_zero(void **state)
     float table[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     int64_t off[3] = {0, 0, 0}, ids[1] = {0};
     for (int pool = 0; pool < 2; pool++) {
-        fl_emb_feature fe = {table, 2, 4, (fl_pooling_kind)pool, off, ids, 0};
+        fl_emb_feature fe = {table, 2, 4, (fl_pooling_kind)pool, off, ids, 0, NULL, NULL};
         float out[8];
         tu_poison(out, 8);
         fl_cpu_embedding_bag(&fe, 1, 2, out, 4, 4);
         for (int i = 0; i < 8; i++) assert_true(out[i] == 0.0f);
     }
+}
+
+/* ---- embedding bag over int8 tables (row-wise scale and bias), mixed with float tables */
+
+/* A random int8 table with per-row (scale, bias): scales of either sign and up to 0.05,
+ * biases in [-1, 1), one row in eight constant (scale 0). */
+static int8_t *rand_q8(int64_t rows, int32_t dim, float **qparams)
+{
+    int8_t *q = malloc((size_t)(rows * dim) + 1);
+    for (int64_t i = 0; i < rows * dim; i++) q[i] = (int8_t)(tu_below(256) - 128);
+    *qparams = malloc((size_t)rows * 2 * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        (*qparams)[2 * r] = tu_below(8) == 0 ? 0.0f : 0.05f * tu_uniform();
+        (*qparams)[2 * r + 1] = tu_uniform();
+    }
+    return q;
+}
+
+/* value of row r, column j of an int8 table, in float64 from the stored scale and bias */
+static double deq(const int8_t *q, const float *qp, int32_t dim, int64_t r, int32_t j)
+{
+    return (double)qp[2 * r] * q[r * dim + j] + (double)qp[2 * r + 1];
+}
+
+static void check_embedding_q8(bool concat)
+{
+    enum { F = 4 };
+    /* sum: one dim; concat: dims of 16-, 8-, 4-multiples and odd ones */
+    const int32_t sum_dim = 1 + (int32_t)tu_below(40);
+    int32_t dims[F];
+    for (int f = 0; f < F; f++) dims[f] = concat ? 1 + (int32_t)tu_below(40) : sum_dim;
+    const int64_t rows[F] = {1 + tu_below(300), 1 + tu_below(10), 1 + tu_below(60), 1 + tu_below(60)};
+    /* feature 0: the item id (int8); 1: int8 bags, sum; 2: int8 bags, mean; 3: a float table, mean */
+    const fl_pooling_kind pool[F] = {FL_KPOOL_SUM, FL_KPOOL_SUM, FL_KPOOL_MEAN, FL_KPOOL_MEAN};
+    const int64_t T = 1 + tu_below(40);
+    int8_t *q[F] = {0};
+    float *qp[F] = {0}, *ftab = randf((size_t)(rows[3] * dims[3]));
+    for (int f = 0; f < 3; f++) q[f] = rand_q8(rows[f], dims[f], &qp[f]);
+    int64_t *item_ids = malloc((size_t)T * sizeof(int64_t)), *off[F] = {0}, *ids[F] = {0};
+    for (int64_t t = 0; t < T; t++) item_ids[t] = tu_below(rows[0]);
+    for (int f = 1; f < F; f++) { /* bags of 0..5 ids, empty ones included */
+        off[f] = malloc((size_t)(T + 1) * sizeof(int64_t));
+        ids[f] = malloc((size_t)(5 * T + 1) * sizeof(int64_t));
+        off[f][0] = 0;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t n = tu_below(6);
+            for (int64_t i = 0; i < n; i++) ids[f][off[f][t] + i] = tu_below(rows[f]);
+            off[f][t + 1] = off[f][t] + n;
+        }
+    }
+    fl_emb_feature fe[F];
+    int32_t width = 0;
+    for (int f = 0; f < F; f++) {
+        fe[f] = (fl_emb_feature){.table = f == 3 ? ftab : NULL, .rows = rows[f], .dim = dims[f], .pooling = pool[f],
+                                 .offsets = f ? off[f] : NULL, .ids = f ? ids[f] : item_ids,
+                                 .out_col = concat ? width : 0, .table_q8 = q[f], .qparams = qp[f]};
+        width = concat ? width + dims[f] : sum_dim;
+    }
+    const int64_t ldo = width + 3; /* a strided output must leave the gap alone */
+    float *out = malloc((size_t)(T * ldo) * sizeof(float));
+    tu_poison(out, (size_t)(T * ldo));
+    fl_cpu_embedding_bag(fe, F, T, out, ldo, width);
+    double *want = calloc((size_t)(T * width), sizeof(double));
+    float *got = malloc((size_t)(T * width) * sizeof(float));
+    for (int64_t t = 0; t < T; t++) {
+        for (int32_t j = 0; j < dims[0]; j++) want[t * width + j] += deq(q[0], qp[0], dims[0], item_ids[t], j);
+        for (int f = 1; f < F; f++) {
+            const int64_t n = off[f][t + 1] - off[f][t];
+            for (int64_t i = off[f][t]; i < off[f][t + 1]; i++)
+                for (int32_t j = 0; j < dims[f]; j++) {
+                    double v = f == 3 ? (double)ftab[ids[f][i] * dims[f] + j] : deq(q[f], qp[f], dims[f], ids[f][i], j);
+                    want[t * width + fe[f].out_col + j] += pool[f] == FL_KPOOL_MEAN ? v / (double)n : v;
+                }
+        }
+        memcpy(got + t * width, out + t * ldo, (size_t)width * sizeof(float));
+        for (int64_t j = width; j < ldo; j++) assert_true(isnan(out[t * ldo + j]));
+    }
+    assert_rel_err_below(got, want, (size_t)(T * width), TOL);
+    for (int f = 0; f < F; f++) {
+        free(q[f]);
+        free(qp[f]);
+        free(off[f]);
+        free(ids[f]);
+    }
+    free(ftab);
+    free(item_ids);
+    free(out);
+    free(want);
+    free(got);
+}
+
+static void test_embedding_bag_q8_sum_combine(void **state)
+{
+    for (int rep = 0; rep < 30; rep++) check_embedding_q8(false);
+}
+
+static void test_embedding_bag_q8_concat(void **state)
+{
+    for (int rep = 0; rep < 30; rep++) check_embedding_q8(true);
+}
+
+/* An int8 row is the same float32 value a table dequantized once to F32 holds, so the two
+ * kernels give the same bits; and an empty bag is zeros, never the row's bias. */
+static void test_embedding_q8_matches_dequantized_table_and_empty_bags(void **state)
+{
+    const int64_t rows = 37, T = 25;
+    const int32_t dim = 1 + (int32_t)tu_below(70);
+    float *qp;
+    int8_t *q = rand_q8(rows, dim, &qp);
+    float *deqf = malloc((size_t)(rows * dim) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++)
+        for (int32_t j = 0; j < dim; j++) deqf[r * dim + j] = qp[2 * r] * (float)q[r * dim + j] + qp[2 * r + 1];
+    int64_t off[T + 1], ids[4 * T];
+    off[0] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t n = t % 5 == 0 ? 0 : 1 + tu_below(4);
+        for (int64_t i = 0; i < n; i++) ids[off[t] + i] = tu_below(rows);
+        off[t + 1] = off[t] + n;
+    }
+    for (int pool = 0; pool < 2; pool++) {
+        fl_emb_feature a = {.rows = rows, .dim = dim, .pooling = (fl_pooling_kind)pool, .offsets = off, .ids = ids,
+                            .table_q8 = q, .qparams = qp};
+        fl_emb_feature b = {.table = deqf, .rows = rows, .dim = dim, .pooling = (fl_pooling_kind)pool, .offsets = off,
+                            .ids = ids};
+        float *oa = malloc((size_t)(T * dim) * sizeof(float)), *ob = malloc((size_t)(T * dim) * sizeof(float));
+        tu_poison(oa, (size_t)(T * dim));
+        tu_poison(ob, (size_t)(T * dim));
+        fl_cpu_embedding_bag(&a, 1, T, oa, dim, dim);
+        fl_cpu_embedding_bag(&b, 1, T, ob, dim, dim);
+        assert_memory_equal(oa, ob, (size_t)(T * dim) * sizeof(float));
+        for (int64_t t = 0; t < T; t += 5)
+            for (int32_t j = 0; j < dim; j++) assert_true(oa[t * dim + j] == 0.0f);
+        free(oa);
+        free(ob);
+    }
+    free(q);
+    free(qp);
+    free(deqf);
 }
 
 /* ---- LayerNorm */
@@ -233,6 +371,52 @@ static void test_dot_gather(void **state)
     }
 }
 
+/* The int8 dot head: scale * <h, q> + bias * sum(h) against float64 <h, scale * q + bias>,
+ * gathered and contiguous rows; split over 2 threads it gives the same bits as over 1. */
+static void test_dot_rows_q8(void **state)
+{
+    for (int rep = 0; rep < 20; rep++) {
+        const int32_t d = 1 + (int32_t)tu_below(130);
+        const int64_t rows = rep < 2 ? 9000 + tu_below(3000) : 1 + tu_below(100);
+        const int64_t n = rep < 2 ? 9000 + tu_below(1000) : 16 + tu_below(60);
+        float *qp, *h = randf((size_t)d);
+        int8_t *q = rand_q8(rows, d, &qp);
+        int64_t *ids = malloc((size_t)n * sizeof(int64_t));
+        for (int64_t i = 0; i < n; i++) ids[i] = tu_below(rows);
+        float *got = malloc((size_t)(2 * n + 1) * sizeof(float)), *got2 = malloc((size_t)(2 * n + 1) * sizeof(float));
+        double *want = malloc((size_t)n * sizeof(double));
+        for (int pass = 0; pass < 2; pass++) { /* gathered ids, then the contiguous range first.. */
+            const int64_t first = pass ? tu_below(rows) : 0, m = pass ? (rows - first < n ? rows - first : n) : n;
+            for (int64_t i = 0; i < m; i++) {
+                const int64_t r = pass ? first + i : ids[i];
+                double s = 0;
+                for (int32_t j = 0; j < d; j++) s += (double)h[j] * deq(q, qp, d, r, j);
+                want[i] = s;
+            }
+            tu_poison(got, (size_t)(2 * n + 1));
+            tu_poison(got2, (size_t)(2 * n + 1));
+            fl_cpu_dot_rows_q8_mt(h, d, q, qp, pass ? NULL : ids, first, m, got, 2, 1);
+            fl_cpu_dot_rows_q8_mt(h, d, q, qp, pass ? NULL : ids, first, m, got2, 2, 2);
+            float *flat = malloc((size_t)(m + 1) * sizeof(float));
+            for (int64_t i = 0; i < m; i++) {
+                flat[i] = got[2 * i];
+                assert_true(isnan(got[2 * i + 1])); /* the stride's gap is left alone */
+                assert_true(memcmp(&got[2 * i], &got2[2 * i], sizeof(float)) == 0);
+            }
+            if (m >= 16) assert_rel_err_below(flat, want, (size_t)m, TOL);
+            for (int64_t i = 0; i < m; i++) assert_false(isnan(flat[i]));
+            free(flat);
+        }
+        free(h);
+        free(q);
+        free(qp);
+        free(ids);
+        free(got);
+        free(got2);
+        free(want);
+    }
+}
+
 /* ---- SUMI attention */
 
 /* Plain reference: explicit visibility test per (query, key), softmax in double. */
@@ -341,10 +525,14 @@ int main(void)
         cmocka_unit_test(test_embedding_bag_sum_combine),
         cmocka_unit_test(test_embedding_bag_concat),
         cmocka_unit_test(test_embedding_empty_bag_is_zero),
+        cmocka_unit_test(test_embedding_bag_q8_sum_combine),
+        cmocka_unit_test(test_embedding_bag_q8_concat),
+        cmocka_unit_test(test_embedding_q8_matches_dequantized_table_and_empty_bags),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_sigmoid_extremes),
         cmocka_unit_test(test_dot_gather),
+        cmocka_unit_test(test_dot_rows_q8),
         cmocka_unit_test(test_attention_causal_history_only),
         cmocka_unit_test(test_attention_sumi),
         cmocka_unit_test(test_attention_query_subset),

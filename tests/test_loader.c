@@ -255,6 +255,153 @@ static void test_half_dtypes_convert(void **state)
     }
 }
 
+/* ---- int8 tables: "tables.{name}.weight" I8 [rows, dim] + "tables.{name}.qparams" F32 [rows, 2] */
+
+static const char *q8_tensors(const char *qp_dtype, const char *qp_shape, uint64_t qp_begin, uint64_t qp_end)
+{
+    static char buf[512];
+    snprintf(buf, sizeof buf,
+             "\"tables.item.weight\":{\"dtype\":\"I8\",\"shape\":[10,4],\"data_offsets\":[0,40]},"
+             "\"tables.item.qparams\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}",
+             qp_dtype, qp_shape, (unsigned long long)qp_begin, (unsigned long long)qp_end);
+    return buf;
+}
+
+/* The int8 rows are used in the mapping (no float copy), qparams too when aligned (copied when
+ * not); weight_bytes counts 1 byte a value plus 8 a row; scores use the dequantized values. */
+static void test_int8_table_loads_and_scores(void **state)
+{
+    for (int misaligned = 0; misaligned < 2; misaligned++) {
+        uint8_t raw[40 + 1 + 80];
+        int8_t q[40];
+        float qp[20];
+        for (int i = 0; i < 40; i++) q[i] = (int8_t)(i * 37 % 256 - 128);
+        for (int r = 0; r < 10; r++) {
+            qp[2 * r] = 0.01f * (float)(r + 1) * (r % 3 ? 1.0f : -1.0f); /* negative scales are allowed */
+            qp[2 * r + 1] = 0.25f * (float)(r - 5);
+        }
+        const uint64_t qb = misaligned ? 41 : 40; /* a hole before qparams: libflame does not require a dense buffer */
+        memcpy(raw, q, 40);
+        raw[40] = 0;
+        memcpy(raw + qb, qp, 80);
+        const char *p = tu_write_st("q8.st", header(tiny_config, q8_tensors("F32", "[10,2]", qb, qb + 80)), 0, raw,
+                                    qb + 80);
+        flame_model *m = NULL;
+        assert_int_equal(flame_model_load(p, &m), FLAME_OK);
+        assert_null(m->w.tables[0]);
+        assert_true((const uint8_t *)m->w.tables_q8[0] >= (const uint8_t *)m->map &&
+                    (const uint8_t *)m->w.tables_q8[0] < (const uint8_t *)m->map + m->map_len);
+        assert_memory_equal(m->w.tables_q8[0], q, 40);
+        assert_memory_equal(m->w.qparams[0], qp, 80);
+        bool in_map = (const uint8_t *)m->w.qparams[0] >= (const uint8_t *)m->map &&
+                      (const uint8_t *)m->w.qparams[0] < (const uint8_t *)m->map + m->map_len;
+        assert_int_equal(in_map, !misaligned);
+        flame_model_info info = {.struct_size = sizeof info};
+        assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+        assert_int_equal(info.weight_bytes, 40 + 80);
+        /* no blocks, no position, dot head: score(c) = <row(h_last), row(c)> of dequantized rows */
+        flame_engine *e = NULL;
+        assert_int_equal(flame_engine_create(m, NULL, &e), FLAME_OK);
+        int64_t hist[2] = {3, 6}, cand[10];
+        for (int i = 0; i < 10; i++) cand[i] = 9 - i;
+        float got[11];
+        tu_poison(got, 11);
+        flame_request r = {.struct_size = sizeof r, .history = hist, .history_len = 2, .candidates = cand,
+                           .num_candidates = 10};
+        assert_int_equal(flame_score(e, &r, got, 11), FLAME_OK);
+        double want[10];
+        for (int c = 0; c < 10; c++) {
+            want[c] = 0;
+            for (int j = 0; j < 4; j++)
+                want[c] += ((double)qp[12] * q[24 + j] + qp[13]) * ((double)qp[2 * cand[c]] * q[4 * cand[c] + j] +
+                                                                     qp[2 * cand[c] + 1]);
+        }
+        assert_rel_err_below(got, want, 10, 1e-6);
+        assert_true(isnan(got[10]));
+        flame_engine_destroy(e);
+        flame_model_destroy(m);
+    }
+}
+
+static void test_int8_rejections(void **state)
+{
+    uint8_t raw[256] = {0};
+    const char *p = tu_write_st("q8none.st",
+                                header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"I8\",\"shape\":[10,4],"
+                                                    "\"data_offsets\":[0,40]}"),
+                                0, raw, 40);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "missing tensor 'tables.item.qparams': 'tables.item.weight' is I8, so it needs its per-row "
+                      "scale and bias ([10, 2], F32)");
+    p = tu_write_st("q8shape.st", header(tiny_config, q8_tensors("F32", "[10,3]", 40, 160)), 0, raw, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.qparams' has shape [10, 3], expected [10, 2]");
+    p = tu_write_st("q8shape1.st", header(tiny_config, q8_tensors("F32", "[20]", 40, 120)), 0, raw, 120);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.qparams' has shape [20], expected [10, 2]");
+    p = tu_write_st("q8dtype.st", header(tiny_config, q8_tensors("F16", "[10,2]", 40, 80)), 0, raw, 80);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "tensor 'tables.item.qparams' has dtype F16, expected F32 (the per-row scale and bias of "
+                      "'tables.item.weight')");
+    p = tu_write_st("q8i8.st", header(tiny_config, q8_tensors("I8", "[10,2]", 40, 60)), 0, raw, 60);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.qparams' has dtype I8, expected F32");
+    /* the I8 table's byte range is checked against 1 byte a value */
+    p = tu_write_st("q8size.st",
+                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"I8\",\"shape\":[10,4],\"data_offsets\":"
+                                        "[0,160]},\"tables.item.qparams\":{\"dtype\":\"F32\",\"shape\":[10,2],"
+                                        "\"data_offsets\":[160,240]}"),
+                    0, raw, 240);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "tensor 'tables.item.weight': byte range is 160 bytes but shape [10, 4] x I8 needs 40");
+    /* the I8 table's own shape is checked as a float table's is */
+    p = tu_write_st("q8tshape.st",
+                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"I8\",\"shape\":[10,5],\"data_offsets\":"
+                                        "[0,50]},\"tables.item.qparams\":{\"dtype\":\"F32\",\"shape\":[10,2],"
+                                        "\"data_offsets\":[52,132]}"),
+                    0, raw, 132);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.weight' has shape [10, 5], expected [10, 4]");
+    /* qparams beside a float table */
+    p = tu_write_st("q8f32.st",
+                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":"
+                                        "[0,160]},\"tables.item.qparams\":{\"dtype\":\"F32\",\"shape\":[10,2],"
+                                        "\"data_offsets\":[160,240]}"),
+                    0, raw, 240);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "unexpected tensor 'tables.item.qparams': 'tables.item.weight' is F32, not I8 (only int8 "
+                      "tables have qparams)");
+    /* I8 anywhere else: a position table */
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg, "%s", tiny_config);
+    static const char pos[] = "\"position\":{\"rule\":\"from_recent\",\"rows\":8},";
+    char *at = strstr(cfg, "\"blocks\"");
+    memmove(at + strlen(pos), at, strlen(at) + 1);
+    memcpy(at, pos, strlen(pos));
+    p = tu_write_st("q8pos.st",
+                    header(cfg, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":[0,160]},"
+                                "\"position.weight\":{\"dtype\":\"I8\",\"shape\":[8,4],\"data_offsets\":[160,192]}"),
+                    0, raw, 192);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "tensor 'position.weight' has dtype I8; only embedding tables (tables.<name>.weight) may be int8");
+    /* non-finite scale or bias, named with the row */
+    float qp[20];
+    for (int i = 0; i < 20; i++) qp[i] = 0.5f;
+    for (int k = 0; k < 3; k++) {
+        qp[6] = k == 0 ? NAN : 0.5f;     /* row 3 scale */
+        qp[15] = k == 1 ? INFINITY : 0.5f; /* row 7 bias */
+        qp[0] = k == 2 ? -INFINITY : 0.5f; /* row 0 scale */
+        memcpy(raw + 40, qp, 80);
+        p = tu_write_st("q8nan.st", header(tiny_config, q8_tensors("F32", "[10,2]", 40, 120)), 0, raw, 120);
+        static const char *want[3] = {"tensor 'tables.item.qparams': row 3 has a non-finite scale",
+                                      "tensor 'tables.item.qparams': row 7 has a non-finite bias (inf)",
+                                      "tensor 'tables.item.qparams': row 0 has a non-finite scale (-inf)"};
+        assert_status_msg(load(p), FLAME_ERR_FORMAT, want[k]);
+    }
+    /* unknown integer dtypes stay unsupported */
+    p = tu_write_st("q8u8.st",
+                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"U8\",\"shape\":[10,4],\"data_offsets\":"
+                                        "[0,40]}"),
+                    0, raw, 40);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "unsupported dtype 'U8'");
+}
+
 /* Resident memory in bytes (/proc/self/statm). */
 static size_t rss_bytes(void)
 {
@@ -265,9 +412,10 @@ static size_t rss_bytes(void)
     return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
 }
 
-/* A loaded model costs its float32 weights plus at most 10%: F32 tensors are used in the
- * mapping (no copy), F16 ones are converted once and their mapped pages dropped. Scoring
- * every item touches every weight. */
+/* A loaded model costs its weights plus at most 10%: F32 tensors are used in the mapping (no
+ * copy), F16 ones are converted once and their mapped pages dropped, an I8 table stays int8
+ * (a quarter of the float32 bytes, plus 8 bytes a row of qparams). Scoring every item touches
+ * every weight (the int8 dot head reads the int8 rows, it makes no float copy). */
 static void test_model_memory_is_weights_plus_10_percent(void **state)
 {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -285,19 +433,31 @@ static void test_model_memory_is_weights_plus_10_percent(void **state)
              "\"blocks\":{\"count\":0,\"num_heads\":1,\"ffn_dim\":1,\"norm\":\"post\",\"activation\":\"relu\"},"
              "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
              DIM, ROWS, DIM);
-    const size_t weights = (size_t)ROWS * DIM * 4;
+    const size_t f32_bytes = (size_t)ROWS * DIM * 4;
     int64_t *cand = malloc(ROWS * sizeof(int64_t)), hist[2] = {1, 2};
     float *scores = malloc(ROWS * sizeof(float));
     for (int i = 0; i < ROWS; i++) cand[i] = i;
-    static const char *dtypes[] = {"F32", "F16"};
-    for (int d = 0; d < 2; d++) {
-        size_t esize = d ? 2 : 4, bytes = (size_t)ROWS * DIM * esize;
-        uint8_t *raw = malloc(bytes);
-        for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)(d ? (i & 1 ? 0x3c : 0x00) : (i % 4 == 3 ? 0x3f : 0));
-        char tensors[256];
-        snprintf(tensors, sizeof tensors, "\"tables.item.weight\":{\"dtype\":\"%s\",\"shape\":[%d,%d],"
-                 "\"data_offsets\":[0,%zu]}", dtypes[d], ROWS, DIM, bytes);
-        const char *p = tu_write_st("big.st", header(cfg, tensors), 0, raw, bytes);
+    static const char *dtypes[] = {"F32", "F16", "I8"};
+    for (int d = 0; d < 3; d++) {
+        size_t esize = d == 0 ? 4 : d == 1 ? 2 : 1, bytes = (size_t)ROWS * DIM * esize;
+        size_t weights = d == 2 ? bytes + (size_t)ROWS * 8 : f32_bytes;
+        uint8_t *raw = malloc(weights);
+        for (size_t i = 0; i < bytes; i++)
+            raw[i] = (uint8_t)(d == 1 ? (i & 1 ? 0x3c : 0x00) : d == 0 ? (i % 4 == 3 ? 0x3f : 0) : i % 7);
+        char tensors[512];
+        if (d < 2) {
+            snprintf(tensors, sizeof tensors, "\"tables.item.weight\":{\"dtype\":\"%s\",\"shape\":[%d,%d],"
+                     "\"data_offsets\":[0,%zu]}", dtypes[d], ROWS, DIM, bytes);
+        } else {
+            for (int r = 0; r < ROWS; r++) {
+                const float qp[2] = {0.01f, -0.5f};
+                memcpy(raw + bytes + (size_t)r * 8, qp, 8);
+            }
+            snprintf(tensors, sizeof tensors, "\"tables.item.weight\":{\"dtype\":\"I8\",\"shape\":[%d,%d],"
+                     "\"data_offsets\":[0,%zu]},\"tables.item.qparams\":{\"dtype\":\"F32\",\"shape\":[%d,2],"
+                     "\"data_offsets\":[%zu,%zu]}", ROWS, DIM, bytes, ROWS, bytes, weights);
+        }
+        const char *p = tu_write_st("big.st", header(cfg, tensors), 0, raw, d < 2 ? bytes : weights);
         free(raw);
         size_t before = rss_bytes();
         flame_model *m = NULL;
@@ -308,11 +468,25 @@ static void test_model_memory_is_weights_plus_10_percent(void **state)
                            .num_candidates = ROWS};
         assert_int_equal(flame_score(e, &r, scores, ROWS), FLAME_OK);
         size_t grown = rss_bytes() - before;
-        fprintf(stderr, "# %s model: %zu bytes of weights, RSS grew %zu bytes\n", dtypes[d], weights, grown);
+        flame_model_info info = {.struct_size = sizeof info};
+        assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+        fprintf(stderr, "# %s model: %zu bytes of weights (weight_bytes %llu), RSS grew %zu bytes\n", dtypes[d],
+                weights, (unsigned long long)info.weight_bytes, grown);
+        assert_int_equal(info.weight_bytes, weights);
         assert_true(grown <= weights + weights / 10);
-        if (d == 0) /* used in place: the view points into the mapping */
-            assert_true((const uint8_t *)m->w.tables[0] >= (const uint8_t *)m->map &&
-                        (const uint8_t *)m->w.tables[0] < (const uint8_t *)m->map + m->map_len);
+        if (d != 1) /* used in place: the view points into the mapping */
+            assert_true((d ? (const uint8_t *)m->w.tables_q8[0] : (const uint8_t *)m->w.tables[0]) >=
+                            (const uint8_t *)m->map &&
+                        (d ? (const uint8_t *)m->w.tables_q8[0] : (const uint8_t *)m->w.tables[0]) <
+                            (const uint8_t *)m->map + m->map_len);
+        if (d == 2) /* every row i is 0.01 q - 0.5 with q = (i * DIM + j) % 7: check a few scores */
+            for (int c = 0; c < ROWS; c += 997) {
+                double want = 0;
+                for (int j = 0; j < DIM; j++)
+                    want += (0.01 * (double)(((size_t)2 * DIM + j) % 7) - 0.5) *
+                            (0.01 * (double)(((size_t)c * DIM + j) % 7) - 0.5);
+                assert_true(fabs(scores[c] - want) <= 1e-5 * fabs(want) + 1e-4);
+            }
         flame_engine_destroy(e);
         flame_model_destroy(m);
     }
@@ -342,6 +516,8 @@ int main(void)
         cmocka_unit_test(test_ambiguous_headers),
         cmocka_unit_test(test_fifo_is_refused_not_waited_on),
         cmocka_unit_test(test_half_dtypes_convert),
+        cmocka_unit_test(test_int8_table_loads_and_scores),
+        cmocka_unit_test(test_int8_rejections),
         cmocka_unit_test(test_model_memory_is_weights_plus_10_percent),
     };
     return cmocka_run_group_tests_name("loader", tests, NULL, NULL);

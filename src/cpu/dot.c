@@ -88,3 +88,78 @@ void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int
         fl_cpu_dot_rows(h, d, table, ids ? ids + lo : NULL, first + lo, hi - lo, out + lo * stride, stride);
     }
 }
+
+/* ---- int8 tables: score = scale * <h, q> + bias * sum(h), straight from the int8 rows */
+
+static inline const int8_t *row_q8(const int8_t *table, int32_t d, const int64_t *ids, int64_t first, int64_t c,
+                                   int64_t *r)
+{
+    *r = ids ? ids[c] : first + c;
+    return table + *r * (int64_t)d;
+}
+
+FL_CLONES static void dot_rows_q8(const float *h, int32_t d, float hsum, const int8_t *table, const float *qparams,
+                                  const int64_t *ids, int64_t first, int64_t n, float *out, int64_t stride)
+{
+    const int32_t dv = d & ~15;
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        int64_t k0, k1, k2, k3;
+        const int8_t *r0 = row_q8(table, d, ids, first, c, &k0), *r1 = row_q8(table, d, ids, first, c + 1, &k1),
+                     *r2 = row_q8(table, d, ids, first, c + 2, &k2), *r3 = row_q8(table, d, ids, first, c + 3, &k3);
+        float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0};
+        for (int32_t j = 0; j < dv; j += 16)
+            for (int u = 0; u < 16; u++) {
+                const float x = h[j + u];
+                a0[u] += x * (float)r0[j + u];
+                a1[u] += x * (float)r1[j + u];
+                a2[u] += x * (float)r2[j + u];
+                a3[u] += x * (float)r3[j + u];
+            }
+        float s0 = sum16(a0), s1 = sum16(a1), s2 = sum16(a2), s3 = sum16(a3);
+        for (int32_t j = dv; j < d; j++) {
+            s0 += h[j] * (float)r0[j];
+            s1 += h[j] * (float)r1[j];
+            s2 += h[j] * (float)r2[j];
+            s3 += h[j] * (float)r3[j];
+        }
+        out[c * stride] = qparams[2 * k0] * s0 + qparams[2 * k0 + 1] * hsum;
+        out[(c + 1) * stride] = qparams[2 * k1] * s1 + qparams[2 * k1 + 1] * hsum;
+        out[(c + 2) * stride] = qparams[2 * k2] * s2 + qparams[2 * k2 + 1] * hsum;
+        out[(c + 3) * stride] = qparams[2 * k3] * s3 + qparams[2 * k3 + 1] * hsum;
+    }
+    for (; c < n; c++) {
+        int64_t k;
+        const int8_t *r = row_q8(table, d, ids, first, c, &k);
+        float a[16] = {0};
+        for (int32_t j = 0; j < dv; j += 16)
+            for (int u = 0; u < 16; u++) a[u] += h[j + u] * (float)r[j + u];
+        float s = sum16(a);
+        for (int32_t j = dv; j < d; j++) s += h[j] * (float)r[j];
+        out[c * stride] = qparams[2 * k] * s + qparams[2 * k + 1] * hsum;
+    }
+}
+
+void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const float *qparams, const int64_t *ids,
+                           int64_t first, int64_t n, float *out, int64_t stride, int threads)
+{
+    float a[16] = {0}; /* sum(h) in the same fixed order as the dot products */
+    const int32_t dv = d & ~15;
+    for (int32_t j = 0; j < dv; j += 16)
+        for (int u = 0; u < 16; u++) a[u] += h[j + u];
+    float hsum = sum16(a);
+    for (int32_t j = dv; j < d; j++) hsum += h[j];
+    int64_t parts = n / (4 * MIN_ROWS_PER_THREAD); /* a quarter of the bytes of a float row */
+    if (parts > threads) parts = threads;
+    if (parts <= 1) {
+        dot_rows_q8(h, d, hsum, table, qparams, ids, first, n, out, stride);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(parts) schedule(static)
+#endif
+    for (int64_t p = 0; p < parts; p++) {
+        const int64_t lo = n * p / parts, hi = n * (p + 1) / parts;
+        dot_rows_q8(h, d, hsum, table, qparams, ids ? ids + lo : NULL, first + lo, hi - lo, out + lo * stride, stride);
+    }
+}

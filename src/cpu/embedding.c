@@ -8,6 +8,26 @@ static inline void add_row(float *restrict dst, const float *restrict src, int32
     for (int32_t j = 0; j < dim; j++) dst[j] += scale * src[j];
 }
 
+/* An int8 row, dequantized on the fly: value = qscale * q + qbias (rounded to float32 as the
+ * F32-dequantized table's value would be), then added with the pooling weight. */
+static inline void add_row_q8(float *restrict dst, const int8_t *restrict q, int32_t dim, const float *qparams,
+                              float scale)
+{
+    const float qscale = qparams[0], qbias = qparams[1];
+    for (int32_t j = 0; j < dim; j++) {
+        const float v = qscale * (float)q[j] + qbias;
+        dst[j] += scale * v;
+    }
+}
+
+static inline void add_id(const fl_emb_feature *fe, float *dst, int64_t id, float scale)
+{
+    if (fe->table_q8)
+        add_row_q8(dst, fe->table_q8 + id * (int64_t)fe->dim, fe->dim, fe->qparams + 2 * id, scale);
+    else
+        add_row(dst, fe->table + id * (int64_t)fe->dim, fe->dim, scale);
+}
+
 void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int64_t num_tokens, float *out,
                           int64_t ldo, int32_t width)
 {
@@ -18,7 +38,7 @@ void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int6
             const fl_emb_feature *fe = &features[f];
             float *dst = row + fe->out_col;
             if (!fe->offsets) {
-                add_row(dst, fe->table + fe->ids[t] * (int64_t)fe->dim, fe->dim, 1.0f);
+                add_id(fe, dst, fe->ids[t], 1.0f);
                 continue;
             }
             int64_t begin = fe->offsets[t], end = fe->offsets[t + 1];
@@ -26,7 +46,7 @@ void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int6
             /* mean pooling scales each row by 1/n rather than dividing the sum afterwards, so
              * a concatenated neighbour feature's columns are never touched */
             float scale = fe->pooling == FL_KPOOL_MEAN ? 1.0f / (float)(end - begin) : 1.0f;
-            for (int64_t i = begin; i < end; i++) add_row(dst, fe->table + fe->ids[i] * (int64_t)fe->dim, fe->dim, scale);
+            for (int64_t i = begin; i < end; i++) add_id(fe, dst, fe->ids[i], scale);
         }
     }
 }

@@ -11,19 +11,23 @@ typedef enum fl_act_kind { FL_KACT_NONE = 0, FL_KACT_GELU_ERF, FL_KACT_GELU_TANH
 
 /* One feature's bags over a run of tokens, read from one table. */
 typedef struct fl_emb_feature {
-    const float *table;      /* [rows, dim] */
+    const float *table;      /* [rows, dim]; unused when table_q8 is set */
     int64_t rows;
     int32_t dim;
     fl_pooling_kind pooling; /* sum, or mean over the bag (an empty bag gives zeros either way) */
     const int64_t *offsets;  /* [num_tokens + 1]: token t's ids are ids[offsets[t]..offsets[t+1]); NULL: ids[t] alone */
     const int64_t *ids;
     int32_t out_col;         /* first output column this feature adds into */
+    const int8_t *table_q8;  /* non-NULL: an int8 table [rows, dim], row r worth qparams[2r] * q + qparams[2r + 1] */
+    const float *qparams;    /* [rows, 2] (scale, bias) of table_q8 */
 } fl_emb_feature;
 
 /* Table-batched embedding bag: for each token t and feature f,
  *   out[t, f.out_col : f.out_col + f.dim] += pool_{i in bag(t, f)} f.table[i, :]
  * after out[t, 0:width] is zeroed. Features sharing out_col 0 are summed ("sum" combine);
- * disjoint columns concatenate. One pass over the tokens, all features per token. */
+ * disjoint columns concatenate. One pass over the tokens, all features per token.
+ * An int8 table's row is dequantized on the fly in float32, value = scale * q + bias (the
+ * same float32 operations as a table dequantized once to F32, so both give the same bits). */
 void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int64_t num_tokens, float *out,
                           int64_t ldo, int32_t width);
 
@@ -66,6 +70,13 @@ void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_
 /* fl_cpu_dot_rows split over up to `threads` OpenMP threads (bitwise the same result). */
 void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                         float *out, int64_t stride, int threads);
+
+/* The dot head on an int8 table (rows r = ids[c], or first + c), straight from the int8 rows:
+ *   out[c * stride] = scale_r * <h, q_r> + bias_r * sum(h)     (= <h, scale_r * q_r + bias_r>)
+ * float32 accumulation in a fixed order; split over up to `threads` OpenMP threads with a
+ * bitwise-identical result whatever the split. */
+void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const float *qparams, const int64_t *ids,
+                           int64_t first, int64_t n, float *out, int64_t stride, int threads);
 
 
 /* True when the CBLAS library runs pre-AVX kernels on an AVX2 CPU (logged once). */

@@ -118,7 +118,8 @@ static fl_emb_feature feature_view(const fl_model_cfg *c, const struct flame_mod
     const fl_feature_cfg *fc = &c->features[f];
     const fl_table_cfg *t = &c->tables[fc->table];
     fl_emb_feature v = {.table = m->w.tables[fc->table], .rows = t->rows, .dim = t->dim,
-                        .pooling = (fl_pooling_kind)fc->pooling};
+                        .pooling = (fl_pooling_kind)fc->pooling, .table_q8 = m->w.tables_q8[fc->table],
+                        .qparams = m->w.qparams[fc->table]};
     if (fc->side_slot < 0) {
         v.ids = items + first;
     } else {
@@ -246,12 +247,14 @@ static int64_t contiguous_start(const int64_t *ids, size_t n)
 }
 
 /* Dot head. Consecutive requests that score the same contiguous id range (a full catalogue,
- * a shard) share one GEMM against the table slice; other requests gather rows. */
+ * a shard) share one GEMM against the table slice; other requests gather rows. An int8 table
+ * is scored straight from its int8 rows, one user at a time (no float copy of it exists). */
 static void head_dot(batch *b, float *scores)
 {
     const struct flame_model *m = b->model;
     const int32_t d = m->cfg.d_model;
     const float *table = m->w.tables[m->cfg.dot_table];
+    const int8_t *table_q8 = m->w.tables_q8[m->cfg.dot_table];
     float *out = scores;
     size_t r = 0;
     while (r < b->n) {
@@ -269,6 +272,13 @@ static void head_dot(batch *b, float *scores)
             continue;
         }
         const float *h = b->XS + s->sel0 * d;
+        if (table_q8) {
+            fl_cpu_dot_rows_q8_mt(h, d, table_q8, m->w.qparams[m->cfg.dot_table], q->candidates, 0, mcand, out, 1,
+                                  b->threads);
+            out += mcand;
+            r++;
+            continue;
+        }
         int64_t c0 = contiguous_start(q->candidates, (size_t)mcand);
         if (c0 < 0) {
             fl_cpu_dot_rows_mt(h, d, table, q->candidates, 0, mcand, out, 1, b->threads);

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -66,22 +67,72 @@ static flame_status convert(struct flame_model *m, const fl_st_file *f, const fl
     return FLAME_OK;
 }
 
+/* FLAME_ERR_FORMAT unless t has exactly the shape [d0] (d1 == 0) or [d0, d1]. */
+static flame_status check_shape(const fl_st_tensor *t, int64_t d0, int64_t d1)
+{
+    const int ndim = d1 > 0 ? 2 : 1;
+    bool same = t->ndim == ndim && t->shape[0] == d0 && (ndim == 1 || t->shape[1] == d1);
+    if (same) return FLAME_OK;
+    char got[160] = "";
+    for (int d = 0; d < t->ndim; d++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    if (ndim == 2)
+        return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld, %lld]", t->name, got,
+                        (long long)d0, (long long)d1);
+    return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld]", t->name, got, (long long)d0);
+}
+
+/* An int8 table (docs/model-format.md, "int8 tables"): the I8 rows are used in the mapping,
+ * and "tables.{name}.qparams" [rows, 2] F32 gives each row's scale and bias, checked finite
+ * here (rows x 8 bytes, read once). */
+static flame_status bind_q8_table(struct flame_model *m, fl_st_file *f, const fl_st_tensor *t, const fl_tensor_spec *s)
+{
+    const fl_table_cfg *tc = &m->cfg.tables[s->table];
+    char name[96];
+    snprintf(name, sizeof name, "tables.%s.qparams", tc->name);
+    fl_st_tensor *qp = fl_st_find(f, name);
+    if (!qp)
+        return fl_error(FLAME_ERR_FORMAT, "missing tensor '%s': '%s' is I8, so it needs its per-row scale and bias "
+                                          "([%lld, 2], F32)", name, t->name, (long long)tc->rows);
+    qp->used = true;
+    if (qp->dtype != FL_DTYPE_F32)
+        return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has dtype %s, expected F32 (the per-row scale and bias of '%s')",
+                        name, qp->dtype_name, t->name);
+    flame_status st = check_shape(qp, tc->rows, 2);
+    if (st) return st;
+    const uint8_t *src = f->data + qp->begin;
+    const float *params = (const float *)src;
+    if ((uintptr_t)src & 3) { /* misaligned: copied once */
+        float *copy = fl_aligned_alloc((size_t)tc->rows * 2 * sizeof(float));
+        if (!copy) return fl_error(FLAME_ERR_NOMEM, "out of memory copying tensor '%s'", name);
+        memcpy(copy, src, (size_t)tc->rows * 2 * sizeof(float));
+        if ((st = fl_model_own(m, copy))) return st;
+        params = copy;
+    }
+    for (int64_t r = 0; r < tc->rows; r++)
+        for (int k = 0; k < 2; k++)
+            if (!isfinite(params[2 * r + k]))
+                return fl_error(FLAME_ERR_FORMAT, "tensor '%s': row %lld has a non-finite %s (%g)", name, (long long)r,
+                                k ? "bias" : "scale", (double)params[2 * r + k]);
+    m->w.tables_q8[s->table] = (const int8_t *)(f->data + t->begin);
+    m->w.qparams[s->table] = params;
+    *s->slot = NULL; /* no float view: every reader dequantizes on the fly */
+    m->weight_bytes += (uint64_t)tc->rows * (uint64_t)tc->dim + (uint64_t)tc->rows * 2 * sizeof(float);
+    return FLAME_OK;
+}
+
 static flame_status bind(struct flame_model *m, fl_st_file *f, const fl_tensor_spec *s)
 {
     fl_st_tensor *t = fl_st_find(f, s->name);
     if (!t) return fl_error(FLAME_ERR_FORMAT, "missing tensor '%s'", s->name);
     t->used = true;
-    bool same = t->ndim == s->ndim;
-    for (int d = 0; same && d < s->ndim; d++) same = t->shape[d] == s->shape[d];
-    if (!same) {
-        char got[160] = "";
-        for (int d = 0; d < t->ndim; d++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-        if (s->ndim == 2)
-            return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld, %lld]", s->name, got,
-                            (long long)s->shape[0], (long long)s->shape[1]);
-        return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has shape [%s], expected [%lld]", s->name, got,
-                        (long long)s->shape[0]);
+    flame_status st = check_shape(t, s->shape[0], s->ndim == 2 ? s->shape[1] : 0);
+    if (st) return st;
+    if (t->dtype == FL_DTYPE_I8) {
+        if (s->table < 0)
+            return fl_error(FLAME_ERR_FORMAT, "tensor '%s' has dtype I8; only embedding tables (tables.<name>.weight) "
+                                              "may be int8", s->name);
+        return bind_q8_table(m, f, t, s);
     }
     uint64_t count = (uint64_t)s->shape[0] * (uint64_t)(s->ndim == 2 ? s->shape[1] : 1);
     m->weight_bytes += count * sizeof(float);
@@ -91,6 +142,22 @@ static flame_status bind(struct flame_model *m, fl_st_file *f, const fl_tensor_s
         return FLAME_OK;
     }
     return convert(m, f, t, s->slot, count);
+}
+
+/* The error for a tensor nothing claimed; qparams of a float table get their own message. */
+static flame_status unexpected(const struct flame_model *m, fl_st_file *f, const fl_st_tensor *t)
+{
+    const fl_model_cfg *c = &m->cfg;
+    for (int i = 0; i < c->num_tables; i++) {
+        char qname[96], wname[96];
+        snprintf(qname, sizeof qname, "tables.%s.qparams", c->tables[i].name);
+        if (strcmp(t->name, qname)) continue;
+        snprintf(wname, sizeof wname, "tables.%s.weight", c->tables[i].name);
+        const fl_st_tensor *w = fl_st_find(f, wname);
+        return fl_error(FLAME_ERR_FORMAT, "unexpected tensor '%s': '%s' is %s, not I8 (only int8 tables have qparams)",
+                        t->name, wname, w ? w->dtype_name : "absent");
+    }
+    return fl_error(FLAME_ERR_FORMAT, "unexpected tensor '%s' (not implied by flame.config)", t->name);
 }
 
 static flame_status bind_all(struct flame_model *m, fl_st_file *f)
@@ -106,8 +173,7 @@ static flame_status bind_all(struct flame_model *m, fl_st_file *f)
     for (size_t i = 0; i < n && !st; i++) st = bind(m, f, &specs[i]);
     free(specs);
     for (size_t i = 0; i < f->num_tensors && !st; i++)
-        if (!f->tensors[i].used)
-            st = fl_error(FLAME_ERR_FORMAT, "unexpected tensor '%s' (not implied by flame.config)", f->tensors[i].name);
+        if (!f->tensors[i].used) st = unexpected(m, f, &f->tensors[i]);
     if (!st) fl_model_finish(m);
     return st;
 }

@@ -70,6 +70,7 @@ static void add(spec_list *l, const char *name, int64_t d0, int64_t d1, const fl
     s->shape[1] = d1 > 0 ? d1 : 0;
     s->slot = slot;
     s->init = init;
+    s->table = -1;
 }
 
 /* Adds "<prefix>.weight" [out, in] and "<prefix>.bias" [out], recording dims in `lin`. */
@@ -102,6 +103,7 @@ fl_tensor_spec *fl_tensor_specs(struct flame_model *m, size_t *count)
     for (int t = 0; t < c->num_tables; t++) {
         snprintf(name, sizeof name, "tables.%s.weight", c->tables[t].name);
         add(&l, name, c->tables[t].rows, c->tables[t].dim, &m->w.tables[t], FL_INIT_WEIGHT);
+        if (!l.oom) l.v[l.n - 1].table = t;
     }
     if (c->projection) add_linear(&l, "input_proj", &m->w.proj, d, c->embed_dim);
     if (c->position_rule != FL_POS_NONE) add(&l, "position.weight", c->position_rows, d, &m->w.position, FL_INIT_WEIGHT);

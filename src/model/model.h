@@ -1,4 +1,5 @@
-/* The loaded model: parsed config plus float32 views of every weight (never installed). */
+/* The loaded model: parsed config plus float32 views of every weight, int8 tables kept int8
+ * (never installed). */
 #ifndef FLAME_MODEL_MODEL_H
 #define FLAME_MODEL_MODEL_H
 
@@ -12,7 +13,7 @@ struct flame_model {
     fl_weights w;
     int64_t num_items; /* rows valid for item ids: min over the tables item ids index */
     int32_t num_items_table; /* the table that sets num_items (named in messages) */
-    uint64_t weight_bytes;
+    uint64_t weight_bytes; /* float32 weights, int8 tables at 1 byte a value plus 8 bytes a row */
     /* storage: the file mapping and the float32 buffers we converted or generated */
     void *map;
     size_t map_len;
@@ -28,6 +29,7 @@ typedef struct fl_tensor_spec {
     int64_t shape[2];
     const float **slot;
     fl_init init;
+    int32_t table; /* the table index for "tables.{name}.weight" (which may be int8), else -1 */
 } fl_tensor_spec;
 
 /* Lists every tensor the config implies (docs/model-format.md, "Tensors"), binding slots into

@@ -86,9 +86,13 @@ typedef struct fl_task {
     fl_linear layers[FL_MAX_TASK_LAYERS];
 } fl_task;
 
-/* Float32 views of every weight (pointers into the mapping or into owned buffers). */
+/* Float32 views of every weight (pointers into the mapping or into owned buffers), except
+ * int8 tables (docs/model-format.md, "int8 tables"): those stay int8, with per-row scale and
+ * bias, value[r][c] = qparams[2r] * q[r][c] + qparams[2r + 1], and their float view is NULL. */
 typedef struct fl_weights {
-    const float *tables[FL_MAX_TABLES]; /* [rows, dim] each */
+    const float *tables[FL_MAX_TABLES]; /* [rows, dim] each; NULL for an int8 table */
+    const int8_t *tables_q8[FL_MAX_TABLES]; /* int8 tables: [rows, dim]; NULL for float ones */
+    const float *qparams[FL_MAX_TABLES];    /* int8 tables: [rows, 2] (scale, bias); else NULL */
     fl_linear proj;
     const float *position; /* [position_rows, d_model] */
     fl_layernorm input_ln, final_ln;

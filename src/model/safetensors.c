@@ -16,6 +16,7 @@ size_t fl_dtype_size(fl_dtype d)
     case FL_DTYPE_F32: return 4;
     case FL_DTYPE_F16:
     case FL_DTYPE_BF16: return 2;
+    case FL_DTYPE_I8: return 1;
     default: return 0;
     }
 }
@@ -25,6 +26,7 @@ static fl_dtype dtype_of(const char *s)
     if (!strcmp(s, "F32")) return FL_DTYPE_F32;
     if (!strcmp(s, "F16")) return FL_DTYPE_F16;
     if (!strcmp(s, "BF16")) return FL_DTYPE_BF16;
+    if (!strcmp(s, "I8")) return FL_DTYPE_I8;
     return FL_DTYPE_UNKNOWN;
 }
 
@@ -106,8 +108,8 @@ static flame_status check_sizes(const fl_st_file *f)
     for (size_t i = 0; i < f->num_tensors; i++) {
         const fl_st_tensor *t = &f->tensors[i];
         if (t->dtype == FL_DTYPE_UNKNOWN)
-            return BAD("tensor '%s' has unsupported dtype '%s' (F32, F16, BF16 are supported)", t->name,
-                       t->dtype_name);
+            return BAD("tensor '%s' has unsupported dtype '%s' (F32, F16, BF16 and, for tables, I8 are supported)",
+                       t->name, t->dtype_name);
         uint64_t need = fl_dtype_size(t->dtype);
         for (int d = 0; d < t->ndim; d++)
             if (!fl_mul_u64(need, (uint64_t)t->shape[d], &need))

@@ -7,7 +7,8 @@
 #define FLAME_MAX_HEADER_BYTES ((uint64_t)100 << 20)
 #define FL_ST_MAX_DIMS 8
 
-typedef enum fl_dtype { FL_DTYPE_UNKNOWN = 0, FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16 } fl_dtype;
+/* I8: int8 row-wise quantized embedding tables only (the model layer enforces that). */
+typedef enum fl_dtype { FL_DTYPE_UNKNOWN = 0, FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16, FL_DTYPE_I8 } fl_dtype;
 
 typedef struct fl_st_tensor {
     char *name;
