@@ -6,21 +6,27 @@
 // Cases (T tables x R rows each, B bags per table, P ids per bag, sum pooling, uniform ids,
 // one launch for all tables, output [B, T*D] as FBGEMM TBE lays it out, in the table dtype):
 //   rows of 64, 128, 256 and 512 bytes (fp16 and fp32), T26 B4096 P20;
+//   int8 row-wise quantized rows of 64, 128, 256 and 512 values (as many bytes, plus an 8-byte
+//   (scale, bias) pair read per row), T26 B4096 P20, output fp32;
 //   the anchors' T26 B4096 P20 D128 fp16 and fp32, T8 B512 P1 D64 fp16, T26 B1 P20 D64 fp32.
 // GB/s = (bytes of the rows read + bytes of the output written) / time; "gbps_with_ids" adds
-// the 8-byte ids read, which is how ../shared/anchors counts F.embedding_bag's GB/s.
+// the 8-byte ids read, which is how ../shared/anchors counts F.embedding_bag's GB/s. For int8
+// rows, the bytes read are the int8 values plus the 8 bytes of (scale, bias) of every row.
 // Copy: cudaMemcpyAsync device to device, GB/s = bytes read + written.
 // Each time is the median over --reps launches timed with CUDA events; consecutive launches
 // read different id sets (--sets of them, together larger than L2) so L2 never holds the
 // ids; the tables (R = 1M rows by default) are far larger than L2. Before timing, one launch
 // of every case is checked against a float64 CPU reference on sampled bags (table values are
-// a hash of (table, row, column), exact in fp16 and fp32, so the host needs no table copy).
+// a hash of (table, row, column), exact in fp16 and fp32, so the host needs no table copy; an
+// int8 row's scale and bias are hashes of (table, row) chosen so that scale * q + bias and the
+// sums of 20 of them are exact in float32).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.cuh"
@@ -53,6 +59,34 @@ __host__ __device__ static inline float table_value(uint64_t f, uint64_t r, uint
 __host__ __device__ static inline int64_t bag_id(uint64_t set, uint64_t f, uint64_t j, int64_t rows)
 {
     return (int64_t)(mix64(set * 0x51ed270b27b8f3c5ull + f * 0x2545f4914f6cdd1dull + j) % (uint64_t)rows);
+}
+
+// int8 rows: q = a hash of (table, row, column) in [-128, 127]; scale = k / 4096 with k in
+// [1, 64], bias = m / 256 with m in [-128, 127]: scale * q + bias is a multiple of 1/4096 below
+// 2.6 in magnitude, exact in float32, and so are sums of a bag of them.
+__host__ __device__ static inline int8_t q8_value(uint64_t f, uint64_t r, uint64_t c)
+{
+    return (int8_t)((int)(mix64(f * 0x100000001b3ull ^ mix64(r * 4096 + c)) & 255) - 128);
+}
+__host__ __device__ static inline float q8_scale(uint64_t f, uint64_t r)
+{
+    return (float)(1 + (int)(mix64(f * 0x9e3779b97f4a7c15ull + r * 2 + 1) & 63)) / 4096.0f;
+}
+__host__ __device__ static inline float q8_bias(uint64_t f, uint64_t r)
+{
+    return (float)((int)(mix64(f * 0x9e3779b97f4a7c15ull + r * 2 + 2) & 255) - 128) / 256.0f;
+}
+
+__global__ void fill_q8(int8_t *tab, float *qparams, int64_t rows, int32_t dim, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t per = rows * dim, f = i / per, r = (i / dim) % rows;
+        tab[i] = q8_value((uint64_t)f, (uint64_t)r, (uint64_t)(i % dim));
+        if (i % dim == 0) {
+            qparams[2 * (f * rows + r)] = q8_scale((uint64_t)f, (uint64_t)r);
+            qparams[2 * (f * rows + r) + 1] = q8_bias((uint64_t)f, (uint64_t)r);
+        }
+    }
 }
 
 template <typename T> __device__ inline T cvt(float x);
@@ -103,8 +137,8 @@ static float half_to_float(uint16_t h)
 
 struct result {
     char name[96];
-    const char *dtype;
-    int T, P, D;
+    const char *dtype, *out_dtype;
+    int T, P, D, row_bytes;
     int64_t B, rows;
     double us, gbps, gbps_with_ids, max_abs_err;
     int64_t checked_bags;
@@ -121,19 +155,32 @@ static double median(std::vector<float> v)
 struct bench_ctx {
     void *tables = nullptr;   // one allocation, reused by every case
     size_t table_bytes = 0;
+    float *qparams = nullptr; // int8 cases: [T * rows, 2] (scale, bias)
     int64_t rows = 1000000; // as ../shared/anchors: 1M rows per table
     int sets = 8, reps = 50;
     cudaStream_t stream;
     cudaEvent_t ev0, ev1;
 };
 
-template <typename T>
+static double host_out_value(const __half &v)
+{
+    uint16_t bits;
+    memcpy(&bits, &v, 2);
+    return half_to_float(bits);
+}
+static double host_out_value(const float &v) { return v; }
+
+// T: the table dtype (float, __half, or int8_t: int8 rows with (scale, bias) per row); O: the
+// output dtype.
+template <typename T, typename O = T>
 static result run_case(bench_ctx &cx, const char *name, int T_, int64_t B, int P, int D)
 {
+    constexpr bool q8 = sizeof(T) == 1;
     result r{};
     snprintf(r.name, sizeof r.name, "%s", name);
-    r.dtype = sizeof(T) == 2 ? "fp16" : "fp32";
-    r.T = T_, r.B = B, r.P = P, r.D = D, r.rows = cx.rows;
+    r.dtype = q8 ? "int8" : sizeof(T) == 2 ? "fp16" : "fp32";
+    r.out_dtype = sizeof(O) == 2 ? "fp16" : "fp32";
+    r.T = T_, r.B = B, r.P = P, r.D = D, r.rows = cx.rows, r.row_bytes = D * (int)sizeof(T);
     const int64_t rows = cx.rows, n_tab = (int64_t)T_ * rows * D;
     if ((size_t)n_tab * sizeof(T) > cx.table_bytes) {
         fprintf(stderr, "embedding-bench: %s needs %zu bytes of tables, %zu allocated\n", name,
@@ -141,7 +188,10 @@ static result run_case(bench_ctx &cx, const char *name, int T_, int64_t B, int P
         exit(1);
     }
     T *tab = static_cast<T *>(cx.tables);
-    fill_tables<T><<<4096, 256, 0, cx.stream>>>(tab, rows, D, n_tab);
+    if constexpr (q8)
+        fill_q8<<<4096, 256, 0, cx.stream>>>(tab, cx.qparams, rows, D, n_tab);
+    else
+        fill_tables<T><<<4096, 256, 0, cx.stream>>>(tab, rows, D, n_tab);
     CK(cudaGetLastError());
     // id sets: enough that together they exceed L2 (64 MiB on an H200 is ample)
     const int64_t n_ids = (int64_t)T_ * B * P, n_off = (int64_t)T_ * (B + 1);
@@ -155,9 +205,9 @@ static result run_case(bench_ctx &cx, const char *name, int T_, int64_t B, int P
         fill_ids<<<1024, 256, 0, cx.stream>>>(ids, ids + n_ids, s, T_, B, P, rows);
         CK(cudaGetLastError());
     }
-    T *out;
+    O *out;
     const size_t out_elems = (size_t)B * T_ * D;
-    CK(cudaMalloc(&out, out_elems * sizeof(T)));
+    CK(cudaMalloc(&out, out_elems * sizeof(O)));
     std::vector<fl_dev_features> fsets(sets);
     for (int s = 0; s < sets; s++) {
         fl_dev_features &fs = fsets[s];
@@ -173,10 +223,13 @@ static result run_case(bench_ctx &cx, const char *name, int T_, int64_t B, int P
             fs.f[f].out_col = f * D;
             fs.f[f].ids = ids + (size_t)f * B * P;
             fs.f[f].offsets = ids + n_ids + (size_t)f * (B + 1);
+            fs.f[f].qparams = q8 ? cx.qparams + (size_t)f * rows * 2 : nullptr;
         }
     }
+    // an int8 case reads only int8 features: the float-table type argument is then unused
+    using TT = typename std::conditional<q8, O, T>::type;
     auto launch = [&](int s) {
-        flame_status st = fl_cuda_embedding_bag<T, T>(fsets[s], B, out, (int64_t)T_ * D, cx.stream);
+        flame_status st = fl_cuda_embedding_bag<TT, O>(fsets[s], B, out, (int64_t)T_ * D, cx.stream);
         if (st != FLAME_OK) {
             fprintf(stderr, "embedding-bench: %s: fl_cuda_embedding_bag: %s: %s\n", name, flame_status_string(st),
                     flame_last_error());
@@ -185,11 +238,11 @@ static result run_case(bench_ctx &cx, const char *name, int T_, int64_t B, int P
     };
 
     // correctness of one launch (set 0) on sampled bags, against float64
-    CK(cudaMemsetAsync(out, 0xff, out_elems * sizeof(T), cx.stream)); // poison: NaN in fp16 and fp32
+    CK(cudaMemsetAsync(out, 0xff, out_elems * sizeof(O), cx.stream)); // poison: NaN in fp16 and fp32
     launch(0);
     CK(cudaStreamSynchronize(cx.stream));
-    std::vector<T> host_out(out_elems);
-    CK(cudaMemcpy(host_out.data(), out, out_elems * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<O> host_out(out_elems);
+    CK(cudaMemcpy(host_out.data(), out, out_elems * sizeof(O), cudaMemcpyDeviceToHost));
     const int64_t samples = std::min<int64_t>(B * T_, 3000);
     double max_err = 0;
     bool ok = true;
@@ -209,20 +262,15 @@ static result run_case(bench_ctx &cx, const char *name, int T_, int64_t B, int P
             double ref = 0;
             for (int p = 0; p < P; p++) {
                 const int64_t id = bag_id(0, (uint64_t)f, (uint64_t)(b * P + p), rows);
-                ref += table_value((uint64_t)f, (uint64_t)id, (uint64_t)c);
+                if (q8)
+                    ref += (double)q8_scale((uint64_t)f, (uint64_t)id) * q8_value((uint64_t)f, (uint64_t)id, (uint64_t)c) +
+                           (double)q8_bias((uint64_t)f, (uint64_t)id);
+                else
+                    ref += table_value((uint64_t)f, (uint64_t)id, (uint64_t)c);
             }
             const size_t at = (size_t)b * T_ * D + (size_t)f * D + c;
-            double got;
-            if (sizeof(T) == 2) {
-                uint16_t bits;
-                memcpy(&bits, &host_out[at], 2);
-                got = half_to_float(bits);
-            } else {
-                float v;
-                memcpy(&v, &host_out[at], 4);
-                got = v;
-            }
-            const double err = fabs(got - ref), tol = sizeof(T) == 2 ? 1e-3 + fabs(ref) * 1e-3 : 1e-5;
+            const double got = host_out_value(host_out[at]);
+            const double err = fabs(got - ref), tol = sizeof(O) == 2 ? 1e-3 + fabs(ref) * 1e-3 : 1e-5;
             if (!(err <= tol)) { // NaN fails too
                 if (ok)
                     fprintf(stderr, "embedding-bench: %s: bag (b=%lld, table %lld) column %d: got %g, expected %g\n",
@@ -247,7 +295,7 @@ static result run_case(bench_ctx &cx, const char *name, int T_, int64_t B, int P
         CK(cudaEventElapsedTime(&ms[i], cx.ev0, cx.ev1));
     }
     r.us = median(ms) * 1e3;
-    const double rows_bytes = (double)n_ids * D * sizeof(T), out_bytes = (double)out_elems * sizeof(T);
+    const double rows_bytes = (double)n_ids * (D * sizeof(T) + (q8 ? 8 : 0)), out_bytes = (double)out_elems * sizeof(O);
     r.gbps = (rows_bytes + out_bytes) / (r.us * 1e-6) / 1e9;
     r.gbps_with_ids = (rows_bytes + out_bytes + (double)n_ids * 8) / (r.us * 1e-6) / 1e9;
     CK(cudaFree(out));
@@ -304,6 +352,7 @@ int main(int argc, char **argv)
     // the largest case: 26 tables of 512-byte rows
     cx.table_bytes = (size_t)26 * cx.rows * 512;
     CK(cudaMalloc(&cx.tables, cx.table_bytes));
+    CK(cudaMalloc(&cx.qparams, (size_t)26 * cx.rows * 2 * sizeof(float)));
 
     const double copy = copy_gbps(cx, (size_t)1 << 30);
     std::vector<result> res;
@@ -313,6 +362,8 @@ int main(int argc, char **argv)
         res.push_back(run_case<__half>(cx, name, 26, 4096, 20, rb / 2));
         snprintf(name, sizeof name, "rows_%dB_fp32_T26_B4096_P20", rb);
         res.push_back(run_case<float>(cx, name, 26, 4096, 20, rb / 4));
+        snprintf(name, sizeof name, "rows_%dB_int8_T26_B4096_P20", rb); // rb values of 1 byte
+        res.push_back(run_case<int8_t, float>(cx, name, 26, 4096, 20, rb));
     }
     res.push_back(run_case<__half>(cx, "T26_B4096_P20_D128_fp16", 26, 4096, 20, 128));
     res.push_back(run_case<float>(cx, "T26_B4096_P20_D128_fp32", 26, 4096, 20, 128));
@@ -328,12 +379,11 @@ int main(int argc, char **argv)
                all_ok ? "true" : "false");
         for (size_t i = 0; i < res.size(); i++) {
             const result &r = res[i];
-            printf("%s{\"name\":\"%s\",\"dtype\":\"%s\",\"T\":%d,\"B\":%lld,\"P\":%d,\"D\":%d,\"row_bytes\":%d,"
-                   "\"us\":%.3f,\"gbps\":%.1f,\"gbps_with_ids\":%.1f,\"copy_fraction\":%.4f,\"max_abs_err\":%.3g,"
-                   "\"checked_bags\":%lld,\"correct\":%s}",
-                   i ? "," : "", r.name, r.dtype, r.T, (long long)r.B, r.P, r.D,
-                   r.D * (strcmp(r.dtype, "fp16") ? 4 : 2), r.us, r.gbps, r.gbps_with_ids, r.gbps / copy,
-                   r.max_abs_err, (long long)r.checked_bags, r.ok ? "true" : "false");
+            printf("%s{\"name\":\"%s\",\"dtype\":\"%s\",\"out_dtype\":\"%s\",\"T\":%d,\"B\":%lld,\"P\":%d,"
+                   "\"D\":%d,\"row_bytes\":%d,\"us\":%.3f,\"gbps\":%.1f,\"gbps_with_ids\":%.1f,\"copy_fraction\":%.4f,"
+                   "\"max_abs_err\":%.3g,\"checked_bags\":%lld,\"correct\":%s}",
+                   i ? "," : "", r.name, r.dtype, r.out_dtype, r.T, (long long)r.B, r.P, r.D, r.row_bytes, r.us, r.gbps,
+                   r.gbps_with_ids, r.gbps / copy, r.max_abs_err, (long long)r.checked_bags, r.ok ? "true" : "false");
         }
         printf("]}\n");
     } else {
@@ -347,5 +397,6 @@ int main(int argc, char **argv)
                    (long long)r.checked_bags);
     }
     cudaFree(cx.tables);
+    cudaFree(cx.qparams);
     return all_ok ? 0 : 1;
 }

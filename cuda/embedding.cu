@@ -1,27 +1,114 @@
 // Table-batched embedding bag (FBGEMM TBE style): one launch for every token and feature.
 // A group of lanes owns one token (sum combine: all features add into the same columns,
 // accumulated in registers and written once) or one (token, feature) bag (concat: disjoint
-// columns). The group is as wide as a row has 16-byte vectors (up to a warp), so short rows
-// do not leave most of a warp idle. Rows are read with 16-byte vector loads, four rows in
-// flight per lane, accumulated in float.
+// columns). The group is as wide as a row has vectors (up to a warp), so short rows do not
+// leave most of a warp idle. Rows are read with 16-byte vector loads, four rows in flight per
+// lane, accumulated in float.
+//
+// int8 tables (docs/model-format.md, "int8 tables"): when any feature reads one, a lane takes
+// VEC = 16 columns of a row at a time (one 16-byte load of int8 values, two or four of a
+// float table's), or 8 or 4 when a dim is not a multiple of 16 (8- or 4-byte int8 loads),
+// else single values; each row's (scale, bias) comes in one 8-byte load, and the value
+// scale * q + bias is pooled in float.
 #include "kernels.cuh"
 
-template <typename T, int VEC> struct vec_load;
-template <typename T> struct vec_load<T, 1> {
-    __device__ static void add(const T *p, float *acc, float w) { acc[0] += w * to_f(*p); }
-};
-template <typename T, int VEC> struct vec_load {
-    static_assert(VEC * sizeof(T) == 16, "16-byte vectors");
-    __device__ static void add(const T *p, float *acc, float w)
-    {
-        uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
+__device__ __forceinline__ float to_f(int8_t x) { return (float)x; }
+
+// VEC consecutive values of a row as float: VEC * sizeof(T) bytes in 16-byte vectors, or in one
+// 8-, 4- or 2-byte vector when the span is shorter (p is aligned to the span or to 16 bytes).
+template <typename T, int VEC> __device__ __forceinline__ void load_vals(const T *p, float *v)
+{
+    constexpr int BYTES = VEC * (int)sizeof(T);
+    if constexpr (VEC == 1) {
+        v[0] = to_f(*p);
+    } else if constexpr (BYTES >= 16) {
+        static_assert(BYTES % 16 == 0, "whole 16-byte vectors");
+        constexpr int PER = 16 / (int)sizeof(T);
+#pragma unroll
+        for (int k = 0; k < BYTES / 16; k++) {
+            const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p) + k);
+            const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+            for (int j = 0; j < PER; j++) v[k * PER + j] = to_f(e[j]);
+        }
+    } else if constexpr (BYTES == 8) {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(p));
         const T *e = reinterpret_cast<const T *>(&raw);
 #pragma unroll
-        for (int v = 0; v < VEC; v++) acc[v] += w * to_f(e[v]);
+        for (int j = 0; j < VEC; j++) v[j] = to_f(e[j]);
+    } else if constexpr (BYTES == 4) {
+        const unsigned raw = __ldg(reinterpret_cast<const unsigned *>(p));
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) v[j] = to_f(e[j]);
+    } else {
+        static_assert(BYTES == 2, "2-byte span");
+        const unsigned short raw = __ldg(reinterpret_cast<const unsigned short *>(p));
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) v[j] = to_f(e[j]);
     }
-};
+}
 
-template <typename T, typename OutT, int VEC, bool CONCAT>
+// acc += w * row[c0 .. c0 + VEC) of a float table
+template <typename T, int VEC> __device__ __forceinline__ void add_row(const T *row, float *acc, float w)
+{
+    float v[VEC];
+    load_vals<T, VEC>(row, v);
+#pragma unroll
+    for (int j = 0; j < VEC; j++) acc[j] += w * v[j];
+}
+
+// acc += w * (scale * q + bias) over q = row[c0 .. c0 + VEC) of an int8 table, sb = (scale, bias)
+template <int VEC> __device__ __forceinline__ void add_row_q8(const int8_t *row, float2 sb, float *acc, float w)
+{
+    float v[VEC];
+    load_vals<int8_t, VEC>(row, v);
+#pragma unroll
+    for (int j = 0; j < VEC; j++) acc[j] += w * fmaf(sb.x, v[j], sb.y);
+}
+
+// One feature's bag for columns c0 .. c0 + VEC of the lane, four rows in flight.
+template <typename T, int VEC>
+__device__ __forceinline__ void pool_float(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w,
+                                           float *acc)
+{
+    const T *tab = static_cast<const T *>(fe.table) + c0;
+    const int dim = fe.dim;
+    int64_t i = b;
+    for (; i + 4 <= e; i += 4) {
+        const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
+        add_row<T, VEC>(tab + r0 * dim, acc, w);
+        add_row<T, VEC>(tab + r1 * dim, acc, w);
+        add_row<T, VEC>(tab + r2 * dim, acc, w);
+        add_row<T, VEC>(tab + r3 * dim, acc, w);
+    }
+    for (; i < e; i++) add_row<T, VEC>(tab + fe.ids[i] * dim, acc, w);
+}
+
+template <int VEC>
+__device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc)
+{
+    const int8_t *tab = static_cast<const int8_t *>(fe.table) + c0;
+    const float2 *qp = reinterpret_cast<const float2 *>(fe.qparams);
+    const int dim = fe.dim;
+    int64_t i = b;
+    for (; i + 4 <= e; i += 4) {
+        const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
+        const float2 s0 = __ldg(qp + r0), s1 = __ldg(qp + r1), s2 = __ldg(qp + r2), s3 = __ldg(qp + r3);
+        add_row_q8<VEC>(tab + r0 * dim, s0, acc, w);
+        add_row_q8<VEC>(tab + r1 * dim, s1, acc, w);
+        add_row_q8<VEC>(tab + r2 * dim, s2, acc, w);
+        add_row_q8<VEC>(tab + r3 * dim, s3, acc, w);
+    }
+    for (; i < e; i++) {
+        const int64_t r = fe.ids[i];
+        add_row_q8<VEC>(tab + r * dim, __ldg(qp + r), acc, w);
+    }
+}
+
+// Q8: some feature reads an int8 table (each feature's qparams says which).
+template <typename T, typename OutT, int VEC, bool CONCAT, bool Q8>
 __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int64_t tokens, OutT *out, int64_t ldo,
                                                   int lanes)
 {
@@ -40,7 +127,6 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
         for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
         for (int f = f0; f < f1; f++) {
             const fl_dev_feature &fe = fs.f[f];
-            const T *tab = static_cast<const T *>(fe.table) + c0;
             int64_t b = t, e = t + 1;
             if (fe.offsets) {
                 b = fe.offsets[t];
@@ -48,22 +134,17 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
             }
             if (e == b) continue; // empty bag: zeros for sum and mean
             const float w = fe.pooling == 1 ? 1.0f / (float)(e - b) : 1.0f;
-            int64_t i = b;
-            for (; i + 4 <= e; i += 4) { // four independent rows in flight
-                const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
-                vec_load<T, VEC>::add(tab + r0 * dim, acc, w);
-                vec_load<T, VEC>::add(tab + r1 * dim, acc, w);
-                vec_load<T, VEC>::add(tab + r2 * dim, acc, w);
-                vec_load<T, VEC>::add(tab + r3 * dim, acc, w);
-            }
-            for (; i < e; i++) vec_load<T, VEC>::add(tab + fe.ids[i] * dim, acc, w);
+            if (Q8 && fe.qparams)
+                pool_q8<VEC>(fe, b, e, c0, w, acc);
+            else
+                pool_float<T, VEC>(fe, b, e, c0, w, acc);
         }
 #pragma unroll
         for (int v = 0; v < VEC; v++) dst[c0 + v] = from_f<OutT>(acc[v]);
     }
 }
 
-template <typename T, typename OutT, int VEC>
+template <typename T, typename OutT, int VEC, bool Q8>
 static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s)
 {
     int widest = 1; // vectors in the widest row
@@ -73,22 +154,38 @@ static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t
     const int64_t items = fs.concat ? tokens * fs.count : tokens;
     const unsigned blocks = ceil_div(items * lanes, 256);
     if (fs.concat)
-        emb_kernel<T, OutT, VEC, true><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
+        emb_kernel<T, OutT, VEC, true, Q8><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
     else
-        emb_kernel<T, OutT, VEC, false><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
+        emb_kernel<T, OutT, VEC, false, Q8><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
 }
 
 template <typename T, typename OutT>
 flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s)
 {
     if (tokens == 0 || fs.count == 0) return FLAME_OK;
+    bool q8 = false, aligned = true; // vector loads need every table 16-byte aligned (cudaMalloc's are)
+    for (int f = 0; f < fs.count; f++) {
+        q8 = q8 || fs.f[f].qparams != nullptr;
+        aligned = aligned && ((uintptr_t)fs.f[f].table & 15) == 0;
+    }
+    auto fits = [&](int vec) { // and every row to start on a vector boundary
+        bool ok = aligned;
+        for (int f = 0; f < fs.count; f++) ok = ok && fs.f[f].dim % vec == 0;
+        return ok;
+    };
     constexpr int V = 16 / sizeof(T);
-    bool vec = true; // 16-byte loads need every row to start 16-byte aligned
-    for (int f = 0; f < fs.count; f++) vec = vec && fs.f[f].dim % V == 0 && ((uintptr_t)fs.f[f].table & 15) == 0;
-    if (vec)
-        launch<T, OutT, V>(fs, tokens, out, ldo, s);
+    if (!q8 && fits(V))
+        launch<T, OutT, V, false>(fs, tokens, out, ldo, s);
+    else if (!q8)
+        launch<T, OutT, 1, false>(fs, tokens, out, ldo, s);
+    else if (fits(16))
+        launch<T, OutT, 16, true>(fs, tokens, out, ldo, s);
+    else if (fits(8))
+        launch<T, OutT, 8, true>(fs, tokens, out, ldo, s);
+    else if (fits(4))
+        launch<T, OutT, 4, true>(fs, tokens, out, ldo, s);
     else
-        launch<T, OutT, 1>(fs, tokens, out, ldo, s);
+        launch<T, OutT, 1, true>(fs, tokens, out, ldo, s);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }

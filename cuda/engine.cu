@@ -1,5 +1,6 @@
 // GPU engine lifetime: weights are converted to the compute dtype on the host and uploaded
-// once; q/k/v are fused into one [3d, d] matrix so a block needs one GEMM for them.
+// once (int8 tables stay int8); q/k/v are fused into one [3d, d] matrix so a block needs one
+// GEMM for them.
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,10 +24,9 @@ void fl_graphs_clear(fl_cuda_executor *x)
     x->graphs.clear();
 }
 
-// Uploads `count` floats as dtype `t` (float, half or bfloat16); the allocation is tracked.
-static flame_status upload(fl_cuda_engine *g, const float *src, uint64_t count, cudaDataType_t t, void **dst)
+// A tracked weight allocation of `bytes` (within the budget).
+static flame_status dev_alloc(fl_cuda_engine *g, size_t bytes, void **dst)
 {
-    const size_t esize = t == CUDA_R_32F ? 4 : 2, bytes = count * esize;
     FL_TRY(fl_dev_reserve(g, bytes, "the model's weights"));
     void **grown = static_cast<void **>(realloc(g->allocs, (g->num_allocs + 1) * sizeof *grown));
     if (!grown) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
@@ -34,6 +34,14 @@ static flame_status upload(fl_cuda_engine *g, const float *src, uint64_t count, 
     FL_CUDA_TRY(cudaMalloc(dst, bytes ? bytes : 16));
     g->allocs[g->num_allocs++] = *dst;
     g->weight_bytes += bytes;
+    return FLAME_OK;
+}
+
+// Uploads `count` floats as dtype `t` (float, half or bfloat16); the allocation is tracked.
+static flame_status upload(fl_cuda_engine *g, const float *src, uint64_t count, cudaDataType_t t, void **dst)
+{
+    const size_t esize = t == CUDA_R_32F ? 4 : 2, bytes = count * esize;
+    FL_TRY(dev_alloc(g, bytes, dst));
     if (t == CUDA_R_32F) {
         FL_CUDA_TRY(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice));
         return FLAME_OK;
@@ -58,6 +66,55 @@ static flame_status upload(fl_cuda_engine *g, const float *src, uint64_t count, 
 static flame_status upload_f32(fl_cuda_engine *g, const float *src, uint64_t count, float **dst)
 {
     return upload(g, src, count, CUDA_R_32F, reinterpret_cast<void **>(dst));
+}
+
+// An int8 table (docs/model-format.md, "int8 tables"). Its int8 rows and (scale, bias) pairs
+// go up as they are when a feature reads it (the embedding kernel dequantizes on the fly).
+// The dot head's GEMM reads its table in the compute dtype, so when the dot head scores from
+// an int8 table, a copy dequantized on the host (float32 value = scale * q + bias, then
+// rounded to the compute dtype) goes up as well, a slice of rows at a time.
+static flame_status upload_q8_table(fl_cuda_engine *g, const fl_weights &w, int t)
+{
+    const fl_model_cfg &c = g->cfg;
+    const uint64_t rows = (uint64_t)c.tables[t].rows, dim = (uint64_t)c.tables[t].dim;
+    bool read = false;
+    for (int f = 0; f < c.num_features; f++) read = read || c.features[f].table == t;
+    if (read) {
+        FL_TRY(dev_alloc(g, rows * dim, reinterpret_cast<void **>(&g->tables_q8[t])));
+        FL_CUDA_TRY(cudaMemcpy(g->tables_q8[t], w.tables_q8[t], rows * dim, cudaMemcpyHostToDevice));
+        FL_TRY(upload_f32(g, w.qparams[t], rows * 2, &g->qparams[t]));
+    }
+    if (c.head != FLAME_HEAD_DOT || c.dot_table != t) return FLAME_OK;
+    const size_t esize = g->ab == CUDA_R_32F ? 4 : 2;
+    FL_TRY(dev_alloc(g, rows * dim * esize, &g->tables[t]));
+    const uint64_t slice = dim >= (1u << 20) ? 1 : (1u << 20) / dim; // rows per copy: about 1M values
+    uint8_t *tmp = static_cast<uint8_t *>(malloc((rows < slice ? rows : slice) * dim * esize));
+    if (!tmp) return fl_error(FLAME_ERR_NOMEM, "out of host memory dequantizing table '%s'", c.tables[t].name);
+    cudaError_t e = cudaSuccess;
+    for (uint64_t r0 = 0; r0 < rows && e == cudaSuccess; r0 += slice) {
+        const uint64_t n = rows - r0 < slice ? rows - r0 : slice;
+        for (uint64_t r = r0; r < r0 + n; r++) {
+            const float scale = w.qparams[t][2 * r], bias = w.qparams[t][2 * r + 1];
+            for (uint64_t j = 0; j < dim; j++) {
+                const float v = scale * (float)w.tables_q8[t][r * dim + j] + bias;
+                const uint64_t at = (r - r0) * dim + j;
+                if (g->ab == CUDA_R_32F) {
+                    memcpy(tmp + 4 * at, &v, 4);
+                } else if (g->ab == CUDA_R_16F) {
+                    const __half h = __float2half_rn(v);
+                    memcpy(tmp + 2 * at, &h, 2);
+                } else {
+                    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+                    memcpy(tmp + 2 * at, &h, 2);
+                }
+            }
+        }
+        e = cudaMemcpy(static_cast<uint8_t *>(g->tables[t]) + r0 * dim * esize, tmp, n * dim * esize,
+                       cudaMemcpyHostToDevice);
+    }
+    free(tmp);
+    FL_CUDA_TRY(e);
+    return FLAME_OK;
 }
 
 static flame_status upload_linear(fl_cuda_engine *g, const fl_linear &l, cudaDataType_t bias_type, fl_dev_linear *d)
@@ -171,7 +228,10 @@ static flame_status upload_model(fl_cuda_engine *g, const fl_weights &w)
 {
     const fl_model_cfg &c = g->cfg;
     for (int t = 0; t < c.num_tables; t++)
-        FL_TRY(upload(g, w.tables[t], (uint64_t)c.tables[t].rows * c.tables[t].dim, g->ab, &g->tables[t]));
+        if (w.tables_q8[t])
+            FL_TRY(upload_q8_table(g, w, t));
+        else
+            FL_TRY(upload(g, w.tables[t], (uint64_t)c.tables[t].rows * c.tables[t].dim, g->ab, &g->tables[t]));
     if (c.projection) FL_TRY(upload_linear(g, w.proj, CUDA_R_32F, &g->proj));
     if (c.position_rule != FL_POS_NONE)
         FL_TRY(upload_f32(g, w.position, (uint64_t)c.position_rows * c.d_model, &g->position));

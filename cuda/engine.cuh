@@ -72,7 +72,9 @@ struct fl_cuda_engine {
     int64_t num_items = 0;
     bool use_graphs = true;
     // weights
-    void *tables[FL_MAX_TABLES] = {};
+    void *tables[FL_MAX_TABLES] = {}; // compute dtype; for an int8 table only the dot head's dequantized copy
+    int8_t *tables_q8[FL_MAX_TABLES] = {}; // int8 tables that features read, as stored
+    float *qparams[FL_MAX_TABLES] = {};    // their [rows, 2] (scale, bias)
     fl_dev_linear proj;
     float *position = nullptr;
     float *input_ln_w = nullptr, *input_ln_b = nullptr, *final_ln_w = nullptr, *final_ln_b = nullptr;

@@ -332,7 +332,8 @@ template <typename T> flame_status embed(fl_cuda_engine *g, pass &p, buffers &b)
     for (int f = 0; f < c.num_features; f++) {
         const fl_feature_cfg &fc = c.features[f];
         fl_dev_feature &df = fs.f[f];
-        df.table = g->tables[fc.table];
+        df.table = g->tables_q8[fc.table] ? static_cast<const void *>(g->tables_q8[fc.table]) : g->tables[fc.table];
+        df.qparams = g->qparams[fc.table]; // int8 rows, dequantized in the kernel
         df.dim = c.tables[fc.table].dim;
         df.pooling = fc.pooling;
         df.out_col = c.combine_concat ? col : 0;

@@ -8,12 +8,13 @@
 
 // One feature's bags over the packed tokens (device pointers).
 struct fl_dev_feature {
-    const void *table;      // [rows, dim] in the compute dtype
+    const void *table;      // [rows, dim] in the compute dtype, or int8 when qparams is set
     int32_t dim;
     int32_t pooling;        // 0 sum, 1 mean
     int32_t out_col;
     const int64_t *offsets; // [T + 1] or NULL: token t's bag is {ids[t]}
     const int64_t *ids;
+    const float *qparams;   // int8 table: [rows, 2] (scale, bias), value = scale * q + bias; NULL: a float table
 };
 
 struct fl_dev_features {
@@ -25,6 +26,9 @@ struct fl_dev_features {
 
 // Table-batched embedding bag, one launch for all tokens and features:
 // out[t, out_col:out_col+dim] += pool(bag) after the row is zeroed (see src/cpu/kernels.h).
+// T is the float tables' dtype; features with qparams read int8 rows (16-byte vectors of 16
+// values when every dim allows, else 8- or 4-byte vectors, else single values), dequantized
+// in float. Accumulation in float.
 template <typename T, typename OutT>
 flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s);
 

@@ -1,11 +1,12 @@
 /* The GPU forward pass against the CPU engine on the variant matrix, in fp32, fp16 and bf16
  * (normwise relative error < 1e-5 in fp32, < 1e-2 in fp16/bf16), with outputs poisoned
- * before each run. Skipped with a message where no GPU is usable; FLAME_REQUIRE_GPU=1 (make
+ * before each run; the same for models with int8 tables. Skipped with a message where no GPU is usable; FLAME_REQUIRE_GPU=1 (make
  * test-gpu) turns the skip into a failure. */
 #include <pthread.h>
 
 #include "testutil.h"
 #include "core/device.h"
+#include "tu_model_file.h"
 
 static char no_gpu_reason[256];
 static int have_gpu;
@@ -149,11 +150,10 @@ static flame_engine *gpu_engine(flame_model *m, const char *dtype)
     return e;
 }
 
-static void check_config(int ci, const char *dtype, double tol)
+/* The GPU engine against the CPU engine on one model (label names it in messages). */
+static void check_model(flame_model *m, const char *label, const char *dtype, double tol)
 {
-    flame_model *m = NULL;
     flame_engine *cpu = NULL;
-    assert_int_equal(flame_model_create_random(configs[ci], 100 + (uint64_t)ci, &m), FLAME_OK);
     assert_int_equal(flame_engine_create(m, NULL, &cpu), FLAME_OK);
     flame_engine *gpu = gpu_engine(m, dtype);
     for (int rep = 0; rep < 3; rep++) {
@@ -165,12 +165,12 @@ static void check_config(int ci, const char *dtype, double tol)
         tu_poison(got, b.total + 1);
         assert_int_equal(flame_score_batch(cpu, b.req, 6, want, b.total), FLAME_OK);
         flame_status st = flame_score_batch(gpu, b.req, 6, got, b.total);
-        if (st) fail_msg("config %d %s: %s", ci, dtype, flame_last_error());
+        if (st) fail_msg("%s %s: %s", label, dtype, flame_last_error());
         assert_true(isnan(got[b.total])); /* nothing past the blocks */
         for (size_t i = 0; i < b.total; i++) ref[i] = want[i];
         double err = tu_rel_err(got, ref, b.total);
-        fprintf(stderr, "# config %d %s: %zu scores, relative error %.2e\n", ci, dtype, b.total, err);
-        if (!(err < tol)) fail_msg("config %d %s: relative error %.3g >= %.3g", ci, dtype, err, tol);
+        fprintf(stderr, "# %s %s: %zu scores, relative error %.2e\n", label, dtype, b.total, err);
+        if (!(err < tol)) fail_msg("%s %s: relative error %.3g >= %.3g", label, dtype, err, tol);
         /* request 3 alone (a pass of one request) gives its block of the batch */
         flame_model_info info = {.struct_size = sizeof info};
         flame_model_get_info(m, &info);
@@ -180,7 +180,7 @@ static void check_config(int ci, const char *dtype, double tol)
         tu_poison(one, 64 * 8);
         assert_int_equal(flame_score(gpu, &b.req[3], one, 64 * 8), FLAME_OK);
         for (size_t i = 0; i < len; i++) ref[i] = got[off + i];
-        if (len && !(tu_rel_err(one, ref, len) < tol)) fail_msg("config %d %s: request 3 alone differs", ci, dtype);
+        if (len && !(tu_rel_err(one, ref, len) < tol)) fail_msg("%s %s: request 3 alone differs", label, dtype);
         free(want);
         free(got);
         free(ref);
@@ -191,6 +191,15 @@ static void check_config(int ci, const char *dtype, double tol)
     assert_true(st.device_weight_bytes > 0 && st.device_bytes > st.device_weight_bytes);
     flame_engine_destroy(gpu);
     flame_engine_destroy(cpu);
+}
+
+static void check_config(int ci, const char *dtype, double tol)
+{
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(configs[ci], 100 + (uint64_t)ci, &m), FLAME_OK);
+    char label[32];
+    snprintf(label, sizeof label, "config %d", ci);
+    check_model(m, label, dtype, tol);
     flame_model_destroy(m);
 }
 
@@ -210,6 +219,90 @@ static void test_matrix_bf16(void **state)
 {
     NEED_GPU();
     for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "bf16", 1e-2);
+}
+
+/* int8 tables (docs/model-format.md, "int8 tables"): models of the matrix above and two more
+ * with the tables of q8_mask stored int8, through the embedding kernel's 16-, 8-, 4-value and
+ * single-value int8 paths, int8 and float features mixed, int8 dot tables (tied to the item
+ * feature, or the head's alone). The GPU engine against the CPU engine on the same int8 file,
+ * in fp32, fp16 and bf16; and the device weights: int8 rows + 8 bytes a row for tables that
+ * features read, a compute-dtype copy only for the dot head's table. */
+static const struct {
+    int matrix;         /* index into configs, or -1: `config` */
+    const char *config;
+    uint64_t q8_mask;
+} q8_models[] = {
+    {0, NULL, 1},     /* dot head tied to the int8 item table; dim 64: 16-value vectors */
+    {1, NULL, 1 | 4}, /* item and genre int8, artist float (4 x 16-byte float loads per step) */
+    {2, NULL, 1 | 2}, /* odd dims 13 and 7: single values */
+    {3, NULL, 1},     /* no blocks */
+    /* concat of dims 24 and 8: 8-value (8-byte) int8 vectors; sumi head */
+    {-1,
+     "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":12,"
+     "\"tables\":[{\"name\":\"item\",\"rows\":400,\"dim\":24},{\"name\":\"tag\",\"rows\":30,\"dim\":8}],"
+     "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
+     "{\"name\":\"tag\",\"table\":\"tag\",\"input\":\"side\",\"pooling\":\"mean\"}],"
+     "\"combine\":\"concat\",\"projection\":true,"
+     "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":12,\"candidate_position\":3},"
+     "\"blocks\":{\"count\":1,\"num_heads\":2,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"relu\"},"
+     "\"final_layernorm\":true,\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]}]}}",
+     1 | 2},
+    /* dim 12 (4-value int8 vectors) summed with a float table, projected; the dot head's own
+     * table int8 (only its dequantized copy goes to the GPU) */
+    {-1,
+     "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
+     "\"tables\":[{\"name\":\"item\",\"rows\":300,\"dim\":12},{\"name\":\"cat\",\"rows\":40,\"dim\":12},"
+     "{\"name\":\"out\",\"rows\":310,\"dim\":16}],"
+     "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
+     "{\"name\":\"cat\",\"table\":\"cat\",\"input\":\"side\",\"pooling\":\"mean\"}],"
+     "\"combine\":\"sum\",\"projection\":true,\"position\":{\"rule\":\"from_recent\",\"rows\":8},"
+     "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_tanh\"},"
+     "\"head\":{\"type\":\"dot\",\"table\":\"out\"}}",
+     1 | 4},
+};
+
+static void test_int8_tables_match_cpu(void **state)
+{
+    NEED_GPU();
+    static const char *dtypes[] = {"fp32", "fp16", "bf16"};
+    static const double tols[] = {1e-5, 1e-2, 1e-2};
+    for (size_t i = 0; i < sizeof q8_models / sizeof q8_models[0]; i++) {
+        const char *cfg = q8_models[i].matrix >= 0 ? configs[q8_models[i].matrix] : q8_models[i].config;
+        const uint64_t mask = q8_models[i].q8_mask;
+        flame_model *rnd = NULL, *q8 = NULL, *deq = NULL;
+        assert_int_equal(flame_model_create_random(cfg, tu_u64(), &rnd), FLAME_OK);
+        assert_int_equal(flame_model_load(tu_write_model("gpu-q8.st", rnd, cfg, mask, false), &q8), FLAME_OK);
+        assert_int_equal(flame_model_load(tu_write_model("gpu-deq.st", rnd, cfg, mask, true), &deq), FLAME_OK);
+        const fl_model_cfg *c = &q8->cfg;
+        for (int t = 0; t < c->num_tables; t++) assert_int_equal(q8->w.tables_q8[t] != NULL, (int)(mask >> t & 1));
+        char label[48];
+        snprintf(label, sizeof label, "int8 model %zu", i);
+        for (int d = 0; d < 3; d++) check_model(q8, label, dtypes[d], tols[d]);
+        for (int d = 0; d < 3; d++) {
+            flame_engine *gq = gpu_engine(q8, dtypes[d]), *gf = gpu_engine(deq, dtypes[d]);
+            flame_engine_stats sq = {.struct_size = sizeof sq}, sf = {.struct_size = sizeof sf};
+            assert_int_equal(flame_engine_get_stats(gq, &sq), FLAME_OK);
+            assert_int_equal(flame_engine_get_stats(gf, &sf), FLAME_OK);
+            const uint64_t es = d == 0 ? 4 : 2;
+            uint64_t want = sf.device_weight_bytes;
+            for (int t = 0; t < c->num_tables; t++) {
+                if (!(mask >> t & 1)) continue;
+                const uint64_t rows = (uint64_t)c->tables[t].rows, dim = (uint64_t)c->tables[t].dim;
+                bool read = false;
+                for (int f = 0; f < c->num_features; f++) read = read || c->features[f].table == t;
+                const bool dot = c->head == FLAME_HEAD_DOT && c->dot_table == t;
+                want = want - rows * dim * es + (read ? rows * dim + rows * 8 : 0) + (dot ? rows * dim * es : 0);
+            }
+            fprintf(stderr, "# %s %s: device weights %llu bytes, %llu with the tables dequantized\n", label, dtypes[d],
+                    (unsigned long long)sq.device_weight_bytes, (unsigned long long)sf.device_weight_bytes);
+            assert_int_equal(sq.device_weight_bytes, want);
+            flame_engine_destroy(gq);
+            flame_engine_destroy(gf);
+        }
+        flame_model_destroy(q8);
+        flame_model_destroy(deq);
+        flame_model_destroy(rnd);
+    }
 }
 
 /* Uniform passes are captured once (on the second sight of the shape) and replayed: with fresh
@@ -348,6 +441,7 @@ int main(void)
         cmocka_unit_test(test_matrix_fp32),
         cmocka_unit_test(test_matrix_fp16),
         cmocka_unit_test(test_matrix_bf16),
+        cmocka_unit_test(test_int8_tables_match_cpu),
         cmocka_unit_test(test_graph_replay_matches_cpu),
         cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_memory_budget_and_devices),
