@@ -26,7 +26,7 @@ class ModelInfo:
     num_side_features: int  # side-feature slots each token takes
     head: str               # "dot" or "sumi"
     num_items: int          # valid item ids are 0 .. num_items - 1
-    weight_bytes: int       # float32 weights held in memory
+    weight_bytes: int       # weights held in memory: float32, int8 tables at 1 byte a value + 8 a row
 
 
 class Model(Handle):

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import layout, st_io
+from . import layout, quant, st_io
 
 _erf = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math.erf is exact to double rounding
 
@@ -18,19 +18,26 @@ _erf = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math.erf is exact to d
 # ------------------------------------------------------------------ files
 
 def load(path):
-    """(config dict, {name: float64 array}); F32/F16/BF16 files, validated like the engine."""
-    meta, tensors, _ = st_io.read(path)
+    """(config dict, {name: float64 array}); F32/F16/BF16 files and int8 tables (dequantized
+    in float64: scale * q + bias, flame.quant), validated like the engine."""
+    meta, tensors, dtypes = st_io.read(path)
     if "flame.config" not in meta:
         raise ValueError(f"{path}: no flame.config")
     cfg = layout.parse(meta["flame.config"])
-    layout.check_tensors(cfg, tensors)
-    return cfg, {k: v.astype(np.float64) for k, v in tensors.items()}
+    t = quant.unpack(cfg, tensors, dtypes, np.float64)
+    layout.check_tensors(cfg, t)
+    return cfg, t
 
 
-def save(path, cfg, tensors, dtype="F32"):
+def save(path, cfg, tensors, dtype="F32", int8_tables=()):
+    """Writes a model file: every tensor as `dtype`, except the tables named in int8_tables
+    (or all of them: True), stored int8 row-wise quantized (flame.quant.quantize_rows)."""
     layout.check(cfg)
     layout.check_tensors(cfg, tensors)
-    st_io.write(path, tensors, {"flame.config": json.dumps(cfg)}, dtype)
+    dtypes = dtype
+    if int8_tables:
+        tensors, dtypes = quant.pack(cfg, tensors, int8_tables, dtype)
+    st_io.write(path, tensors, {"flame.config": json.dumps(cfg)}, dtypes)
 
 
 def random_model(cfg, seed):

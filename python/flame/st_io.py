@@ -1,9 +1,10 @@
-"""safetensors reading and writing for F32/F16/BF16, numpy only.
+"""safetensors reading and writing for F32/F16/BF16 and I8 (int8 tables), numpy only.
 
 numpy has no bfloat16, so BF16 is handled as raw uint16 bits: reading shifts them into the
-high half of a float32; writing rounds float32 to nearest-even. The safetensors package
-does the container work (header, alignment) so that files are written by an implementation
-independent of libflame's loader.
+high half of a float32; writing rounds float32 to nearest-even. I8 tensors (int8 row-wise
+quantized tables, flame.quant) are read and written as int8 arrays, never rounded. The
+safetensors package does the container work (header, alignment) so that files are written by
+an implementation independent of libflame's loader.
 """
 import json
 import struct
@@ -11,9 +12,10 @@ import struct
 import numpy as np
 import safetensors
 
-DTYPES = ("F32", "F16", "BF16")
-_NUMPY = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
-_SPEC_NAME = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+DTYPES = ("F32", "F16", "BF16")  # float storage dtypes
+ALL_DTYPES = DTYPES + ("I8",)     # I8: int8 tables only (flame.quant)
+_NUMPY = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "I8": np.dtype("i1")}
+_SPEC_NAME = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I8": "int8"}
 
 
 def bf16_bits_to_f32(bits):
@@ -36,7 +38,8 @@ def read_header(path):
 
 
 def read(path):
-    """(metadata, {name: float32 array}, {name: dtype string}); F16/BF16 widened exactly."""
+    """(metadata, {name: array}, {name: dtype string}): float32 arrays (F16/BF16 widened
+    exactly), int8 arrays for I8 tensors (flame.quant.unpack dequantizes a model's)."""
     meta, _ = read_header(path)
     with open(path, "rb") as f:
         raw = f.read()
@@ -46,24 +49,33 @@ def read(path):
         if dt not in _NUMPY:
             raise ValueError(f"tensor '{name}' has unsupported dtype '{dt}'")
         a = np.frombuffer(bytes(entry["data"]), dtype=_NUMPY[dt]).reshape(entry["shape"])
-        tensors[name] = bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
+        if dt == "I8":
+            tensors[name] = a.copy()
+        else:
+            tensors[name] = bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
         dtypes[name] = dt
     return meta, tensors, dtypes
 
 
 def encode(a, dtype):
-    """float array -> contiguous little-endian array holding `dtype`'s bytes."""
+    """float array (integer array for I8) -> contiguous little-endian array holding `dtype`'s bytes."""
     if dtype == "BF16":
         return f32_to_bf16_bits(np.asarray(a, dtype=np.float32))
+    if dtype == "I8":
+        a = np.asarray(a)
+        if a.dtype != np.int8 and (not np.all(np.isfinite(a)) or np.any(a != np.rint(a)) or np.any(a < -128)
+                                   or np.any(a > 127)):
+            raise ValueError("I8 needs integers in [-128, 127] (flame.quant.quantize_rows makes them)")
     return np.ascontiguousarray(a, dtype=_NUMPY[dtype])
 
 
 def write(path, tensors, metadata=None, dtype="F32"):
-    """Writes {name: float array} as `dtype` (one of DTYPES, or a {name: dtype} dict)."""
+    """Writes {name: array} as `dtype` (one of DTYPES, or a {name: dtype} dict whose values
+    may also be "I8" for int8 arrays)."""
     keep, specs = [], {}
     for name, a in tensors.items():
         dt = dtype[name] if isinstance(dtype, dict) else dtype
-        if dt not in DTYPES:
+        if dt not in (ALL_DTYPES if isinstance(dtype, dict) else DTYPES):
             raise ValueError(f"dtype must be one of {DTYPES}, got {dt!r}")
         b = encode(a, dt)
         keep.append(b)

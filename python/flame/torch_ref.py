@@ -34,7 +34,7 @@ try:
 except ImportError as e:  # the rest of the package works without torch
     raise ImportError(f"flame.torch_ref needs PyTorch ({e}): pip install torch, or pip install './python[torch]'") from e
 
-from . import layout, st_io
+from . import layout, quant, st_io
 
 
 def activation(kind: str, x: torch.Tensor) -> torch.Tensor:
@@ -173,9 +173,12 @@ class FlameModel(nn.Module):
 
     @classmethod
     def from_file(cls, path) -> "FlameModel":
-        """Loads a flame model file (F32/F16/BF16) into a new module."""
-        meta, tensors, _ = st_io.read(path)
-        m = cls(layout.parse(meta["flame.config"]))
+        """Loads a flame model file (F32/F16/BF16, int8 tables dequantized to float32 as
+        libflame computes them) into a new module."""
+        meta, tensors, dtypes = st_io.read(path)
+        cfg = layout.parse(meta["flame.config"])
+        tensors = quant.unpack(cfg, tensors, dtypes, np.float32)
+        m = cls(cfg)
         m.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()})
         return m
 
