@@ -58,6 +58,7 @@ BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
 BENCHES  += bench/cache-bench # issue 4
 BENCHES  += bench/e2e-bench # issue 3: end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # issue 3: the TBE kernel vs copy bandwidth (nvcc)
+BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 
 .PHONY: all lib examples test test-c test-python test-gpu bench run install uninstall clean deps test-sanitize san-run
 
@@ -118,6 +119,10 @@ bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -gencode arch=compute_80,code=sm_80 \
 	    -gencode arch=compute_90,code=sm_90 -c $< -o build/bench/embedding_bench.o
 	$(CC) -o $@ build/bench/embedding_bench.o $(STLIB) $(LDLIBS)
+
+# int8 tables: calls the internal CPU kernel, so it links the static library
+bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 
 build/tests/%: tests/%.c $(wildcard tests/*.h) $(SHLIB) lib/libflame.so $(STLIB)
 	@mkdir -p $(dir $@)

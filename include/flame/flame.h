@@ -98,7 +98,9 @@ typedef struct flame_model flame_model;
 
 /* Loads a flame model file (one safetensors file with a "flame.config" metadata entry;
  * docs/model-format.md). The file is mmap'ed read-only and validated completely before any
- * weight is read; F32 weights are used in place, F16/BF16 ones converted once to float32.
+ * weight is read; F32 weights are used in place, F16/BF16 ones converted once to float32, and
+ * int8 row-wise quantized tables (I8 + per-row scale and bias) are kept int8 and used in place:
+ * every reader dequantizes them on the fly (docs/model-format.md, "int8 tables").
  * The file may be changed or removed after return only if it is not replaced in place
  * (the mapping keeps the old inode alive).
  * Ownership: *out is the caller's; free with flame_model_destroy. Engines created from the
@@ -145,7 +147,8 @@ typedef struct flame_model_info {
     int32_t num_side_features;   /* side-feature slots each token takes (flame_request) */
     flame_head_type head;
     int64_t num_items;           /* rows of the table item ids index: valid ids 0..num_items-1 */
-    uint64_t weight_bytes;       /* float32 weights held in memory (mapped or converted) */
+    uint64_t weight_bytes;       /* weights held in memory (mapped or converted): float32, and int8
+                                    tables at 1 byte a value plus 8 bytes a row (scale, bias) */
 } flame_model_info;
 
 /* Fills *info (up to info->struct_size bytes). Thread-safe.
@@ -173,7 +176,9 @@ typedef enum flame_option {
      * stream stay float32. In fp16/bf16, attention runs on tensor cores (FlashAttention-2
      * style) and its probabilities enter the P.V product as fp16 (bf16: as a sum of two bf16
      * terms, ~16 bits); fp32 attention is exact float on CUDA cores. The CPU always computes
-     * in float32 (it logs that it ignores this). */
+     * in float32 (it logs that it ignores this). int8 tables stay int8 on the GPU, except the
+     * dot head's table, which gets a copy in this dtype for the head's GEMM
+     * (docs/model-format.md, "int8 tables"). */
     FLAME_OPT_DTYPE = 4,
     /* int: most bytes of GPU memory the engine may hold (weights + buffers + workspace);
      * 0 (default) = no limit. 0..2^50. Exceeding it is FLAME_ERR_NOMEM with the numbers. */
@@ -330,7 +335,8 @@ typedef struct flame_engine_stats {
     uint64_t scratch_bytes;        /* bytes held by all workspaces now */
     uint64_t max_workspace_bytes;  /* largest single workspace */
     uint64_t device_bytes;         /* GPU memory held: weights + activation buffers + GEMM workspace; 0 on the CPU */
-    uint64_t device_weight_bytes;  /* of which weights (in the compute dtype) */
+    uint64_t device_weight_bytes;  /* of which weights (in the compute dtype; int8 tables as int8
+                                      plus 8 bytes a row) */
     uint64_t graph_captures;       /* GPU passes captured as CUDA graphs (FLAME_OPT_CUDA_GRAPHS) */
     uint64_t graph_replays;        /* GPU passes run by replaying a captured graph */
 } flame_engine_stats;
