@@ -28,6 +28,27 @@ static inline void add_id(const fl_emb_feature *fe, float *dst, int64_t id, floa
         add_row(dst, fe->table + id * (int64_t)fe->dim, fe->dim, scale);
 }
 
+/* Rows are gathered at random from tables far larger than the caches, so a lookup waits on
+ * memory: the rows PF ids ahead (and an int8 row's scale and bias, which live in another
+ * array) are prefetched, keeping several misses in flight. */
+#define PF 8
+
+static inline void prefetch_id(const fl_emb_feature *fe, int64_t id)
+{
+    const char *row;
+    size_t bytes;
+    if (fe->table_q8) {
+        row = (const char *)(fe->table_q8 + id * (int64_t)fe->dim);
+        bytes = (size_t)fe->dim;
+        __builtin_prefetch(fe->qparams + 2 * id);
+    } else {
+        row = (const char *)(fe->table + id * (int64_t)fe->dim);
+        bytes = (size_t)fe->dim * sizeof(float);
+    }
+    for (size_t k = 0; k < bytes; k += 64) __builtin_prefetch(row + k);
+    __builtin_prefetch(row + bytes - 1);
+}
+
 void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int64_t num_tokens, float *out,
                           int64_t ldo, int32_t width)
 {
@@ -38,6 +59,9 @@ void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int6
             const fl_emb_feature *fe = &features[f];
             float *dst = row + fe->out_col;
             if (!fe->offsets) {
+                if (t == 0)
+                    for (int64_t k = 0; k < PF && k < num_tokens; k++) prefetch_id(fe, fe->ids[k]);
+                if (t + PF < num_tokens) prefetch_id(fe, fe->ids[t + PF]);
                 add_id(fe, dst, fe->ids[t], 1.0f);
                 continue;
             }
@@ -46,7 +70,11 @@ void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int6
             /* mean pooling scales each row by 1/n rather than dividing the sum afterwards, so
              * a concatenated neighbour feature's columns are never touched */
             float scale = fe->pooling == FL_KPOOL_MEAN ? 1.0f / (float)(end - begin) : 1.0f;
-            for (int64_t i = begin; i < end; i++) add_id(fe, dst, fe->ids[i], scale);
+            for (int64_t i = begin; i < end && i < begin + PF; i++) prefetch_id(fe, fe->ids[i]);
+            for (int64_t i = begin; i < end; i++) {
+                if (i + PF < end) prefetch_id(fe, fe->ids[i + PF]);
+                add_id(fe, dst, fe->ids[i], scale);
+            }
         }
     }
 }
