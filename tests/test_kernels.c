@@ -376,7 +376,8 @@ static void test_dot_gather(void **state)
 static void test_dot_rows_q8(void **state)
 {
     for (int rep = 0; rep < 20; rep++) {
-        const int32_t d = 1 + (int32_t)tu_below(130);
+        /* the first two: over 2 x 256 KiB of int8 rows, so 2 threads split them */
+        const int32_t d = rep < 2 ? 64 + (int32_t)tu_below(67) : 1 + (int32_t)tu_below(130);
         const int64_t rows = rep < 2 ? 9000 + tu_below(3000) : 1 + tu_below(100);
         const int64_t n = rep < 2 ? 9000 + tu_below(1000) : 16 + tu_below(60);
         float *qp, *h = randf((size_t)d);

@@ -91,6 +91,8 @@ void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int
 
 /* ---- int8 tables: score = scale * <h, q> + bias * sum(h), straight from the int8 rows */
 
+#define MIN_Q8_BYTES_PER_THREAD ((uint64_t)1 << 18)
+
 static inline const int8_t *row_q8(const int8_t *table, int32_t d, const int64_t *ids, int64_t first, int64_t c,
                                    int64_t *r)
 {
@@ -149,7 +151,9 @@ void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const
         for (int u = 0; u < 16; u++) a[u] += h[j + u];
     float hsum = sum16(a);
     for (int32_t j = dv; j < d; j++) hsum += h[j];
-    int64_t parts = n / (4 * MIN_ROWS_PER_THREAD); /* a quarter of the bytes of a float row */
+    /* Split only past 256 KiB of int8 rows a thread (the float kernel's 1024 rows of 64
+     * floats): smaller parts cost more to hand out than they save. */
+    int64_t parts = (int64_t)((uint64_t)n * (uint64_t)d / MIN_Q8_BYTES_PER_THREAD);
     if (parts > threads) parts = threads;
     if (parts <= 1) {
         dot_rows_q8(h, d, hsum, table, qparams, ids, first, n, out, stride);

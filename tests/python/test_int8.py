@@ -223,3 +223,43 @@ def test_torch_from_file_dequantizes_int8_tables(tmp_path):
         want = reference.score(cfg, t64, *r)
         got = m.score(*r)
     assert np.max(np.abs(got - want)) <= RTOL * np.max(np.abs(want))
+
+
+# ---------------------------------------------------------------- the trained Beauty model, int8
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_beauty_with_an_int8_item_table_keeps_its_metrics(beauty_dir, tmp_path, device):
+    """The ICLRec Beauty checkpoint with its item table (embedding and dot head) quantized to
+    int8: within 0.0005 of the published metrics (float32: within 0.0002)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    f32 = REPO / "build" / "beauty.flame.safetensors"  # made by `make test`
+    if not f32.exists():
+        f32 = tmp_path / "beauty.flame.safetensors"
+        subprocess.run([sys.executable, "-m", "flame.convert", "iclrec", str(beauty_dir / "iclrec-beauty.safetensors"),
+                        str(f32)], check=True, env={"PYTHONPATH": str(REPO / "python")})
+    meta, t, _ = st_io.read(f32)
+    cfg = layout.parse(meta["flame.config"])
+    out, dtypes = quant.pack(cfg, t, True)
+    path = tmp_path / "beauty-int8.safetensors"
+    st_io.write(path, out, meta, dtypes)
+    assert os.path.getsize(path) < 0.4 * os.path.getsize(f32)
+    res = subprocess.run([str(REPO / "examples" / "flame-score"), "--model", str(path), "--sequences",
+                          str(beauty_dir / "Beauty.txt"), "--eval", "loo", "--k", "5,10,20", "--exclude-history",
+                          "--json", "--batch", "64", "--device", device],
+                         capture_output=True, text=True, timeout=600)
+    if device == "cuda" and res.returncode != 0 and "FLAME_ERR_NO_DEVICE" in res.stderr:
+        if os.environ.get("FLAME_REQUIRE_GPU"):
+            pytest.fail("FLAME_REQUIRE_GPU is set but: " + res.stderr.strip())
+        pytest.skip("no usable GPU: " + res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    want = json.loads((beauty_dir / "iclrec-beauty.metrics.json").read_text())
+    assert got["users"] == want["users"] == 22363
+    for k in ["HR@5", "NDCG@5", "HR@10", "NDCG@10", "HR@20", "NDCG@20"]:
+        assert abs(got[k] - want[k]) <= 0.0005, f"{k} ({device}, int8): libflame {got[k]:.5f} vs published {want[k]:.4f}"
