@@ -141,14 +141,29 @@ void fl_flight_finish(struct flame_item_cache *c, fl_shard *sh, fl_flight *f, fl
     flight_unref(f);
 }
 
-/* Counts a hit of e (FL_HITS_EXACT says how); returns the count. rng: the call's generator. */
-static uint64_t count_hit(fl_entry *e, uint64_t *rng)
+/* A call's hit bookkeeping: a generator for the sampled counts, and where the writes a hit
+ * skips go. Skipping is branch-free (the target address is selected): whether an entry is hot
+ * is data the branch predictor cannot guess, and a mispredicted branch per hit costs more than
+ * the store. */
+typedef struct hit_ctx {
+    uint64_t rng; /* xorshift64, never 0 */
+    _Atomic uint64_t sink;
+    _Atomic uint8_t sink8;
+} hit_ctx;
+
+/* Counts a hit of e as FL_HITS_EXACT says (a plain store, not an atomic add: two hits of one
+ * entry at the same instant may count once); returns the count including this hit. */
+static inline uint64_t count_hit(fl_entry *e, hit_ctx *x)
 {
     uint64_t n = atomic_load_explicit(&e->hits, memory_order_relaxed);
-    if (n < FL_HITS_EXACT) return atomic_fetch_add_explicit(&e->hits, 1, memory_order_relaxed) + 1;
-    uint64_t d = 1ull << (63 - __builtin_clzll(n / FL_HITS_EXACT));
-    if (fl_hash64((int64_t)(*rng += 0x9e3779b97f4a7c15ull)) & (d - 1)) return n;
-    return atomic_fetch_add_explicit(&e->hits, d, memory_order_relaxed) + d;
+    uint64_t d = 1ull << (63 - __builtin_clzll(n / FL_HITS_EXACT | 1)); /* 1 below FL_HITS_EXACT */
+    x->rng ^= x->rng << 13, x->rng ^= x->rng >> 7, x->rng ^= x->rng << 17;
+    _Atomic uint64_t *to = x->rng & (d - 1) ? &x->sink : &e->hits;
+    atomic_store_explicit(to, n + d, memory_order_relaxed);
+    uint8_t f = atomic_load_explicit(&e->freq, memory_order_relaxed);
+    _Atomic uint8_t *fto = f < FL_FREQ_MAX ? &e->freq : &x->sink8;
+    atomic_store_explicit(fto, (uint8_t)(f + 1), memory_order_relaxed);
+    return n + 1;
 }
 
 enum { SERVE_NO = 0, SERVE_HIT = 1, SERVE_STALE = 2 };
@@ -156,7 +171,7 @@ enum { SERVE_NO = 0, SERVE_HIT = 1, SERVE_STALE = 2 };
 /* Serves key from e if it is fresh, or stale with a refresh pending; the lock is not needed
  * (the caller holds it or is inside an epoch). Hot entries are only read: their hit count
  * and S3-FIFO counter saturate, and the refresh flag is set once, by one caller. */
-static int serve(struct flame_item_cache *c, fl_entry *e, uint64_t now, uint64_t *rng, bool *schedule)
+static inline int serve(struct flame_item_cache *c, fl_entry *e, uint64_t now, hit_ctx *x, bool *schedule)
 {
     int r;
     if (now < e->expires)
@@ -165,9 +180,7 @@ static int serve(struct flame_item_cache *c, fl_entry *e, uint64_t now, uint64_t
         r = SERVE_STALE;
     else
         return SERVE_NO;
-    uint64_t hits = count_hit(e, rng);
-    uint8_t f = atomic_load_explicit(&e->freq, memory_order_relaxed);
-    if (f < FL_FREQ_MAX) atomic_store_explicit(&e->freq, (uint8_t)(f + 1), memory_order_relaxed);
+    uint64_t hits = count_hit(e, x);
     if (now >= e->refresh_at && hits >= c->refresh_min_hits &&
         !atomic_load_explicit(&e->refresh_pending, memory_order_relaxed)) {
         uint8_t idle = 0;
@@ -195,7 +208,8 @@ typedef struct lookup {
     const int64_t *ids;
     size_t n;
     flame_feature_batch *out;
-    uint64_t now, rng;
+    uint64_t now;
+    hit_ctx x;
     uint64_t served[3];
     pending *lead, *join;
     size_t nlead, njoin;
@@ -210,7 +224,7 @@ static flame_status lookup_locked(lookup *L, size_t i, fl_shard *sh, uint64_t h)
     int64_t key = L->ids[i];
     pthread_mutex_lock(&sh->lock);
     fl_entry *e = fl_shard_find(sh, key, h);
-    int r = e ? serve(L->c, e, L->now, &L->rng, &schedule) : SERVE_NO;
+    int r = e ? serve(L->c, e, L->now, &L->x, &schedule) : SERVE_NO;
     if (r) {
         L->served[r]++;
         st = put_result(L->out, i, e->negative ? NULL : fl_entry_blob(e), e->len);
@@ -235,46 +249,57 @@ static flame_status lookup_locked(lookup *L, size_t i, fl_shard *sh, uint64_t h)
     return st;
 }
 
-/* Ids are looked up in blocks: the bucket heads of a block are prefetched together, then
- * its entries, so the cache misses of a block overlap instead of queueing one by one. */
-#define FL_BLOCK 16
+/* A call's lookups run as a software pipeline: the bucket head of id i + 2 * FL_AHEAD and the
+ * entry of id i + FL_AHEAD are prefetched while id i is served, so the cache misses of a
+ * batch overlap instead of queueing one by one (a hit is otherwise two dependent misses). */
+#define FL_AHEAD 8
+#define FL_RING (2 * FL_AHEAD)
+
+typedef struct ahead {
+    uint64_t h[FL_RING];
+    fl_shard *sh[FL_RING];
+} ahead;
+
+static inline void ahead_bucket(const struct flame_item_cache *c, ahead *a, const int64_t *ids, size_t j)
+{
+    fl_shard *sh = a->sh[j % FL_RING] = fl_shard_of(c, ids[j], &a->h[j % FL_RING]);
+    __builtin_prefetch(&sh->buckets[a->h[j % FL_RING] & sh->mask]);
+}
+
+static inline void ahead_entry(const ahead *a, size_t j)
+{
+    const fl_shard *sh = a->sh[j % FL_RING];
+    const char *e = (const char *)atomic_load_explicit(&sh->buckets[a->h[j % FL_RING] & sh->mask], memory_order_relaxed);
+    if (e) __builtin_prefetch(e), __builtin_prefetch(e + sizeof(fl_entry)); /* header, record */
+}
 
 flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out)
 {
     flame_status st = fl_batch_reset(out, n);
     if (st || n == 0) return st;
     lookup L = {.c = c, .ids = ids, .n = n, .out = out, .now = fl_now(c)};
-    L.rng = L.now ^ (uintptr_t)out;
+    L.x.rng = (L.now ^ (uintptr_t)out) | 1;
+    ahead a;
     unsigned slot = fl_ebr_slot();
     /* one read-side section for the lookups; it ends before any fetch or wait */
     uint64_t epoch = fl_ebr_enter(&c->ebr, slot);
-    for (size_t base = 0; base < n && !st; base += FL_BLOCK) {
-        size_t m = n - base < FL_BLOCK ? n - base : FL_BLOCK;
-        uint64_t h[FL_BLOCK];
-        fl_shard *sh[FL_BLOCK];
-        for (size_t k = 0; k < m; k++) {
-            sh[k] = fl_shard_of(c, ids[base + k], &h[k]);
-            __builtin_prefetch(&sh[k]->buckets[h[k] & sh[k]->mask]);
+    for (size_t j = 0; j < n && j < FL_RING; j++) ahead_bucket(c, &a, ids, j);
+    for (size_t j = 0; j < n && j < FL_AHEAD; j++) ahead_entry(&a, j);
+    for (size_t i = 0; i < n && !st; i++) {
+        uint64_t h = a.h[i % FL_RING];
+        fl_shard *sh = a.sh[i % FL_RING];
+        if (i + FL_RING < n) ahead_bucket(c, &a, ids, i + FL_RING); /* i's slot is free now */
+        if (i + FL_AHEAD < n) ahead_entry(&a, i + FL_AHEAD);
+        bool schedule = false;
+        fl_entry *e = fl_shard_find(sh, ids[i], h);
+        int r = e ? serve(c, e, L.now, &L.x, &schedule) : SERVE_NO;
+        if (!r) {
+            st = lookup_locked(&L, i, sh, h);
+            continue;
         }
-        if (m > 1)
-            for (size_t k = 0; k < m; k++) {
-                const char *e = (const char *)atomic_load_explicit(&sh[k]->buckets[h[k] & sh[k]->mask],
-                                                                   memory_order_relaxed);
-                if (e) __builtin_prefetch(e), __builtin_prefetch(e + 64); /* header, record */
-            }
-        for (size_t k = 0; k < m && !st; k++) {
-            size_t i = base + k;
-            bool schedule = false;
-            fl_entry *e = fl_shard_find(sh[k], ids[i], h[k]);
-            int r = e ? serve(c, e, L.now, &L.rng, &schedule) : SERVE_NO;
-            if (!r) {
-                st = lookup_locked(&L, i, sh[k], h[k]);
-                continue;
-            }
-            L.served[r]++; /* the hit path: no lock, no shared write on a hot entry */
-            st = put_result(out, i, e->negative ? NULL : fl_entry_blob(e), e->len);
-            if (schedule) fl_refresh_schedule(c, ids[i], 0, 0);
-        }
+        L.served[r]++; /* the hit path: no lock, no shared write on a hot entry */
+        st = e->negative ? put_result(out, i, NULL, 0) : fl_batch_put_padded(out, i, fl_entry_blob(e), e->len);
+        if (schedule) fl_refresh_schedule(c, ids[i], 0, 0);
     }
     fl_ebr_leave(&c->ebr, slot, epoch);
     if (L.served[SERVE_HIT]) atomic_fetch_add_explicit(&c->counts[slot].hits, L.served[SERVE_HIT], memory_order_relaxed);

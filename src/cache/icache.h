@@ -15,9 +15,11 @@
 
 enum { FL_Q_SMALL = 0, FL_Q_MAIN = 1 };
 #define FL_FREQ_MAX 3
-/* Hits of an entry are counted exactly up to this, then with probability 1/d in steps of d
+/* Hits of an entry are counted one by one up to this, then with probability 1/d in steps of d
  * (d = count / FL_HITS_EXACT rounded down to a power of two): an unbiased estimate whose
- * writes die out, so hot entries stay read-only on the hit path (no cache-line ping-pong). */
+ * writes die out, so hot entries stay read-only on the hit path (no cache-line ping-pong).
+ * Counts are plain stores, not atomic adds: two hits of one entry at the same instant may
+ * count once. */
 #define FL_HITS_EXACT 1024
 
 typedef struct fl_entry {
