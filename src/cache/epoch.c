@@ -47,9 +47,10 @@ void fl_ebr_reclaim(fl_ebr *d, fl_ebr_list *l, void (*free_fn)(fl_ebr_node *))
 {
     l->since = 0;
     if (!l->head) return;
-    /* retired at E: readers that could reach it are of E or older, all gone at E + 2 */
+    /* retired at E: readers that could reach it are of E or older, all gone at E + 2; move on
+     * (at most twice) until the newest is free, or a reader is in the way */
     uint64_t e = atomic_load(&d->epoch);
-    for (int step = 0; step < 2 && l->head->epoch + 2 > e; step++) {
+    for (int step = 0; step < 2 && l->tail->epoch + 2 > e; step++) {
         uint64_t moved = try_advance(d);
         if (moved == e) break;
         e = moved;

@@ -278,9 +278,9 @@ flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_
     flame_status st = fl_batch_reset(out, n);
     if (st || n == 0) return st;
     lookup L = {.c = c, .ids = ids, .n = n, .out = out, .now = fl_now(c)};
-    L.x.rng = (L.now ^ (uintptr_t)out) | 1;
     ahead a;
     unsigned slot = fl_ebr_slot();
+    L.x.rng = atomic_load_explicit(&c->counts[slot].rng, memory_order_relaxed) | 1;
     /* one read-side section for the lookups; it ends before any fetch or wait */
     uint64_t epoch = fl_ebr_enter(&c->ebr, slot);
     for (size_t j = 0; j < n && j < FL_RING; j++) ahead_bucket(c, &a, ids, j);
@@ -305,6 +305,7 @@ flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_
     if (L.served[SERVE_HIT]) atomic_fetch_add_explicit(&c->counts[slot].hits, L.served[SERVE_HIT], memory_order_relaxed);
     if (L.served[SERVE_STALE])
         atomic_fetch_add_explicit(&c->counts[slot].stale, L.served[SERVE_STALE], memory_order_relaxed);
+    atomic_store_explicit(&c->counts[slot].rng, L.x.rng, memory_order_relaxed);
     pending *lead = L.lead, *join = L.join;
     size_t nlead = L.nlead, njoin = L.njoin;
     /* our own fetch first, then the waits: a call never waits before its flights are done */
@@ -373,6 +374,7 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
     memset(c, 0, sizeof *c);
     atomic_init(&c->refs, 1);
     fl_ebr_init(&c->ebr);
+    for (unsigned i = 0; i < FL_EBR_STRIPES; i++) atomic_init(&c->counts[i].rng, fl_hash64(i + 1) | 1);
     c->source = source;
     fl_source_retain(source);
     c->num_slots = source->num_slots;

@@ -96,9 +96,10 @@ typedef struct fl_shard {
     uint64_t misses, evictions;
 } __attribute__((aligned(64))) fl_shard;
 
-/* Hits and stale serves, counted per thread stripe (fl_ebr_slot): a hit writes no shared line. */
+/* Hits and stale serves, counted per thread stripe (fl_ebr_slot): a hit writes no shared line.
+ * rng: the stripe's generator for sampled hit counts, carried from call to call. */
 typedef struct fl_hit_count {
-    _Alignas(64) _Atomic uint64_t hits, stale;
+    _Alignas(64) _Atomic uint64_t hits, stale, rng;
 } fl_hit_count;
 
 typedef struct fl_refresh_item {
