@@ -141,28 +141,28 @@ void fl_flight_finish(struct flame_item_cache *c, fl_shard *sh, fl_flight *f, fl
     flight_unref(f);
 }
 
-/* A call's hit bookkeeping: a generator for the sampled counts, and where the writes a hit
- * skips go. Skipping is branch-free (the target address is selected): whether an entry is hot
- * is data the branch predictor cannot guess, and a mispredicted branch per hit costs more than
- * the store. */
+/* A call's generator for the sampled hit counts (xorshift64, never 0). */
 typedef struct hit_ctx {
-    uint64_t rng; /* xorshift64, never 0 */
-    _Atomic uint64_t sink;
-    _Atomic uint8_t sink8;
+    uint64_t rng;
 } hit_ctx;
 
 /* Counts a hit of e as FL_HITS_EXACT says (a plain store, not an atomic add: two hits of one
- * entry at the same instant may count once); returns the count including this hit. */
+ * entry at the same instant may count once); returns the count including this hit. A hot
+ * entry is only read: past FL_HITS_EXACT its count is rarely written, its S3-FIFO counter not
+ * at all once saturated. (Selecting the store's address without a branch, a local sink for
+ * skipped writes, gave 15% more hits/s in calls of 64 ids but 18% fewer in one-id calls.) */
 static inline uint64_t count_hit(fl_entry *e, hit_ctx *x)
 {
     uint64_t n = atomic_load_explicit(&e->hits, memory_order_relaxed);
-    uint64_t d = 1ull << (63 - __builtin_clzll(n / FL_HITS_EXACT | 1)); /* 1 below FL_HITS_EXACT */
-    x->rng ^= x->rng << 13, x->rng ^= x->rng >> 7, x->rng ^= x->rng << 17;
-    _Atomic uint64_t *to = x->rng & (d - 1) ? &x->sink : &e->hits;
-    atomic_store_explicit(to, n + d, memory_order_relaxed);
+    if (n < FL_HITS_EXACT) {
+        atomic_store_explicit(&e->hits, n + 1, memory_order_relaxed);
+    } else {
+        x->rng ^= x->rng << 13, x->rng ^= x->rng >> 7, x->rng ^= x->rng << 17;
+        uint64_t d = 1ull << (63 - __builtin_clzll(n / FL_HITS_EXACT));
+        if (!(x->rng & (d - 1))) atomic_store_explicit(&e->hits, n + d, memory_order_relaxed);
+    }
     uint8_t f = atomic_load_explicit(&e->freq, memory_order_relaxed);
-    _Atomic uint8_t *fto = f < FL_FREQ_MAX ? &e->freq : &x->sink8;
-    atomic_store_explicit(fto, (uint8_t)(f + 1), memory_order_relaxed);
+    if (f < FL_FREQ_MAX) atomic_store_explicit(&e->freq, (uint8_t)(f + 1), memory_order_relaxed);
     return n + 1;
 }
 
