@@ -251,7 +251,6 @@ static void test_readers_vs_writers(void **state)
     assert_true(st.entries <= 40);
     /* tens of thousands of entries were retired; those still waiting (a reader preempted inside
      * its section holds reclamation back meanwhile) are all freed once no reader is left */
-    assert_true(st.evictions + st.misses > retired);
     for (uint32_t i = 0; i < c->nshards; i++) {
         fl_shard *sh = &c->shards[i];
         pthread_mutex_lock(&sh->lock);
