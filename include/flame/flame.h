@@ -683,8 +683,11 @@ FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
 /* ---------------------------------------------------------------- item cache */
 
 /* An in-process cache of item feature records in front of a feature source.
- * - Sharded hash table, one lock per shard held only for the lookup and the copy of a record:
- *   a hit is O(1) and takes no global lock.
+ * - Sharded hash table. A hit is O(1) and takes no lock at all: readers walk the hash chains
+ *   while writers (misses, puts, invalidations, evictions, refreshes), one lock per shard,
+ *   replace entries and free the old ones only once no reader can hold them (epoch-based
+ *   reclamation, docs/memory.md). The ids of one call are looked up with their cache misses
+ *   overlapped, so large calls are much cheaper per id than one-id calls.
  * - Bounded by entries and bytes (FLAME_OPT_ITEM_CACHE_MAX_*); eviction by S3-FIFO (a small
  *   probationary FIFO, a main FIFO with reinsertion of entries hit since their last pass,
  *   and a ghost FIFO of recently evicted keys), which keeps one-hit wonders out of the main
@@ -727,10 +730,12 @@ typedef uint64_t (*flame_clock_fn)(void *user);
 FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
 
 /* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
- * hits the id's entry had during its previous lifetime (0 for a first insert). Called with
- * a shard lock held: it must be fast and must not call into the cache. fn NULL restores the
- * default. Call before the cache is shared (not thread-safe). Returns FLAME_OK;
- * FLAME_ERR_INVALID_ARG (NULL cache). */
+ * hits the id's entry had during its previous lifetime (0 for a first insert). Hits are
+ * counted one by one up to 1024, then sampled (an unbiased estimate, within a few percent) so
+ * that hot entries are not written on every hit; two threads hitting one entry at the same
+ * instant may count once. Called with a shard lock held: it must be fast and must not call
+ * into the cache. fn NULL restores the default. Call before the cache is shared (not
+ * thread-safe). Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
 typedef uint64_t (*flame_ttl_fn)(int64_t id, uint64_t previous_hits, void *user);
 FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *cache, flame_ttl_fn fn, void *user);
 

@@ -1,29 +1,47 @@
 /* The item cache (never installed): shards, entries, S3-FIFO queues, single-flight and the
- * refresh queue. Everything inside a shard is guarded by the shard's lock. */
+ * refresh queue. Writers hold the shard's lock. A hit takes no lock: readers walk the hash
+ * chains inside an epoch (epoch.h) with seq_cst pointer loads; writers publish and unlink
+ * with seq_cst stores and retire what they unlink. An entry's key, value, TTL and refresh
+ * time never change once published (a new value is a new entry); what a hit updates (hit
+ * count, S3-FIFO counter, refresh flag) is atomic. */
 #ifndef FLAME_CACHE_ICACHE_H
 #define FLAME_CACHE_ICACHE_H
 
 #include <stdatomic.h>
 
+#include "cache/epoch.h"
 #include "cache/source.h"
 #include "core/options.h"
 
 enum { FL_Q_SMALL = 0, FL_Q_MAIN = 1 };
 #define FL_FREQ_MAX 3
+/* Hits of an entry are counted one by one up to this, then with probability 1/d in steps of d
+ * (d = count / FL_HITS_EXACT rounded down to a power of two): an unbiased estimate whose
+ * writes die out, so hot entries stay read-only on the hit path (no cache-line ping-pong).
+ * Counts are plain stores, not atomic adds: two hits of one entry at the same instant may
+ * count once. */
+#define FL_HITS_EXACT 1024
 
 typedef struct fl_entry {
+    /* read by lock-free readers */
     int64_t key;
-    struct fl_entry *hnext;         /* hash chain */
-    struct fl_entry *qprev, *qnext; /* queue links: qprev toward the head (oldest) */
-    uint64_t expires;               /* us, cache clock */
-    uint64_t refresh_at;            /* us; a hit from here on may schedule a refresh */
-    uint64_t hits;                  /* hits this lifetime (popularity for the next TTL) */
-    uint32_t len;                   /* record bytes (0 when negative) */
-    uint8_t freq;                   /* S3-FIFO access counter, 0..FL_FREQ_MAX */
-    uint8_t queue;
+    _Atomic(struct fl_entry *) hnext; /* hash chain */
+    uint64_t expires;                 /* us, cache clock */
+    uint64_t refresh_at;              /* us; a hit from here on may schedule a refresh */
+    _Atomic uint64_t hits;            /* hits this lifetime (popularity for the next TTL) */
+    uint32_t len;                     /* record bytes (0 when negative) */
+    _Atomic uint8_t freq;             /* S3-FIFO access counter, 0..FL_FREQ_MAX */
+    _Atomic uint8_t refresh_pending;  /* a refresh is queued, in flight or waiting to retry */
     uint8_t negative;
-    uint8_t refresh_pending;        /* a refresh is queued, in flight or waiting to retry */
-    /* the record follows, 8-byte aligned */
+    /* writers only */
+    uint8_t queue;
+    union {
+        struct {
+            struct fl_entry *qprev, *qnext; /* queue links: qprev toward the head (oldest) */
+        };
+        fl_ebr_node retired; /* once unlinked */
+    };
+    /* the record follows, 8-byte aligned and padded to 8 bytes */
 } fl_entry;
 
 static inline uint8_t *fl_entry_blob(fl_entry *e)
@@ -32,7 +50,7 @@ static inline uint8_t *fl_entry_blob(fl_entry *e)
 }
 static inline uint64_t fl_entry_bytes(const fl_entry *e)
 {
-    return sizeof(fl_entry) + e->len;
+    return sizeof(fl_entry) + ((e->len + 7) & ~7u);
 }
 
 typedef struct fl_queue {
@@ -64,15 +82,25 @@ typedef struct fl_flight {
 } fl_flight;
 
 typedef struct fl_shard {
-    pthread_mutex_t lock;
-    fl_entry **buckets;
+    /* read by lock-free readers: a line of its own, never written after creation */
+    _Atomic(fl_entry *) *buckets;
     uint64_t mask;
+    /* writers (lock held) */
+    _Alignas(64) pthread_mutex_t lock;
     fl_queue small, main;
     fl_ghost ghost;
     fl_flight *flights;
+    fl_ebr *ebr;
+    fl_ebr_list retired;
     uint64_t entries, bytes, max_entries, max_bytes, small_max;
-    uint64_t hits, misses, stale, evictions;
+    uint64_t misses, evictions;
 } __attribute__((aligned(64))) fl_shard;
+
+/* Hits and stale serves, counted per thread stripe (fl_ebr_slot): a hit writes no shared line.
+ * rng: the stripe's generator for sampled hit counts, carried from call to call. */
+typedef struct fl_hit_count {
+    _Alignas(64) _Atomic uint64_t hits, stale, rng;
+} fl_hit_count;
 
 typedef struct fl_refresh_item {
     int64_t key;
@@ -81,7 +109,7 @@ typedef struct fl_refresh_item {
 } fl_refresh_item;
 
 struct flame_item_cache {
-    atomic_int refs;
+    /* set at creation (and by the set_* hooks before sharing): read by every hit */
     struct flame_feature_source *source;
     int32_t num_slots;
     fl_shard *shards;
@@ -91,14 +119,18 @@ struct flame_item_cache {
     void *clock_user;
     flame_ttl_fn ttl_fn;
     void *ttl_user;
-    /* refresh queue */
-    pthread_mutex_t rq_lock;
+    pthread_t thread;
+    bool has_thread;
+    /* written while the cache is in use: on lines of their own, away from the fields above */
+    _Alignas(64) pthread_mutex_t rq_lock; /* refresh queue */
     pthread_cond_t rq_cv;
     fl_refresh_item *rq;
     size_t rq_len, rq_cap;
-    pthread_t thread;
-    bool has_thread, stop;
+    bool stop;
+    _Alignas(64) atomic_int refs;
     atomic_uint_fast64_t refreshes, refresh_failures, fetches;
+    fl_ebr ebr;
+    fl_hit_count counts[FL_EBR_STRIPES];
 };
 
 static inline uint64_t fl_now(const struct flame_item_cache *c)
@@ -110,10 +142,11 @@ static inline fl_shard *fl_shard_of(const struct flame_item_cache *c, int64_t ke
     *h = fl_hash64(key);
     return &c->shards[c->shard_bits ? *h >> (64 - c->shard_bits) : 0];
 }
+/* Lock held, or inside an epoch (seq_cst loads: epoch.h). */
 static inline fl_entry *fl_shard_find(const fl_shard *sh, int64_t key, uint64_t h)
 {
-    fl_entry *e = sh->buckets[h & sh->mask];
-    while (e && e->key != key) e = e->hnext;
+    fl_entry *e = atomic_load(&sh->buckets[h & sh->mask]);
+    while (e && e->key != key) e = atomic_load(&e->hnext);
     return e;
 }
 
@@ -128,7 +161,7 @@ void fl_flight_finish(struct flame_item_cache *c, fl_shard *sh, fl_flight *f, fl
                       uint32_t len, uint64_t now);
 fl_flight *fl_flight_find(fl_shard *sh, int64_t key);
 fl_flight *fl_flight_start(fl_shard *sh, int64_t key);
-/* Removes an entry from the hash chain and its queue and frees it (shard lock held). */
+/* Removes an entry from the hash chain and its queue and retires it (shard lock held). */
 void fl_entry_remove(fl_shard *sh, fl_entry *e, uint64_t h);
 
 /* ---- s3fifo.c: queue placement and eviction (shard lock held) */

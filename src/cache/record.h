@@ -73,6 +73,18 @@ struct flame_feature_batch {
 flame_status fl_batch_reset(flame_feature_batch *b, size_t n);
 /* Copies a valid blob into record i. */
 flame_status fl_batch_put_blob(flame_feature_batch *b, size_t i, const uint8_t *blob, size_t len);
+/* fl_batch_put_blob for a blob readable up to len rounded up to 8 bytes (an item cache
+ * entry's): small ones are copied in words, inline. */
+static inline flame_status fl_batch_put_padded(flame_feature_batch *b, size_t i, const uint8_t *blob, size_t len)
+{
+    size_t bytes = (len + 7) & ~(size_t)7;
+    if (bytes > 64 || b->used + bytes > b->cap) return fl_batch_put_blob(b, i, blob, len);
+    uint8_t *dst = b->arena + b->used;
+    for (size_t w = 0; w < bytes; w += 8) memcpy(dst + w, blob + w, 8);
+    b->rec[i] = (fl_rec_ref){.off = b->used, .len = (uint32_t)len, .state = FL_REC_FOUND};
+    b->used += bytes;
+    return FLAME_OK;
+}
 /* Record i's blob (NULL if missing or unset; *state says which). */
 static inline const uint8_t *fl_batch_blob(const flame_feature_batch *b, size_t i, uint32_t *len, uint32_t *state)
 {

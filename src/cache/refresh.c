@@ -21,7 +21,7 @@ void fl_refresh_schedule(struct flame_item_cache *c, int64_t key, uint64_t due, 
             fl_shard *sh = fl_shard_of(c, key, &h);
             pthread_mutex_lock(&sh->lock);
             fl_entry *e = fl_shard_find(sh, key, h);
-            if (e) e->refresh_pending = 0;
+            if (e) atomic_store(&e->refresh_pending, 0);
             pthread_mutex_unlock(&sh->lock);
             return;
         }
@@ -69,7 +69,7 @@ static void finish_job(struct flame_item_cache *c, job *j, flame_status st, cons
     fl_flight_finish(c, j->sh, j->f, st, blob, len, now);
     if (st) {
         fl_entry *e = fl_shard_find(j->sh, j->item.key, fl_hash64(j->item.key));
-        retry = e && e->refresh_pending;
+        retry = e && atomic_load(&e->refresh_pending);
         delay = j->item.delay ? j->item.delay * 2 : c->retry_min;
         if (delay > c->retry_max) delay = c->retry_max;
     }
@@ -91,13 +91,13 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
         pthread_mutex_lock(&sh->lock);
         fl_entry *e = fl_shard_find(sh, items[i].key, h);
         /* gone, overwritten (new entries are not pending) or already being fetched: drop */
-        if (e && e->refresh_pending && !fl_flight_find(sh, items[i].key)) {
+        if (e && atomic_load(&e->refresh_pending) && !fl_flight_find(sh, items[i].key)) {
             fl_flight *f = fl_flight_start(sh, items[i].key);
             if (f) {
                 jobs[nj] = (job){items[i], sh, f};
                 keys[nj++] = items[i].key;
             } else {
-                e->refresh_pending = 0;
+                atomic_store(&e->refresh_pending, 0);
             }
         }
         pthread_mutex_unlock(&sh->lock);

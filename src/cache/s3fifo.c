@@ -2,8 +2,9 @@
  * the entries); at its head an entry hit more than once since insertion moves to the main
  * FIFO, others leave and their key goes to the ghost FIFO. A key found in the ghost enters
  * main directly. At main's head an entry hit since its last pass is reinserted with its count
- * decremented, else evicted. A hit only bumps a 2-bit counter: no list moves under the lock,
- * unlike LRU. Expired entries count as not hit. */
+ * decremented, else evicted. A hit only bumps a 2-bit counter (no list moves, no lock, unlike
+ * LRU; a bump racing with a decrement here may be lost, which costs at most one extra pass).
+ * Expired entries count as not hit. */
 #include <stdlib.h>
 
 #include "cache/icache.h"
@@ -109,7 +110,7 @@ static void ghost_push(fl_ghost *g, int64_t key)
 
 void fl_s3_insert(fl_shard *sh, fl_entry *e)
 {
-    e->freq = 0;
+    atomic_store_explicit(&e->freq, 0, memory_order_relaxed);
     e->queue = ghost_take(&sh->ghost, e->key) ? FL_Q_MAIN : FL_Q_SMALL;
     q_push(queue_of(sh, e), e);
 }
@@ -118,7 +119,7 @@ void fl_s3_replace(fl_shard *sh, fl_entry *old, fl_entry *e)
 {
     fl_queue *q = queue_of(sh, old);
     e->queue = old->queue;
-    e->freq = old->freq;
+    atomic_store_explicit(&e->freq, atomic_load_explicit(&old->freq, memory_order_relaxed), memory_order_relaxed);
     e->qprev = old->qprev;
     e->qnext = old->qnext;
     if (e->qprev)
@@ -139,9 +140,9 @@ void fl_s3_unlink(fl_shard *sh, fl_entry *e)
 static bool evict_small(fl_shard *sh, const fl_entry *keep, uint64_t now)
 {
     for (fl_entry *t; (t = sh->small.head) && t != keep;) {
-        if (t->freq > 1 && now < t->expires) {
+        if (atomic_load_explicit(&t->freq, memory_order_relaxed) > 1 && now < t->expires) {
             q_unlink(&sh->small, t);
-            t->freq = 0;
+            atomic_store_explicit(&t->freq, 0, memory_order_relaxed);
             t->queue = FL_Q_MAIN;
             q_push(&sh->main, t);
             continue;
@@ -157,9 +158,10 @@ static bool evict_small(fl_shard *sh, const fl_entry *keep, uint64_t now)
 static bool evict_main(fl_shard *sh, const fl_entry *keep, uint64_t now)
 {
     for (fl_entry *t; (t = sh->main.head);) {
-        if (t == keep || (t->freq > 0 && now < t->expires)) {
+        uint8_t f = atomic_load_explicit(&t->freq, memory_order_relaxed);
+        if (t == keep || (f > 0 && now < t->expires)) {
             if (t == keep && sh->main.count == 1) return false;
-            if (t != keep) t->freq--;
+            if (t != keep) atomic_store_explicit(&t->freq, (uint8_t)(f - 1), memory_order_relaxed);
             q_unlink(&sh->main, t);
             q_push(&sh->main, t);
             continue;
