@@ -1,7 +1,8 @@
 /* cache-bench: the item cache's hit ratio against plain LRU on Zipf traces (and, with
  * `--trace FILE`, on a real cache trace: bench/fetch-trace), its hit-path throughput and
  * latency, and flame_score with features from Redis through the cache versus straight from
- * Redis. `--json` prints one JSON object; runs on a CPU in under a minute.
+ * Redis. `--json` prints one JSON object; runs on a CPU in under a minute. `--threads N` also
+ * measures the hit path with N threads (hits_per_s_nthreads), for machines with more cores.
  * The end-to-end part needs a Redis server: FLAME_TEST_REDIS_PORT (else it is reported as
  * skipped, with the reason). */
 #include <math.h>
@@ -260,14 +261,16 @@ static void *hit_worker(void *p)
     return NULL;
 }
 
+#define MAX_THREADS 64
+
 /* Lookups per second of `threads` threads together: all their lookups over the wall time from
  * the first start to the last end (not a sum of per-thread rates, which would count a thread
  * that ran while another was descheduled at full speed). Exits if any lookup missed: the
  * figure is for hits only. */
 static double hits_per_s(flame_item_cache *c, const int64_t *keys, size_t nkeys, int threads, size_t batch)
 {
-    pthread_t th[8];
-    hit_arg a[8];
+    pthread_t th[MAX_THREADS];
+    hit_arg a[MAX_THREADS];
     pthread_barrier_t bar;
     flame_item_cache_stats s0 = {.struct_size = sizeof s0}, s1 = s0;
     flame_item_cache_get_stats(c, &s0);
@@ -398,13 +401,20 @@ int main(int argc, char **argv)
 {
     int json = 0;
     const char *trace_path = NULL;
+    int more_threads = 0; /* --threads N: the hit path with N threads as well */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
             json = 1;
         } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
             trace_path = argv[++i];
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            more_threads = atoi(argv[++i]);
+            if (more_threads < 1 || more_threads > MAX_THREADS) {
+                fprintf(stderr, "cache-bench: --threads takes 1..%d\n", MAX_THREADS);
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: cache-bench [--json] [--trace FILE]\n");
+            fprintf(stderr, "usage: cache-bench [--json] [--trace FILE] [--threads N]\n");
             return 2;
         }
     }
@@ -458,6 +468,7 @@ int main(int argc, char **argv)
      * requests); and one id per call, the worst case for the per-call costs */
     double h1 = hits_per_s(hc, trace099, LEN, 1, 64), h2 = hits_per_s(hc, trace099, LEN, 2, 64);
     double h1s = hits_per_s(hc, trace099, LEN, 1, 1);
+    double hn = more_threads ? hits_per_s(hc, trace099, LEN, more_threads, 64) : 0; /* --threads N: scaling */
     enum { LAT = 200000 };
     uint64_t *lat = malloc(LAT * sizeof *lat), t_over = 0;
     for (int i = 0; i < 1000; i++) { uint64_t a = ns_now(); t_over += ns_now() - a; }
@@ -530,6 +541,7 @@ int main(int argc, char **argv)
             for (int s = 0; s < 3; s++)
                 printf("\"hit_ratio_zipf%s_%s\":%.4f,\"hit_ratio_lru_zipf%s_%s\":%.4f,", an[a], sn[s], hr[a][s], an[a],
                        sn[s], hl[a][s]);
+        if (more_threads) printf("\"threads\":%d,\"hits_per_s_nthreads\":%.0f,", more_threads, hn);
         printf("\"hits_per_s_1thread\":%.0f,\"hits_per_s_2threads\":%.0f,\"hits_per_s_1thread_batch1\":%.0f,"
                "\"p50_hit_ns\":%llu,\"p99_hit_ns\":%llu,\"timer_overhead_ns\":%llu,\"real_trace\":%s,\"e2e\":%s}\n",
                h1, h2, h1s, (unsigned long long)p50, (unsigned long long)p99, (unsigned long long)(t_over / 1000), real,
