@@ -298,9 +298,26 @@ typedef struct flame_request {
     const flame_bags *history_side;
     const flame_bags *candidate_side;
     size_t num_side_features;       /* must equal flame_model_info.num_side_features */
+    /* Appended after the first version (read only when struct_size covers it; older callers
+     * get 0). 1: the history is user_id's record in the engine's user cache
+     * (flame_engine_set_user_cache): the request gives none (history NULL, history_len 0,
+     * history_side NULL). 0: the history is the one given. Other values are invalid. */
+    int32_t history_from_user_cache;
 } flame_request;
 
 /* Scores the request's candidates.
+ * Requests built against an older flame.h (struct_size at least the first version's size,
+ * which ended at num_side_features, but below sizeof(flame_request)) keep working: the fields
+ * they lack read as 0.
+ * History from the user cache (history_from_user_cache = 1): the engine reads user_id's record
+ * in its user cache (flame_engine_set_user_cache; record convention there) and scores as if
+ * the record's history had been passed in `history`. A miss (no record, or an expired one)
+ * scores with an empty history, as a request with history_len 0 would. With a model that has
+ * side features the request is an id-only one (it gives no history_side): the bags come from
+ * the engine's item cache (flame_engine_set_item_cache), which then fills the candidates' bags
+ * too (candidate_side must be NULL under the sumi head); without an item cache a non-empty
+ * history from the user cache is refused as any id-only request is ("history_side is NULL").
+ * The request itself is not modified.
  * Output: scores[c * num_tasks + t] (float32, row-major [num_candidates x num_tasks]);
  * scores_len is the capacity in floats. Nothing beyond num_candidates * num_tasks is written,
  * and on any error nothing is written at all.
@@ -312,7 +329,10 @@ typedef struct flame_request {
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/request with work to do, struct_size
  * too small, NULL ids with a non-zero length, an item or side-feature id < 0 or >= its
  * table's rows (the message names token, feature and id), bad CSR offsets, wrong
- * num_side_features); FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks);
+ * num_side_features; history_from_user_cache not 0 or 1, 1 with a history given, 1 on an
+ * engine with no user cache, or an item id of the user's cached history out of range: the
+ * message names the request, the user, the position in the record and the id);
+ * FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks);
  * FLAME_ERR_NOMEM (scratch could not grow). */
 FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *request, float *scores, size_t scores_len);
 
@@ -322,6 +342,10 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
  * Every request is validated before any is computed, so on error nothing is written; the
  * message names the request index. Token-wise layers run over all requests' tokens as one
  * GEMM, and requests sharing one contiguous candidate range share one scoring GEMM.
+ * `requests` is an array of the caller's flame_request: when requests[0].struct_size is below
+ * sizeof(flame_request) (a caller built against an older flame.h), the array is read with the
+ * first version's layout (element size = that version's sizeof), so every request of one call
+ * must come from the same header.
  * Thread-safe. Returns the statuses of flame_score, and FLAME_ERR_INVALID_ARG for NULL
  * requests with num_requests > 0. */
 FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
@@ -339,6 +363,10 @@ typedef struct flame_engine_stats {
                                       plus 8 bytes a row) */
     uint64_t graph_captures;       /* GPU passes captured as CUDA graphs (FLAME_OPT_CUDA_GRAPHS) */
     uint64_t graph_replays;        /* GPU passes run by replaying a captured graph */
+    /* appended: requests with history_from_user_cache = 1 of the calls that succeeded, whose
+     * user had a record in the user cache (hits) or not, or an expired one (misses) */
+    uint64_t user_cache_hits;
+    uint64_t user_cache_misses;
 } flame_engine_stats;
 
 /* Fills *stats up to stats->struct_size bytes (a caller built against an older header gets
@@ -507,8 +535,10 @@ typedef enum flame_user_cache_open_mode {
  * message carries strerror); FLAME_ERR_FORMAT (header mismatch); FLAME_ERR_NOMEM. */
 FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_open_mode open_mode,
                                              const flame_user_cache_params *params, flame_user_cache **out);
-/* Unmaps the table from this process. The table and its records stay. NULL is a no-op; the
- * caller guarantees no other call on the handle is running. */
+/* Releases the caller's reference; engines using the handle (flame_engine_set_user_cache) hold
+ * their own, and the table is unmapped from this process when the last reference goes. The
+ * table and its records stay. NULL is a no-op; the caller guarantees no other call on the
+ * handle is running (an engine's calls use their own reference). */
 FLAME_API void flame_user_cache_destroy(flame_user_cache *cache);
 /* Removes the name (shm_unlink): processes that have the table mapped keep it until they
  * destroy their handles. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (bad name); FLAME_ERR_IO
@@ -551,6 +581,22 @@ typedef struct flame_user_cache_stats {
  * are atomic counters, so the whole is not one snapshot. Thread- and process-safe.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
 FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
+
+/* Attaches a user cache to an engine (NULL detaches), so that requests can give a user id and
+ * candidates only (flame_request.history_from_user_cache = 1, flame_score).
+ * Record convention: slot 0 of a user's record holds the user's history, item ids oldest
+ * first (the newest last, as flame_request.history); the engine uses its most recent max_len
+ * ids (flame_model_info.max_len). Every id of slot 0 must be a valid item id of the engine's
+ * model (0..num_items-1), else scoring that user fails with FLAME_ERR_INVALID_ARG naming the
+ * user, the position in slot 0 and the id. Other slots and the dense values are not read.
+ * Each such request costs one flame_user_cache_get into the call's own workspace (no lock, no
+ * allocation once the workspace has grown); hits and misses are counted in
+ * flame_engine_stats and, as any get, in the handle's flame_user_cache_stats.
+ * The engine holds a reference to the handle. Not to be called concurrently with scoring on
+ * the engine; scoring calls may use the cache concurrently (from threads, and other
+ * processes may write the table meanwhile: a record is read whole, before or after a write).
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine). */
+FLAME_API flame_status flame_engine_set_user_cache(flame_engine *engine, flame_user_cache *cache);
 
 /* ================================================================ end of memory (issue 4) */
 

@@ -3,20 +3,35 @@
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
-FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
-                                         float *scores, size_t scores_len)
+/* Statistics of a call that succeeded. */
+static void count(flame_engine *engine, size_t num_requests, uint64_t uc_hits, uint64_t uc_misses)
 {
-    fl_clear_error();
+    atomic_fetch_add(&engine->calls, 1);
+    atomic_fetch_add(&engine->requests, num_requests);
+    if (uc_hits) atomic_fetch_add(&engine->user_cache_hits, uc_hits);
+    if (uc_misses) atomic_fetch_add(&engine->user_cache_misses, uc_misses);
+}
+
+/* `stride`: bytes between the caller's requests (their struct's size). */
+static flame_status score(flame_engine *engine, const flame_request *requests, size_t num_requests, size_t stride,
+                          float *scores, size_t scores_len)
+{
     if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "engine is NULL");
     if (num_requests && !requests) return fl_error(FLAME_ERR_INVALID_ARG, "requests is NULL with num_requests %zu",
                                                    num_requests);
     fl_workspace *ws = NULL;
     const flame_request *reqs = requests;
     flame_status st = FLAME_OK;
-    if (engine->item_cache && num_requests) { /* side features of id-only requests, from the cache */
+    uint64_t uc_hits = 0, uc_misses = 0;
+    if (fl_requests_need_prepare(requests, num_requests, stride)) { /* older layouts, user-cache histories */
         ws = fl_workspace_acquire(engine);
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
-        st = fl_resolve_features(engine, ws, requests, num_requests, &reqs);
+        st = fl_prepare_requests(engine, ws, requests, num_requests, stride, &reqs, &uc_hits, &uc_misses);
+    }
+    if (!st && engine->item_cache && num_requests) { /* side features of id-only requests, from the cache */
+        if (!ws) ws = fl_workspace_acquire(engine);
+        if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
+        st = fl_resolve_features(engine, ws, reqs, num_requests, &reqs);
     }
     uint64_t total = 0;
     if (!st) st = fl_validate_requests(engine->model, reqs, num_requests, &total);
@@ -27,8 +42,7 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     if (st || total == 0) { /* an error, or nothing to write: no work */
         if (ws) fl_workspace_release(engine, ws);
         if (st) return st;
-        atomic_fetch_add(&engine->calls, 1);
-        atomic_fetch_add(&engine->requests, num_requests);
+        count(engine, num_requests, uc_hits, uc_misses);
         return FLAME_OK;
     }
     if (!ws) ws = fl_workspace_acquire(engine);
@@ -59,9 +73,18 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     }
     fl_workspace_release(engine, ws);
     if (st) return st;
-    atomic_fetch_add(&engine->calls, 1);
-    atomic_fetch_add(&engine->requests, num_requests);
+    count(engine, num_requests, uc_hits, uc_misses);
     return FLAME_OK;
+}
+
+FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
+                                         float *scores, size_t scores_len)
+{
+    fl_clear_error();
+    /* an array built against the first flame.h has that version's element size */
+    size_t stride = num_requests && requests && requests->struct_size < sizeof(flame_request) ? FL_REQUEST_V1_SIZE
+                                                                                              : sizeof(flame_request);
+    return score(engine, requests, num_requests, stride, scores, scores_len);
 }
 
 FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *request, float *scores,
@@ -69,5 +92,5 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
 {
     fl_clear_error();
     if (!request) return fl_error(FLAME_ERR_INVALID_ARG, "request is NULL");
-    return flame_score_batch(engine, request, 1, scores, scores_len);
+    return score(engine, request, 1, sizeof(flame_request), scores, scores_len);
 }

@@ -11,7 +11,12 @@ struct flame_user_cache {
     size_t bytes;
     char name[256];
     _Atomic uint64_t hits, misses, expired; /* this handle's gets */
+    atomic_int refs;                /* the caller's + one per engine using the handle */
 };
+
+/* References held by engines (flame_engine_set_user_cache); the last release unmaps. */
+void fl_uc_retain(flame_user_cache *c);
+void fl_uc_release(flame_user_cache *c);
 
 static inline fl_uc_bucket *fl_uc_bucket_at(const flame_user_cache *c, uint64_t i)
 {

@@ -190,6 +190,7 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
 
     flame_user_cache *c = calloc(1, sizeof *c);
     if (!c) return fl_error(FLAME_ERR_NOMEM, "cannot allocate a user cache handle");
+    atomic_init(&c->refs, 1);
     snprintf(c->name, sizeof c->name, "%s", name);
     int exists = 0;
     if (open_mode == FLAME_USER_CACHE_ATTACH) {
@@ -209,11 +210,21 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
     return FLAME_OK;
 }
 
+void fl_uc_retain(flame_user_cache *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void fl_uc_release(flame_user_cache *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    if (c->base) munmap(c->base, c->bytes);
+    free(c);
+}
+
 FLAME_API void flame_user_cache_destroy(flame_user_cache *cache)
 {
-    if (!cache) return;
-    if (cache->base) munmap(cache->base, cache->bytes);
-    free(cache);
+    fl_uc_release(cache);
 }
 
 FLAME_API flame_status flame_user_cache_unlink(const char *name)

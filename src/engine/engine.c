@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cache/icache.h"
+#include "cache/user_cache.h"
 #include "core/device.h"
 #include "cpu/kernels.h"
 #include "engine/cuda_backend.h"
@@ -86,6 +87,7 @@ FLAME_API void flame_engine_destroy(flame_engine *engine)
     }
     pthread_mutex_destroy(&engine->pool_lock);
     fl_icache_release(engine->item_cache);
+    fl_uc_release(engine->user_cache);
     fl_model_release(engine->model);
     free(engine);
 }
@@ -107,6 +109,8 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
         .max_workspace_bytes = atomic_load(&engine->max_workspace_bytes),
         .device_bytes = engine->gpu ? fl_cuda_device_bytes(engine->gpu) : 0,
         .device_weight_bytes = engine->gpu ? fl_cuda_weight_bytes(engine->gpu) : 0,
+        .user_cache_hits = atomic_load(&engine->user_cache_hits),
+        .user_cache_misses = atomic_load(&engine->user_cache_misses),
     };
     if (engine->gpu) fl_cuda_graph_counts(engine->gpu, &v.graph_captures, &v.graph_replays);
     memcpy(stats, &v, stats->struct_size < sizeof v ? stats->struct_size : sizeof v);
@@ -124,5 +128,16 @@ FLAME_API flame_status flame_engine_set_item_cache(flame_engine *engine, flame_i
     if (cache) fl_icache_retain(cache);
     fl_icache_release(engine->item_cache);
     engine->item_cache = cache;
+    return FLAME_OK;
+}
+
+/* The user cache that holds the histories of requests giving a user id only (engine/user_history.c) */
+FLAME_API flame_status flame_engine_set_user_cache(flame_engine *engine, flame_user_cache *cache)
+{
+    fl_clear_error();
+    if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_set_user_cache: engine is NULL");
+    if (cache) fl_uc_retain(cache);
+    fl_uc_release(engine->user_cache);
+    engine->user_cache = cache;
     return FLAME_OK;
 }

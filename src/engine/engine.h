@@ -17,6 +17,9 @@ typedef struct fl_workspace {
     void *feat[2];
     size_t feat_cap[2];
     struct flame_feature_batch *records;
+    /* requests in this header's layout, histories read from the user cache (engine/user_history.c) */
+    void *prep[2];
+    size_t prep_cap[2];
 } fl_workspace;
 
 struct fl_cuda_engine;
@@ -30,7 +33,13 @@ struct flame_engine {
     fl_workspace *free_list; /* workspaces not in use; all are freed at destroy */
     atomic_uint_fast64_t calls, requests, workspaces, scratch_bytes, max_workspace_bytes;
     struct flame_item_cache *item_cache; /* NULL: callers give side features themselves */
+    struct flame_user_cache *user_cache; /* NULL: requests give their histories themselves */
+    atomic_uint_fast64_t user_cache_hits, user_cache_misses;
 };
+
+/* The size of the first version of flame_request (it ended at num_side_features): the least
+ * struct_size accepted, and the element size of arrays built against that header. */
+#define FL_REQUEST_V1_SIZE offsetof(flame_request, history_from_user_cache)
 
 /* Takes a workspace from the pool (or makes one); NULL on OOM. */
 fl_workspace *fl_workspace_acquire(struct flame_engine *e);
@@ -64,5 +73,19 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
 flame_status fl_resolve_features(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
                                  const flame_request **out);
 void fl_workspace_free_features(fl_workspace *ws);
+
+/* Grows a buffer of a workspace to at least `bytes` (kept for the next calls); NULL on OOM. */
+void *fl_workspace_grow(void **buf, size_t *cap, size_t bytes);
+
+/* True when the requests (`stride` bytes apart) must go through fl_prepare_requests: some are
+ * of an older layout than this header's, or take their history from the user cache. */
+bool fl_requests_need_prepare(const void *reqs, size_t n, size_t stride);
+/* Copies the requests into ws in this header's layout (fields a caller's struct_size does not
+ * cover read as 0) and, for those with history_from_user_cache, points history at the user's
+ * history read from the engine's user cache (a miss: empty). *out points at the copies;
+ * *hits and *misses count the lookups. FLAME_ERR_INVALID_ARG naming the request (and the
+ * user, position and id of a bad cached item id); FLAME_ERR_NOMEM. */
+flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const void *reqs, size_t n, size_t stride,
+                                 const flame_request **out, uint64_t *hits, uint64_t *misses);
 
 #endif

@@ -32,6 +32,8 @@ void fl_workspace_free_features(fl_workspace *ws)
     free(ws->feat[0]);
     free(ws->feat[1]);
     flame_feature_batch_destroy(ws->records);
+    free(ws->prep[0]);
+    free(ws->prep[1]);
 }
 
 /* The tokens of request q whose features are read: window history, then sumi candidates. */

@@ -48,3 +48,13 @@ void *fl_workspace_take(fl_workspace *ws, size_t bytes)
     ws->used += fl_ws_round(bytes);
     return p;
 }
+
+void *fl_workspace_grow(void **buf, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap) return *buf;
+    void *p = realloc(*buf, bytes + bytes / 4);
+    if (!p) return NULL;
+    *buf = p;
+    *cap = bytes + bytes / 4;
+    return p;
+}

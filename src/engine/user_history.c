@@ -1,0 +1,109 @@
+/* Requests as the engine reads them: copies in this header's layout for callers built against
+ * an older flame.h, and histories read from the shared-memory user cache for requests that
+ * give a user id only (history_from_user_cache). Record convention (flame.h,
+ * flame_engine_set_user_cache): slot 0 = the user's item ids, oldest first. Everything goes
+ * into the call's workspace, so concurrent calls share nothing but the (lock-free) table. */
+#include <string.h>
+
+#include "cache/user_cache.h"
+#include "engine/engine.h"
+
+#define BAD(...) fl_error(FLAME_ERR_INVALID_ARG, __VA_ARGS__)
+
+static const flame_request *at(const void *reqs, size_t stride, size_t r)
+{
+    return (const flame_request *)((const unsigned char *)reqs + r * stride);
+}
+
+/* The flag, if the caller's struct covers it (0 otherwise). */
+static int32_t flag_of(const flame_request *q, size_t stride)
+{
+    size_t end = offsetof(flame_request, history_from_user_cache) + sizeof(int32_t);
+    return q->struct_size >= end && stride >= end ? q->history_from_user_cache : 0;
+}
+
+bool fl_requests_need_prepare(const void *reqs, size_t n, size_t stride)
+{
+    if (stride < sizeof(flame_request)) return n > 0;
+    for (size_t r = 0; r < n; r++) {
+        const flame_request *q = at(reqs, stride, r);
+        if (q->struct_size < sizeof(flame_request) || q->history_from_user_cache) return true;
+    }
+    return false;
+}
+
+flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const void *reqs, size_t n, size_t stride,
+                                 const flame_request **out, uint64_t *hits, uint64_t *misses)
+{
+    *out = NULL;
+    *hits = *misses = 0;
+    size_t users = 0;
+    for (size_t r = 0; r < n; r++) {
+        const flame_request *q = at(reqs, stride, r);
+        if (q->struct_size < FL_REQUEST_V1_SIZE)
+            return BAD("request %zu: struct_size = %zu, expected at least %zu", r, q->struct_size,
+                       (size_t)FL_REQUEST_V1_SIZE);
+        int32_t flag = flag_of(q, stride);
+        if (flag != 0 && flag != 1)
+            return BAD("request %zu: history_from_user_cache = %d, expected 0 or 1", r, (int)flag);
+        if (!flag) continue;
+        if (q->history || q->history_len || q->history_side)
+            return BAD("request %zu (user %lld): history_from_user_cache is 1 but the request gives a history "
+                       "(history %s, history_len %zu, history_side %s)",
+                       r, (long long)q->user_id, q->history ? "set" : "NULL", q->history_len,
+                       q->history_side ? "set" : "NULL");
+        if (!e->user_cache)
+            return BAD("request %zu (user %lld): history_from_user_cache is 1 but the engine has no user cache "
+                       "(flame_engine_set_user_cache)",
+                       r, (long long)q->user_id);
+        users++;
+    }
+
+    /* copies, then per user the window of its history; one record's ids and slot lengths as
+     * the scratch every lookup reads into */
+    const size_t max_len = (size_t)e->model->cfg.max_len;
+    size_t max_ids = users ? e->user_cache->hdr->max_ids : 0, slots = users ? e->user_cache->hdr->num_slots : 0;
+    size_t window = max_len < max_ids ? max_len : max_ids;
+    flame_request *copies = fl_workspace_grow(&ws->prep[0], &ws->prep_cap[0], n * sizeof(flame_request));
+    int64_t *hist = users ? fl_workspace_grow(&ws->prep[1], &ws->prep_cap[1],
+                                              (users * window + max_ids) * sizeof(int64_t) + slots * sizeof(uint32_t))
+                          : NULL;
+    if (!copies || (users && !hist))
+        return fl_error(FLAME_ERR_NOMEM, "out of memory copying %zu request(s) (%zu from the user cache)", n, users);
+    int64_t *rec_ids = hist + users * window;
+    uint32_t *rec_lens = (uint32_t *)(rec_ids + max_ids);
+
+    const int64_t num_items = e->model->num_items;
+    for (size_t r = 0; r < n; r++) {
+        const flame_request *q = at(reqs, stride, r);
+        flame_request *c = &copies[r];
+        memset(c, 0, sizeof *c);
+        memcpy(c, q, FL_REQUEST_V1_SIZE);
+        c->struct_size = sizeof(flame_request);
+        if (!flag_of(q, stride)) continue;
+        c->history_from_user_cache = 1;
+        flame_user_features f = {.struct_size = sizeof f, .ids = rec_ids, .slot_lens = rec_lens,
+                                 .ids_capacity = max_ids};
+        int32_t found = 0;
+        flame_status st = flame_user_cache_get(e->user_cache, q->user_id, &f, &found);
+        if (st) return st; /* cannot be BUFFER_TOO_SMALL: the capacity is the table's bound */
+        if (!found) {
+            ++*misses;
+            continue;
+        }
+        ++*hits;
+        size_t len = rec_lens[0] <= f.num_ids ? rec_lens[0] : f.num_ids;
+        for (size_t i = 0; i < len; i++) /* the whole history, as for a history given in the request */
+            if (rec_ids[i] < 0 || rec_ids[i] >= num_items)
+                return BAD("request %zu: user %lld's history in the user cache, position %zu of %zu: item id %lld "
+                           "out of range [0, %lld)",
+                           r, (long long)q->user_id, i, len, (long long)rec_ids[i], (long long)num_items);
+        size_t w = len < window ? len : window;
+        memcpy(hist, rec_ids + (len - w), w * sizeof(int64_t));
+        c->history = w ? hist : NULL;
+        c->history_len = w;
+        hist += window;
+    }
+    *out = copies;
+    return FLAME_OK;
+}
