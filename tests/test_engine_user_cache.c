@@ -13,6 +13,7 @@
 
 #include "testutil.h"
 #include "cache/user_cache.h"
+#include "core/device.h"
 
 /* SASRec-style dot model, no side features, window 8 */
 static const char *dot_config =
@@ -545,6 +546,57 @@ static void test_threads_score_concurrently(void **state)
     assert_true(st.workspaces <= THREADS);
 }
 
+/* The GPU forward reads the resolved requests too: a GPU engine with both caches scores the
+ * user-cache requests as the same histories given (fp32). Skipped without a GPU. */
+static void test_gpu_engine(void **state)
+{
+    fixture *f = *state;
+    char why[256] = "";
+    if (fl_cuda_device_count(why, sizeof why) <= 0) {
+        if (getenv("FLAME_REQUIRE_GPU")) fail_msg("FLAME_REQUIRE_GPU is set but %s", why);
+        fprintf(stderr, "# GPU case skipped: %s\n", why);
+        skip();
+    }
+    flame_config *cfg;
+    flame_engine *gd, *gs;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_string(cfg, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_engine_create(f->dot, cfg, &gd), FLAME_OK);
+    assert_int_equal(flame_engine_create(f->sumi, cfg, &gs), FLAME_OK);
+    flame_config_destroy(cfg);
+    assert_int_equal(flame_engine_set_user_cache(gd, f->uc), FLAME_OK);
+    assert_int_equal(flame_engine_set_user_cache(gs, f->uc), FLAME_OK);
+    assert_int_equal(flame_engine_set_item_cache(gs, f->ic), FLAME_OK);
+    int64_t hist[3][30], cand[3][5];
+    const size_t lens[3] = {3, 12, 30};
+    flame_request want_d[3], got_d[3], want_s[3], got_s[3];
+    for (int u = 0; u < 3; u++) {
+        random_ids(hist[u], lens[u]);
+        random_ids(cand[u], 5);
+        put_history(f->uc, 500 + u, hist[u], lens[u], 1);
+        want_d[u] = explicit_req(500 + u, hist[u], lens[u], cand[u], 5);
+        want_s[u] = want_d[u];
+        want_s[u].num_side_features = 2; /* id-only: bags through the item cache */
+        got_d[u] = user_req(500 + u, cand[u], 5, 0);
+        got_s[u] = user_req(500 + u, cand[u], 5, 2);
+    }
+    float want[30], got[30];
+    double want64[30];
+    for (int k = 0; k < 2; k++) {
+        flame_engine *e = k ? gs : gd;
+        size_t n = k ? 30 : 15;
+        tu_poison(got, 30);
+        assert_int_equal(flame_score_batch(e, k ? want_s : want_d, 3, want, n), FLAME_OK);
+        assert_int_equal(flame_score_batch(e, k ? got_s : got_d, 3, got, n), FLAME_OK);
+        for (size_t i = 0; i < n; i++) want64[i] = want[i];
+        assert_rel_err_below(got, want64, n, 1e-6);
+    }
+    assert_int_equal(stats_of(gd).user_cache_hits, 3);
+    assert_int_equal(stats_of(gs).user_cache_hits, 3);
+    flame_engine_destroy(gd);
+    flame_engine_destroy(gs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -555,6 +607,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_first_layout_callers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_from_another_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_score_concurrently, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_engine, setup, teardown),
     };
     return cmocka_run_group_tests_name("engine_user_cache", tests, NULL, NULL);
 }
