@@ -418,6 +418,41 @@ static void test_first_layout_callers(void **state)
     assert_int_equal(st.user_cache_hits, 0xeeeeeeeeeeeeeeeeull);
 }
 
+/* A flame_request from a newer header: this layout plus fields this library does not know. */
+typedef struct request_next {
+    flame_request base;
+    int64_t unknown[3];
+} request_next;
+
+static void test_newer_layout_callers(void **state)
+{
+    fixture *f = *state;
+    int64_t h[3][9], c[3][4];
+    flame_request now[3];
+    request_next next[3];
+    memset(next, 0x5a, sizeof next); /* the unknown fields hold garbage: never read */
+    for (int u = 0; u < 3; u++) {
+        random_ids(h[u], 9);
+        random_ids(c[u], 4);
+        now[u] = explicit_req(u, h[u], (size_t)(2 * u + 3), c[u], 4);
+        next[u].base = now[u];
+        next[u].base.struct_size = sizeof(request_next);
+    }
+    float want[12], got[12];
+    assert_int_equal(flame_score_batch(f->plain_dot, now, 3, want, 12), FLAME_OK);
+    for (int k = 0; k < 2; k++) { /* stepped through by the caller's element size */
+        tu_poison(got, 12);
+        assert_int_equal(flame_score_batch(k ? f->dot_uc : f->plain_dot, &next[0].base, 3, got, 12), FLAME_OK);
+        assert_memory_equal(want, got, sizeof want);
+    }
+    /* a struct_size no header has: refused before anything is read past request 0 */
+    next[0].base.struct_size = 5000;
+    tu_poison(got, 12);
+    assert_status_msg(flame_score_batch(f->plain_dot, &next[0].base, 3, got, 12), FLAME_ERR_INVALID_ARG,
+                      "request 0: struct_size = 5000 exceeds 4096");
+    for (int i = 0; i < 12; i++) assert_true(isnan(got[i]));
+}
+
 /* A second process writes a user's record; this one scores it. */
 static void test_record_from_another_process(void **state)
 {
@@ -605,6 +640,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_miss_scores_empty_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_write_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_layout_callers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_newer_layout_callers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_from_another_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_score_concurrently, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_engine, setup, teardown),

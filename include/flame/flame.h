@@ -342,10 +342,11 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
  * Every request is validated before any is computed, so on error nothing is written; the
  * message names the request index. Token-wise layers run over all requests' tokens as one
  * GEMM, and requests sharing one contiguous candidate range share one scoring GEMM.
- * `requests` is an array of the caller's flame_request: when requests[0].struct_size is below
- * sizeof(flame_request) (a caller built against an older flame.h), the array is read with the
- * first version's layout (element size = that version's sizeof), so every request of one call
- * must come from the same header.
+ * `requests` is an array of the caller's flame_request, stepped through by its element size:
+ * requests[0].struct_size when it is sizeof(flame_request) or larger (a newer flame.h: the
+ * fields this library does not know are not read), the first version's sizeof when it is
+ * smaller (an older flame.h), so every request of one call must come from the same header.
+ * A requests[0].struct_size above 4096 is FLAME_ERR_INVALID_ARG.
  * Thread-safe. Returns the statuses of flame_score, and FLAME_ERR_INVALID_ARG for NULL
  * requests with num_requests > 0. */
 FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,

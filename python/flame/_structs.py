@@ -30,7 +30,8 @@ class Request(C.Structure):
                 ("history", I64P), ("history_len", C.c_size_t),
                 ("candidates", I64P), ("num_candidates", C.c_size_t),
                 ("history_side", C.POINTER(Bags)), ("candidate_side", C.POINTER(Bags)),
-                ("num_side_features", C.c_size_t)]
+                ("num_side_features", C.c_size_t),
+                ("history_from_user_cache", C.c_int32)]
 
 
 class EngineStats(C.Structure):
@@ -38,7 +39,8 @@ class EngineStats(C.Structure):
                 ("workspaces", C.c_uint64), ("scratch_bytes", C.c_uint64),
                 ("max_workspace_bytes", C.c_uint64), ("device_bytes", C.c_uint64),
                 ("device_weight_bytes", C.c_uint64), ("graph_captures", C.c_uint64),
-                ("graph_replays", C.c_uint64)]
+                ("graph_replays", C.c_uint64), ("user_cache_hits", C.c_uint64),
+                ("user_cache_misses", C.c_uint64)]
 
 
 def as_dict(s: C.Structure) -> dict:

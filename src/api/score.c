@@ -81,9 +81,16 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
                                          float *scores, size_t scores_len)
 {
     fl_clear_error();
-    /* an array built against the first flame.h has that version's element size */
-    size_t stride = num_requests && requests && requests->struct_size < sizeof(flame_request) ? FL_REQUEST_V1_SIZE
-                                                                                              : sizeof(flame_request);
+    /* the array's element size is the caller's sizeof(flame_request): the first version's
+     * for an older header, a larger one for a newer header (its extra fields are not read) */
+    size_t stride = sizeof(flame_request);
+    if (num_requests && requests) {
+        const size_t s0 = requests->struct_size;
+        if (s0 > FL_REQUEST_MAX_SIZE)
+            return fl_error(FLAME_ERR_INVALID_ARG, "request 0: struct_size = %zu exceeds %d (not a flame_request size)",
+                            s0, FL_REQUEST_MAX_SIZE);
+        stride = s0 < sizeof(flame_request) ? FL_REQUEST_V1_SIZE : s0;
+    }
     return score(engine, requests, num_requests, stride, scores, scores_len);
 }
 

@@ -40,6 +40,8 @@ struct flame_engine {
 /* The size of the first version of flame_request (it ended at num_side_features): the least
  * struct_size accepted, and the element size of arrays built against that header. */
 #define FL_REQUEST_V1_SIZE offsetof(flame_request, history_from_user_cache)
+/* the largest struct_size a batch is stepped through with (a future header's sizeof) */
+#define FL_REQUEST_MAX_SIZE 4096
 
 /* Takes a workspace from the pool (or makes one); NULL on OOM. */
 fl_workspace *fl_workspace_acquire(struct flame_engine *e);

@@ -24,7 +24,7 @@ static int32_t flag_of(const flame_request *q, size_t stride)
 
 bool fl_requests_need_prepare(const void *reqs, size_t n, size_t stride)
 {
-    if (stride < sizeof(flame_request)) return n > 0;
+    if (stride != sizeof(flame_request)) return n > 0; /* another header's layout: copied into this one */
     for (size_t r = 0; r < n; r++) {
         const flame_request *q = at(reqs, stride, r);
         if (q->struct_size < sizeof(flame_request) || q->history_from_user_cache) return true;

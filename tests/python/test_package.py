@@ -83,7 +83,8 @@ def test_engine_stats_count_calls_and_requests(dot_engine):
     _, _, e = dot_engine
     before = e.stats()["engine"]
     assert set(before) == {"calls", "requests", "workspaces", "scratch_bytes", "max_workspace_bytes",
-                           "device_bytes", "device_weight_bytes", "graph_captures", "graph_replays"}
+                           "device_bytes", "device_weight_bytes", "graph_captures", "graph_replays",
+                           "user_cache_hits", "user_cache_misses"}
     assert before["device_bytes"] == 0  # a CPU engine holds no GPU memory
     e.score([1, 2], [3])
     e.score([1], [3, 4])
