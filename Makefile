@@ -128,7 +128,7 @@ build/tests/%: tests/%.c $(wildcard tests/*.h) $(SHLIB) lib/libflame.so $(STLIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(PROG_CFLAGS) -Wl,-rpath,'$(CURDIR)/lib' -o $@ $< $(STLIB) -lcmocka $(LDLIBS)
 
-build/tests/%: tests/%.cu tests/testutil.h $(wildcard cuda/*.cuh) $(STLIB)
+build/tests/%: tests/%.cu $(wildcard tests/*.h) $(wildcard cuda/*.cuh) $(STLIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Itests -gencode arch=compute_80,code=sm_80 \
 	    -gencode arch=compute_90,code=sm_90 -c $< -o $@.o

@@ -5,27 +5,9 @@
 #include <pthread.h>
 
 #include "testutil.h"
-#include "core/device.h"
+#include "tu_gpu.h"
 #include "tu_model_file.h"
 
-static char no_gpu_reason[256];
-static int have_gpu;
-
-static int setup(void **state)
-{
-    tu_seed();
-    have_gpu = fl_cuda_device_count(no_gpu_reason, sizeof no_gpu_reason) > 0;
-    if (!have_gpu) fprintf(stderr, "# GPU tests skipped: %s\n", no_gpu_reason);
-    return 0;
-}
-
-#define NEED_GPU()                                                                                              \
-    do {                                                                                                        \
-        if (!have_gpu) {                                                                                        \
-            if (getenv("FLAME_REQUIRE_GPU")) fail_msg("FLAME_REQUIRE_GPU is set but %s", no_gpu_reason);       \
-            skip();                                                                                             \
-        }                                                                                                       \
-    } while (0)
 
 /* The variant matrix: every option of docs/model-format.md appears in at least one config. */
 static const char *configs[] = {
@@ -205,19 +187,19 @@ static void check_config(int ci, const char *dtype, double tol)
 
 static void test_matrix_fp32(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "fp32", 1e-5);
 }
 
 static void test_matrix_fp16(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "fp16", 1e-2);
 }
 
 static void test_matrix_bf16(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "bf16", 1e-2);
 }
 
@@ -263,7 +245,7 @@ static const struct {
 
 static void test_int8_tables_match_cpu(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     static const char *dtypes[] = {"fp32", "fp16", "bf16"};
     static const double tols[] = {1e-5, 1e-2, 1e-2};
     for (size_t i = 0; i < sizeof q8_models / sizeof q8_models[0]; i++) {
@@ -310,7 +292,7 @@ static void test_int8_tables_match_cpu(void **state)
  * and replays. */
 static void test_graph_replay_matches_cpu(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     flame_model *m = NULL;
     flame_engine *cpu = NULL;
     assert_int_equal(flame_model_create_random(configs[1], 7, &m), FLAME_OK);
@@ -396,7 +378,7 @@ static void *gpu_worker(void *arg)
 
 static void test_concurrent_callers(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     flame_model *m = NULL;
     assert_int_equal(flame_model_create_random(configs[0], 3, &m), FLAME_OK);
     flame_engine *gpu = gpu_engine(m, "fp32");
@@ -419,7 +401,7 @@ static void test_concurrent_callers(void **state)
 
 static void test_memory_budget_and_devices(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     flame_model *m = NULL;
     flame_engine *e = (flame_engine *)0x1;
     assert_int_equal(flame_model_create_random(configs[4], 1, &m), FLAME_OK);
@@ -446,5 +428,5 @@ int main(void)
         cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_memory_budget_and_devices),
     };
-    return cmocka_run_group_tests_name("cuda", tests, setup, NULL);
+    return cmocka_run_group_tests_name("cuda", tests, tu_gpu_setup, NULL);
 }

@@ -9,28 +9,10 @@
 
 extern "C" {
 #include "testutil.h"
-#include "core/device.h"
+#include "tu_gpu.h"
 }
 #include "attention_tc.cuh"
 
-static char no_gpu_reason[256];
-static int have_gpu;
-
-static int setup(void **state)
-{
-    tu_seed();
-    have_gpu = fl_cuda_device_count(no_gpu_reason, sizeof no_gpu_reason) > 0;
-    if (!have_gpu) fprintf(stderr, "# GPU tests skipped: %s\n", no_gpu_reason);
-    return 0;
-}
-
-#define NEED_GPU()                                                                                              \
-    do {                                                                                                        \
-        if (!have_gpu) {                                                                                        \
-            if (getenv("FLAME_REQUIRE_GPU")) fail_msg("FLAME_REQUIRE_GPU is set but %s", no_gpu_reason);       \
-            skip();                                                                                             \
-        }                                                                                                       \
-    } while (0)
 
 #define CK(call)                                                                                                \
     do {                                                                                                        \
@@ -204,14 +186,14 @@ static const int core_dhs[] = {8, 24, 64, 128};
 /* fp16: P enters P V in fp16 and the output is rounded to fp16 (2^-11). */
 static void test_tensor_cores_fp16(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     check<__half>("tc fp16", TENSOR_CORES, tc_dhs, 5, 2e-3);
 }
 
 /* bf16: output rounded to bf16 (2^-8); P is carried in two bf16 terms. */
 static void test_tensor_cores_bf16(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     check<__nv_bfloat16>("tc bf16", TENSOR_CORES, tc_dhs, 5, 8e-3);
 }
 
@@ -219,7 +201,7 @@ static void test_tensor_cores_bf16(void **state)
  * multiple of 16 (8, 24) run it too. */
 static void test_dispatch(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     check<float>("cuda cores fp32", DISPATCH, core_dhs, 4, 1e-5);
     check<__half>("dispatch fp16", DISPATCH, core_dhs, 4, 2e-3);
     check<__nv_bfloat16>("dispatch bf16", DISPATCH, core_dhs, 4, 8e-3);
@@ -228,7 +210,7 @@ static void test_dispatch(void **state)
 /* A head dim the tensor-core kernel cannot take is refused with a message, never launched. */
 static void test_tc_refuses(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     fl_attn_tile t{};
     const __half *p = reinterpret_cast<const __half *>(256);
     assert_false(fl_cuda_attention_tc_fits<__half>(24, p, 72, p, p, 72, p, 24));
@@ -246,5 +228,5 @@ int main(void)
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_tc_refuses),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return cmocka_run_group_tests(tests, tu_gpu_setup, NULL);
 }

@@ -10,28 +10,10 @@
 
 extern "C" {
 #include "testutil.h"
-#include "core/device.h"
+#include "tu_gpu.h"
 }
 #include "kernels.cuh"
 
-static char no_gpu_reason[256];
-static int have_gpu;
-
-static int setup(void **state)
-{
-    tu_seed();
-    have_gpu = fl_cuda_device_count(no_gpu_reason, sizeof no_gpu_reason) > 0;
-    if (!have_gpu) fprintf(stderr, "# GPU tests skipped: %s\n", no_gpu_reason);
-    return 0;
-}
-
-#define NEED_GPU()                                                                                              \
-    do {                                                                                                        \
-        if (!have_gpu) {                                                                                        \
-            if (getenv("FLAME_REQUIRE_GPU")) fail_msg("FLAME_REQUIRE_GPU is set but %s", no_gpu_reason);       \
-            skip();                                                                                             \
-        }                                                                                                       \
-    } while (0)
 
 #define CK(call)                                                                                                \
     do {                                                                                                        \
@@ -199,26 +181,26 @@ template <typename T, typename OutT> static void sweep()
 
 static void test_q8_float_tables_float_out(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     sweep<float, float>();
 }
 
 static void test_q8_half_tables_float_out(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     sweep<__half, float>();
 }
 
 static void test_q8_half_out(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     sweep<__half, __half>();
     sweep<float, __half>();
 }
 
 static void test_q8_bf16_out(void **state)
 {
-    NEED_GPU();
+    TU_NEED_GPU();
     sweep<__nv_bfloat16, __nv_bfloat16>();
     sweep<__nv_bfloat16, float>();
 }
@@ -231,5 +213,5 @@ int main(void)
         cmocka_unit_test(test_q8_half_out),
         cmocka_unit_test(test_q8_bf16_out),
     };
-    return cmocka_run_group_tests_name("cuda embedding (int8 tables)", tests, setup, NULL);
+    return cmocka_run_group_tests_name("cuda embedding (int8 tables)", tests, tu_gpu_setup, NULL);
 }
