@@ -285,7 +285,8 @@ typedef struct flame_bags {
 /* One scoring request: one user, their history and the candidates to score. */
 typedef struct flame_request {
     size_t struct_size;             /* sizeof(flame_request) */
-    int64_t user_id;                /* carried for logging and caches; not used by v1 models */
+    int64_t user_id;                /* the key of the user's record in the user cache when
+                                     * history_from_user_cache is 1; otherwise only carried */
     const int64_t *history;         /* [history_len] item ids, oldest first; NULL if 0 */
     size_t history_len;             /* any length: only the most recent max_len items are used
                                      * (all are validated) */
