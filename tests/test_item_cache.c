@@ -408,6 +408,24 @@ static void test_s3fifo_eviction_order(void **state)
     assert_int_equal(fetched(5), c5 + 1);
 }
 
+/* The entry bound holds when the only main entry is the one being installed and small holds
+ * hot entries: those are promoted, then evicted from main (found by an attack: the bound
+ * used to be exceeded by one entry per shard). */
+static void test_bound_with_hot_small_and_ghost_return(void **state)
+{
+    fixture *f = *state;
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_SHARDS, 1);
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, 1);
+    make_cache(f);
+    served(f, 1), served(f, 2), served(f, 2), served(f, 2), served(f, 1); /* 1 returns from the ghost */
+    assert_int_equal(stats(f).entries, 1);
+    for (int64_t k = 0; k < 300; k++) { /* hot and cold keys mixed: never over the bound */
+        served(f, k % 7 == 0 ? 3 : k);
+        if (k % 2) served(f, k);
+        assert_true(stats(f).entries <= 1);
+    }
+}
+
 static void test_byte_bound(void **state)
 {
     fixture *f = *state;
@@ -510,6 +528,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_single_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_negative_caching, setup, teardown),
         cmocka_unit_test_setup_teardown(test_s3fifo_eviction_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bound_with_hot_small_and_ghost_return, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_beats_inflight_fetch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_arguments_and_options, setup, teardown),

@@ -394,6 +394,13 @@ static void test_int8_rejections(void **state)
                                       "tensor 'tables.item.qparams': row 0 has a non-finite scale (-inf)"};
         assert_status_msg(load(p), FLAME_ERR_FORMAT, want[k]);
     }
+    /* finite scale and bias whose values overflow float32 */
+    for (int i = 0; i < 20; i++) qp[i] = 0.5f;
+    qp[10] = 3e38f, qp[11] = -3e38f; /* row 5 */
+    memcpy(raw + 40, qp, 80);
+    p = tu_write_st("q8big.st", header(tiny_config, q8_tensors("F32", "[10,2]", 40, 120)), 0, raw, 120);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "tensor 'tables.item.qparams': row 5: scale 3e+38 and bias -3e+38 give values beyond float32");
     /* unknown integer dtypes stay unsupported */
     p = tu_write_st("q8u8.st",
                     header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"U8\",\"shape\":[10,4],\"data_offsets\":"

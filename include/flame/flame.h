@@ -347,7 +347,8 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
  * requests[0].struct_size when it is sizeof(flame_request) or larger (a newer flame.h: the
  * fields this library does not know are not read), the first version's sizeof when it is
  * smaller (an older flame.h), so every request of one call must come from the same header.
- * A requests[0].struct_size above 4096 is FLAME_ERR_INVALID_ARG.
+ * Any other requests[0].struct_size than the first version's sizeof (72 on LP64) or a
+ * multiple of 8 from sizeof(flame_request) to 4096 is FLAME_ERR_INVALID_ARG.
  * Thread-safe. Returns the statuses of flame_score, and FLAME_ERR_INVALID_ARG for NULL
  * requests with num_requests > 0. */
 FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,

@@ -112,6 +112,13 @@ def unpack(cfg, tensors, dtypes, dtype=np.float64):
         if bad.size:
             r, k = (int(v) for v in bad[0])
             raise ValueError(f"tensor '{qn}': row {r} has a non-finite {'bias' if k else 'scale'} ({qp[r, k]})")
+        # every value scale * q + bias (|q| <= 128) must be a finite float32, as the loader checks
+        reach = 128.0 * np.abs(qp[:, 0].astype(np.float64)) + np.abs(qp[:, 1].astype(np.float64))
+        over = np.flatnonzero(reach > float(np.finfo(np.float32).max))
+        if over.size:
+            r = int(over[0])
+            raise ValueError(f"tensor '{qn}': row {r}: scale {float(qp[r, 0]):g} and bias {float(qp[r, 1]):g} give "
+                             f"values beyond float32 (|scale| * 128 + |bias| = {reach[r]:g})")
         q = np.asarray(a)
         if q.ndim != 2 or q.shape[0] != rows:  # layout.check_tensors names the expected shape
             out[name] = q.astype(dtype)

@@ -86,9 +86,15 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
     size_t stride = sizeof(flame_request);
     if (num_requests && requests) {
         const size_t s0 = requests->struct_size;
-        if (s0 > FL_REQUEST_MAX_SIZE)
-            return fl_error(FLAME_ERR_INVALID_ARG, "request 0: struct_size = %zu exceeds %d (not a flame_request size)",
-                            s0, FL_REQUEST_MAX_SIZE);
+        /* an element size some flame.h can have: the first version's, or this one's or a newer
+         * one's (a multiple of the struct's alignment, so every element is aligned) */
+        if (s0 != FL_REQUEST_V1_SIZE && (s0 < sizeof(flame_request) || s0 > FL_REQUEST_MAX_SIZE ||
+                                         s0 % _Alignof(flame_request) != 0))
+            return fl_error(FLAME_ERR_INVALID_ARG,
+                            "request 0: struct_size = %zu is not the size of a flame_request (%zu, or a multiple of "
+                            "%zu from %zu to %d)",
+                            s0, (size_t)FL_REQUEST_V1_SIZE, (size_t)_Alignof(flame_request), sizeof(flame_request),
+                            FL_REQUEST_MAX_SIZE);
         stride = s0 < sizeof(flame_request) ? FL_REQUEST_V1_SIZE : s0;
     }
     return score(engine, requests, num_requests, stride, scores, scores_len);

@@ -178,6 +178,11 @@ void fl_s3_make_room(fl_shard *sh, const fl_entry *keep, uint64_t now)
     while (sh->entries > sh->max_entries || sh->bytes > sh->max_bytes) {
         bool from_small = sh->small.count > sh->small_max || sh->main.count == 0;
         if (from_small ? evict_small(sh, keep, now) : evict_main(sh, keep, now)) continue;
-        if (!(from_small ? evict_main(sh, keep, now) : evict_small(sh, keep, now))) break;
+        const uint64_t small_before = sh->small.count;
+        if (from_small ? evict_main(sh, keep, now) : evict_small(sh, keep, now)) continue;
+        /* evict_small may have promoted hot entries to main and evicted nothing: main has
+         * something other than `keep` to evict now (small only shrinks, so this ends) */
+        if (sh->small.count < small_before) continue;
+        break;
     }
 }

@@ -8,8 +8,8 @@
 
 #include "cache/user_cache.h"
 
-static _Atomic(int64_t (*)(void)) clock_hook = NULL;
-static _Atomic(void (*)(void)) write_hook = NULL;
+static _Atomic(int64_t (*)(void)) clock_hook; /* zero-initialised (no initializer: clang rejects one here) */
+static _Atomic(void (*)(void)) write_hook;
 
 void fl_uc_set_clock(int64_t (*now_us)(void))
 {

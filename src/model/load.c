@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,11 +110,19 @@ static flame_status bind_q8_table(struct flame_model *m, fl_st_file *f, const fl
         if ((st = fl_model_own(m, copy))) return st;
         params = copy;
     }
-    for (int64_t r = 0; r < tc->rows; r++)
+    for (int64_t r = 0; r < tc->rows; r++) {
         for (int k = 0; k < 2; k++)
             if (!isfinite(params[2 * r + k]))
                 return fl_error(FLAME_ERR_FORMAT, "tensor '%s': row %lld has a non-finite %s (%g)", name, (long long)r,
                                 k ? "bias" : "scale", (double)params[2 * r + k]);
+        /* every dequantized value scale * q + bias (|q| <= 128) must be a finite float32 */
+        const double reach = 128.0 * fabs((double)params[2 * r]) + fabs((double)params[2 * r + 1]);
+        if (reach > FLT_MAX)
+            return fl_error(FLAME_ERR_FORMAT,
+                            "tensor '%s': row %lld: scale %g and bias %g give values beyond float32 (|scale| * 128 + "
+                            "|bias| = %g)",
+                            name, (long long)r, (double)params[2 * r], (double)params[2 * r + 1], reach);
+    }
     m->w.tables_q8[s->table] = (const int8_t *)(f->data + t->begin);
     m->w.qparams[s->table] = params;
     *s->slot = NULL; /* no float view: every reader dequantizes on the fly */
