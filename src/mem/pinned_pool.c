@@ -36,8 +36,8 @@ struct flame_pinned_pool {
     uint64_t bytes_cached;
 };
 
-static _Atomic(fl_pin_fn) hook_pin = NULL;
-static _Atomic(fl_unpin_fn) hook_unpin = NULL;
+static _Atomic(fl_pin_fn) hook_pin; /* zero-initialised (clang takes no initializer here) */
+static _Atomic(fl_unpin_fn) hook_unpin;
 
 void fl_pinned_set_pin_hooks(fl_pin_fn pin, fl_unpin_fn unpin)
 {
