@@ -504,9 +504,9 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &bad, &c), FLAME_ERR_INVALID_ARG,
                       "num_slots 65");
     bad = p;
-    bad.capacity = 0;
+    bad.capacity = (1ull << 32) + 1;
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &bad, &c), FLAME_ERR_INVALID_ARG,
-                      "capacity 0");
+                      "capacity 4294967297 is outside 1..2^32");
     assert_null(c);
     c = open_cache(FLAME_USER_CACHE_CREATE, &p);
     rec r, out;
@@ -528,6 +528,38 @@ static void test_argument_errors(void **state)
 }
 
 /* The default table (500k users, 32 ids): size, then single-thread put and get rates. */
+/* A zeroed params struct (struct_size set) is the defaults: 500000 records, one slot, 32 ids,
+ * mode 0600 (a zero mode used to create a table no other process could open). */
+static void test_zeroed_params_are_the_defaults(void **state)
+{
+    flame_user_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    flame_user_cache *c = NULL;
+    assert_int_equal(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &c), FLAME_OK);
+    flame_user_cache_stats s = {.struct_size = sizeof s};
+    assert_int_equal(flame_user_cache_get_stats(c, &s), FLAME_OK);
+    assert_true(s.capacity >= 500000 && s.capacity < 500008);
+    char path[96];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    int64_t ids[32];
+    uint32_t lens[1] = {32};
+    for (int i = 0; i < 32; i++) ids[i] = i;
+    flame_user_features f = {.struct_size = sizeof f, .ids = ids, .num_ids = 32, .slot_lens = lens};
+    assert_int_equal(flame_user_cache_put(c, 5, &f), FLAME_OK); /* 32 ids fit */
+    f.num_ids = 33;
+    lens[0] = 33;
+    assert_status_msg(flame_user_cache_put(c, 5, &f), FLAME_ERR_INVALID_ARG, "above the table's max_ids 32");
+    /* attaching with a zeroed struct checks against the same defaults */
+    flame_user_cache *a = NULL;
+    assert_int_equal(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, &p, &a), FLAME_OK);
+    flame_user_cache_destroy(a);
+    flame_user_cache_destroy(c);
+}
+
 static void test_default_table_throughput(void **state)
 {
     flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, NULL);
@@ -580,6 +612,7 @@ int main(void)
         T(test_load_before_first_eviction),
         T(test_ttl),
         T(test_argument_errors),
+        T(test_zeroed_params_are_the_defaults),
         T(test_default_table_throughput),
     };
     return cmocka_run_group_tests_name("user cache", tests, NULL, NULL);

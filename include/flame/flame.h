@@ -318,7 +318,8 @@ typedef struct flame_request {
  * the engine's item cache (flame_engine_set_item_cache), which then fills the candidates' bags
  * too (candidate_side must be NULL under the sumi head); without an item cache a non-empty
  * history from the user cache is refused as any id-only request is ("history_side is NULL").
- * The request itself is not modified.
+ * Id-only and user-cache requests still set num_side_features to the model's count (with the
+ * bag pointers NULL). The request itself is not modified.
  * Output: scores[c * num_tasks + t] (float32, row-major [num_candidates x num_tasks]);
  * scores_len is the capacity in floats. Nothing beyond num_candidates * num_tasks is written,
  * and on any error nothing is written at all.
@@ -489,14 +490,16 @@ FLAME_API flame_status flame_pinned_pool_get_stats(flame_pinned_pool *pool, flam
  * an expired record, else the least recently written one of the two buckets. */
 typedef struct flame_user_cache flame_user_cache;
 
+/* A field left 0 takes its default, so a zeroed struct (with struct_size set) is valid. */
 typedef struct flame_user_cache_params {
     size_t struct_size;        /* sizeof(flame_user_cache_params) */
-    uint64_t capacity;         /* records; default 500000 (rounded up to whole buckets of 8).
+    uint64_t capacity;         /* records; 0 = 500000 (rounded up to whole buckets of 8).
                                 * Evictions may begin at ~70% of it (docs/memory.md) */
-    uint32_t num_slots;        /* id slots per record (bags, e.g. "genres"); default 1 */
-    uint32_t max_ids;          /* ids per record, all slots together; default 32 */
-    uint32_t max_dense;        /* float32 values per record; default 0 */
-    uint32_t mode;             /* permission bits of the shm object; default 0600 */
+    uint32_t num_slots;        /* id slots per record (bags, e.g. "genres"); 0 = 1 */
+    uint32_t max_ids;          /* ids per record, all slots together; 0 = 32. For histories read
+                                * by flame_score (slot 0), at least the model's max_len */
+    uint32_t max_dense;        /* float32 values per record; 0 (default) = none */
+    uint32_t mode;             /* permission bits of the shm object; 0 = 0600 */
     int64_t ttl_us;            /* records older than this read as misses; 0 (default) = never */
 } flame_user_cache_params;
 
@@ -532,8 +535,8 @@ typedef enum flame_user_cache_open_mode {
  * flame_user_cache_destroy (the table itself lives on until flame_user_cache_unlink and the last
  * process unmaps it). Thread-safety: get/put/remove/stats may be called concurrently from any
  * threads and processes. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL name/out, a bad name,
- * unknown open_mode, params out of range: capacity 1..2^32, num_slots 1..64, max_ids
- * 0..65536, max_dense 0..65536, ttl_us >= 0, mode within 0777);
+ * unknown open_mode, params out of range: capacity up to 2^32, num_slots up to 64, max_ids
+ * and max_dense up to 65536, ttl_us >= 0, mode within 0777);
  * FLAME_ERR_IO (shm_open/mmap failed, the name exists on CREATE or is absent on ATTACH, the
  * message carries strerror); FLAME_ERR_FORMAT (header mismatch); FLAME_ERR_NOMEM. */
 FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_open_mode open_mode,

@@ -25,9 +25,9 @@ static flame_status check_params(const flame_user_cache_params *p)
 {
     if (p->struct_size < sizeof *p)
         return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", p->struct_size, sizeof *p);
-    if (p->capacity < 1 || p->capacity > (1ull << 32))
+    if (p->capacity > (1ull << 32))
         return fl_error(FLAME_ERR_INVALID_ARG, "capacity %llu is outside 1..2^32", (unsigned long long)p->capacity);
-    if (p->num_slots < 1 || p->num_slots > 64)
+    if (p->num_slots > 64)
         return fl_error(FLAME_ERR_INVALID_ARG, "num_slots %u is outside 1..64", p->num_slots);
     if (p->max_ids > 65536) return fl_error(FLAME_ERR_INVALID_ARG, "max_ids %u is above 65536", p->max_ids);
     if (p->max_dense > 65536) return fl_error(FLAME_ERR_INVALID_ARG, "max_dense %u is above 65536", p->max_dense);
@@ -185,8 +185,17 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
         open_mode != FLAME_USER_CACHE_CREATE_OR_ATTACH)
         return fl_error(FLAME_ERR_INVALID_ARG, "open_mode %d is not a flame_user_cache_open_mode", (int)open_mode);
     flame_user_cache_params p = {sizeof p, 500000, 1, 32, 0, 0600, 0};
-    if (params && (st = check_params(params)) != FLAME_OK) return st;
-    if (params) p = *params;
+    if (params) { /* a zero field takes the default: a zeroed struct is a valid request */
+        if (params->struct_size < sizeof p)
+            return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof p);
+        const flame_user_cache_params d = p;
+        p = *params;
+        if (!p.capacity) p.capacity = d.capacity;
+        if (!p.num_slots) p.num_slots = d.num_slots;
+        if (!p.max_ids) p.max_ids = d.max_ids;
+        if (!p.mode) p.mode = d.mode;
+        if ((st = check_params(&p)) != FLAME_OK) return st;
+    }
 
     flame_user_cache *c = calloc(1, sizeof *c);
     if (!c) return fl_error(FLAME_ERR_NOMEM, "cannot allocate a user cache handle");
