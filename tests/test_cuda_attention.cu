@@ -12,21 +12,7 @@ extern "C" {
 #include "tu_gpu.h"
 }
 #include "attention_tc.cuh"
-
-
-#define CK(call)                                                                                                \
-    do {                                                                                                        \
-        cudaError_t e_ = (call);                                                                                \
-        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));                              \
-    } while (0)
-
-template <typename T> static T to_t(float x);
-template <> __half to_t<__half>(float x) { return __float2half_rn(x); }
-template <> __nv_bfloat16 to_t<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> float to_t<float>(float x) { return x; }
-static float from_t(__half x) { return __half2float(x); }
-static float from_t(__nv_bfloat16 x) { return __bfloat162float(x); }
-static float from_t(float x) { return x; }
+#include "tu_cuda.cuh"
 
 struct seq {
     int n, m;

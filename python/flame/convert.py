@@ -36,6 +36,14 @@ _BLOCK = {
 _TOP = {"tables.item": "item_embeddings", "position": "position_embeddings", "input_ln": "LayerNorm"}
 
 
+def _check(cfg):
+    """The config a converter built, checked as the loader would (ConvertError on a problem)."""
+    try:
+        layout.check(cfg)
+    except ValueError as e:
+        raise ConvertError(str(e)) from None
+
+
 def _get(src, name):
     if name not in src:
         raise ConvertError(f"missing tensor '{name}'")
@@ -63,10 +71,7 @@ def iclrec(src, num_heads=2, eps=1e-12):
         "layernorm": {"eps": eps, "eps_inside_sqrt": True},
         "head": {"type": "dot", "table": "item"},
     }
-    try:
-        layout.check(cfg)
-    except ValueError as e:
-        raise ConvertError(str(e)) from None
+    _check(cfg)
 
     names = {f"{k}.{w}": f"{v}.{w}" for k, v in _TOP.items() for w in ("weight", "bias")}
     names.pop("tables.item.bias"), names.pop("position.bias")
@@ -121,10 +126,7 @@ def sasrec(src, num_heads=1, norm="post", max_len=None, eps=1e-8):
         "layernorm": {"eps": eps, "eps_inside_sqrt": True},
         "head": {"type": "dot", "table": "item"},
     }
-    try:
-        layout.check(cfg)
-    except ValueError as e:
-        raise ConvertError(str(e)) from None
+    _check(cfg)
     emb = _get(src, "item_emb.weight")
     out = {"tables.item_input.weight": emb * np.float32(math.sqrt(d)), "tables.item.weight": emb,
            "position.weight": pos[1:],
