@@ -21,7 +21,7 @@ PYTHON  ?= python3
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFLAME_BUILDING \
-               -Iinclude -Isrc $(shell pkg-config --cflags cblas 2>/dev/null)
+               -Iinclude -Isrc $(shell pkg-config --cflags openblas 2>/dev/null || pkg-config --cflags cblas 2>/dev/null)
 LDLIBS  := -lcjson -lopenblas -lhiredis -fopenmp -lpthread -lm
 
 SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
