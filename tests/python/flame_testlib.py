@@ -1,7 +1,10 @@
-"""Small model configs covering the format's options, and random requests for them."""
+"""Small model configs covering the format's options, random requests for them, and how
+scores are compared with the float64 reference."""
 import copy
 
 import numpy as np
+
+from flame import layout, reference
 
 BASE = {
     "format": "flame", "version": 1, "d_model": 16, "max_len": 6,
@@ -132,3 +135,20 @@ def random_config(rng):
             "final_layernorm": bool(rng.integers(2)),
             "layernorm": {"eps": float(rng.choice([1e-12, 1e-5, 1e-3])), "eps_inside_sqrt": bool(rng.integers(2))},
             "head": head}
+
+
+def rel_err(got, want, scale=None):
+    """Largest absolute difference over `scale` (default: the largest |want|)."""
+    scale = np.max(np.abs(want), initial=0.0) if scale is None else scale
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want), initial=0.0) / max(scale, 1e-30))
+
+
+def score_scale(cfg, t64, r):
+    """What a request's errors are measured against: for a dot head the largest |score| this
+    user gets over the whole item table (one candidate's dot product can cancel to near 0,
+    where float32 rounding is relatively large); None (the request's own largest score) for
+    sumi heads, whose sigmoids do not cancel."""
+    if cfg["head"]["type"] != "dot":
+        return None
+    items = np.arange(min(layout.table(cfg, n)["rows"] for n in layout.item_tables(cfg)))
+    return np.max(np.abs(reference.score(cfg, t64, r[0], items, r[2], None)))

@@ -10,23 +10,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed: the PyTorch
 
 import flame  # noqa: E402
 import flame_testlib as lib  # noqa: E402
+from flame_testlib import rel_err, score_scale  # noqa: E402
 from flame import convert, reference, st_io, torch_ref  # noqa: E402
 
 RTOL = 1e-5  # fp32 vs fp32 (libflame) and fp32 vs fp64 (reference), relative to the largest score
-
-
-def rel_err(got, want, scale=None):
-    scale = np.max(np.abs(want), initial=0.0) if scale is None else scale
-    return float(np.max(np.abs(got - want), initial=0.0) / max(scale, 1e-30))
-
-
-def score_scale(cfg, t64, r):
-    """The largest |score| this user gets over the whole item table: a dot product of a
-    single candidate can cancel to near 0, where fp32 rounding is relatively large."""
-    if cfg["head"]["type"] != "dot":
-        return None
-    items = np.arange(min(tb["rows"] for tb in cfg["tables"] if tb["name"] in flame.layout.item_tables(cfg)))
-    return np.max(np.abs(reference.score(cfg, t64, r[0], items, r[2], None)))
 
 
 def module_for(cfg, seed):
