@@ -1,6 +1,7 @@
 /* The shared-memory user cache: round trips, attach from another process, header checks,
  * a writer killed inside a write, readers racing a writer (threads and processes) never seeing
- * a torn record, eviction when full, TTL, and throughput on the default-size table. */
+ * a torn record, eviction when full, TTL, the layout an attacher reads back, and throughput on
+ * the default-size table. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -560,6 +561,31 @@ static void test_zeroed_params_are_the_defaults(void **state)
     flame_user_cache_destroy(c);
 }
 
+/* An attacher without params learns the creator's layout; mode is not kept (0). */
+static void test_get_params(void **state)
+{
+    flame_user_cache_params p = params(100, 3, 12, 5);
+    p.ttl_us = 2500000;
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p), *a = open_cache(FLAME_USER_CACHE_ATTACH, NULL);
+    flame_user_cache_params got;
+    memset(&got, 0x5a, sizeof got);
+    got.struct_size = sizeof got;
+    assert_int_equal(flame_user_cache_get_params(a, &got), FLAME_OK);
+    assert_int_equal(got.struct_size, sizeof got);
+    assert_int_equal(got.capacity, 100);
+    assert_int_equal(got.num_slots, 3);
+    assert_int_equal(got.max_ids, 12);
+    assert_int_equal(got.max_dense, 5);
+    assert_int_equal(got.mode, 0);
+    assert_int_equal(got.ttl_us, 2500000);
+    got.struct_size = sizeof got - 1;
+    assert_status_msg(flame_user_cache_get_params(a, &got), FLAME_ERR_INVALID_ARG, "params->struct_size");
+    assert_status_msg(flame_user_cache_get_params(NULL, &got), FLAME_ERR_INVALID_ARG, "cache is NULL");
+    assert_status_msg(flame_user_cache_get_params(a, NULL), FLAME_ERR_INVALID_ARG, "params is NULL");
+    flame_user_cache_destroy(a);
+    flame_user_cache_destroy(c);
+}
+
 static void test_default_table_throughput(void **state)
 {
     flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, NULL);
@@ -613,6 +639,7 @@ int main(void)
         T(test_ttl),
         T(test_argument_errors),
         T(test_zeroed_params_are_the_defaults),
+        T(test_get_params),
         T(test_default_table_throughput),
     };
     return cmocka_run_group_tests_name("user cache", tests, NULL, NULL);

@@ -588,6 +588,14 @@ typedef struct flame_user_cache_stats {
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
 FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
 
+/* Fills *params with the table's layout as fixed by its creator: capacity (as asked at
+ * creation), num_slots, max_ids, max_dense and ttl_us; mode reads 0 (the table does not keep
+ * its permission bits). A process that attached without params learns here what its
+ * flame_user_cache_get buffers need (ids_capacity max_ids, slot_lens of num_slots, dense of
+ * max_dense). The fields never change after creation. Thread- and process-safe.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+FLAME_API flame_status flame_user_cache_get_params(const flame_user_cache *cache, flame_user_cache_params *params);
+
 /* Attaches a user cache to an engine (NULL detaches), so that requests can give a user id and
  * candidates only (flame_request.history_from_user_cache = 1, flame_score).
  * Record convention: slot 0 of a user's record holds the user's history, item ids oldest

@@ -219,6 +219,22 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
     return FLAME_OK;
 }
 
+FLAME_API flame_status flame_user_cache_get_params(const flame_user_cache *cache, flame_user_cache_params *params)
+{
+    fl_clear_error();
+    if (!cache || !params) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", cache ? "params" : "cache");
+    if (params->struct_size < sizeof *params)
+        return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof *params);
+    const fl_uc_header *h = cache->hdr;
+    params->capacity = h->capacity;
+    params->num_slots = h->num_slots;
+    params->max_ids = h->max_ids;
+    params->max_dense = h->max_dense;
+    params->mode = 0; /* not kept in the table */
+    params->ttl_us = h->ttl_us;
+    return FLAME_OK;
+}
+
 void fl_uc_retain(flame_user_cache *c)
 {
     atomic_fetch_add(&c->refs, 1);
