@@ -766,7 +766,10 @@ FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
  * - No lost updates: a fetch or refresh that started before a flame_item_cache_put or
  *   flame_item_cache_invalidate of the same id never installs its (older) result.
  * Thread-safety: every function may be called concurrently, except create/destroy and the
- *   set_* hooks, which must be called before the cache is shared. */
+ *   set_* hooks, which must be called before the cache is shared.
+ * fork(): a cache belongs to the process that created it; a child of fork() must neither use
+ *   nor destroy one it inherited (its refresh thread exists only in the parent: destroying it
+ *   would wait for that thread forever). Pre-fork servers create their caches in the workers. */
 typedef struct flame_item_cache flame_item_cache;
 
 /* Creates a cache in front of `source` (the cache holds a reference) with the item cache

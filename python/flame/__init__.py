@@ -1,6 +1,7 @@
-"""libflame from Python: load flame models and score candidates, train flame models in
-PyTorch (flame.torch_ref) and export them (flame.export), convert other checkpoints
-(flame.convert), and check against a float64 numpy reference (flame.reference).
+"""libflame from Python: load flame models and score candidates, feed them from the feature
+caches (flame.ItemCache over a flame.FeatureSource, the shared-memory flame.UserCache), train
+flame models in PyTorch (flame.torch_ref) and export them (flame.export), convert other
+checkpoints (flame.convert), and check against a float64 numpy reference (flame.reference).
 
     import flame, numpy as np
     with flame.Model("model.flame") as m, flame.Engine(m) as engine:
@@ -19,8 +20,11 @@ from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, F
                      UnavailableError,
                      ShapeError, UnsupportedError, VersionMismatchError)
 from .exporter import export
+from .features import FeatureRecord, FeatureSource, ItemCache, load_redis
 from .log import clear_log_handler, set_log_handler
+from .memory import PinnedBuffer, PinnedPool, numa_info
 from .model import Model, ModelInfo
+from .user_cache import UserCache, UserRecord
 
 
 def __getattr__(name):
@@ -32,6 +36,7 @@ def __getattr__(name):
 
 
 __all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "export", "library_version", "set_log_handler",
-           "clear_log_handler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
+           "clear_log_handler", "FeatureRecord", "FeatureSource", "ItemCache", "load_redis", "UserCache", "UserRecord",
+           "PinnedPool", "PinnedBuffer", "numa_info", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
            "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",
            "DTypeError", "ShapeError", "ClosedError", "LibraryNotFoundError", "VersionMismatchError"]

@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidArgumentError, ShapeError
 
 Bag = Tuple[np.ndarray, np.ndarray]  # (offsets [num_tokens + 1], ids [offsets[-1]]), int64
 
@@ -35,6 +35,16 @@ def ids(value: Any, name: str) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def int64(value: Any, name: str) -> int:
+    """A Python int that fits int64 (an id or a key), refused otherwise with a clear message."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise DTypeError(f"{name} must be an int, got {type(value).__name__}")
+    v = int(value)
+    if not -2**63 <= v < 2**63:
+        raise InvalidArgumentError(f"{name} = {v} does not fit int64")
+    return v
+
+
 def bags(side: Optional[Sequence[Any]], num_tokens: int, num_slots: int, name: str) -> List[Bag]:
     """Validates one token list's side features: `num_slots` (offsets, ids) pairs in CSR form
     over `num_tokens` tokens. Contents (monotonic offsets, id ranges) are checked by the
@@ -42,7 +52,8 @@ def bags(side: Optional[Sequence[Any]], num_tokens: int, num_slots: int, name: s
     if side is None:
         if num_slots:
             raise ShapeError(f"{name} is missing: the model has {num_slots} side-feature slot(s), "
-                             f"pass one (offsets, ids) pair per slot")
+                             f"pass one (offsets, ids) pair per slot, or attach an item cache that gives them "
+                             f"(Engine.set_item_cache)")
         return []
     if len(side) != num_slots:
         raise ShapeError(f"{name} has {len(side)} slot(s), the model has {num_slots} side-feature slot(s)")

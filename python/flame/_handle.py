@@ -1,6 +1,12 @@
 """The lifetime every libflame handle wrapper shares: close() (idempotent), context manager,
-closing on garbage collection, and ClosedError once closed."""
+closing on garbage collection, and ClosedError once closed.
+
+A handle belongs to the process that made it. A child of fork() forgets the handles it
+inherited instead of destroying them: destroying, say, an item cache there would wait for a
+refresh thread that exists only in the parent (the child's copy of the memory is simply left
+to the child's exit). Objects the child makes itself are destroyed as usual."""
 import ctypes as C
+import os
 
 from . import _lib
 from .errors import ClosedError
@@ -9,6 +15,11 @@ from .errors import ClosedError
 class Handle:
     _destroy = ""  # name of the flame_*_destroy function of the handle
     _what = ""     # for messages: "model", "engine"
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self._pid = os.getpid()
+        return self
 
     @property
     def handle(self) -> C.c_void_p:
@@ -21,11 +32,13 @@ class Handle:
         return not getattr(self, "_handle", None)
 
     def close(self) -> None:
-        """Destroys the handle (no call on it may be running). Idempotent."""
+        """Destroys the handle (no call on it may be running). Idempotent. In a forked child,
+        an inherited handle is only forgotten (see the module docstring)."""
         h = getattr(self, "_handle", None)
         if h:
             self._handle = C.c_void_p()
-            getattr(_lib.lib(), self._destroy)(h)
+            if getattr(self, "_pid", None) == os.getpid():
+                getattr(_lib.lib(), self._destroy)(h)
 
     def __enter__(self):
         return self

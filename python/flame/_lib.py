@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import errors
-from ._structs import I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN
+from ._structs import (I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN, FETCH_FN, NumaInfo, PinnedPoolParams,
+                       PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats)
 
 # The C API this package was written against: flame.h 0.1.x. Same major (the ABI promise),
 # and at least this minor (the functions and struct fields bound below exist from 0.1).
@@ -45,6 +46,46 @@ PROTOTYPES = [
     ("flame_score", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t]),
     ("flame_score_batch", _st, [_vp, C.POINTER(Request), C.c_size_t, F32P, C.c_size_t]),
     ("flame_engine_get_stats", _st, [_vp, C.POINTER(EngineStats)]),
+    ("flame_engine_set_item_cache", _st, [_vp, _vp]),
+    ("flame_engine_set_user_cache", _st, [_vp, _vp]),
+    # memory: NUMA, pinned pool, shared-memory user cache
+    ("flame_numa_get_info", _st, [C.POINTER(NumaInfo)]),
+    ("flame_pinned_pool_create", _st, [C.POINTER(PinnedPoolParams), C.POINTER(_vp)]),
+    ("flame_pinned_pool_destroy", None, [_vp]),
+    ("flame_pinned_alloc", _st, [_vp, C.c_size_t, C.POINTER(_vp), C.POINTER(C.c_int32)]),
+    ("flame_pinned_free", _st, [_vp, _vp]),
+    ("flame_pinned_pool_get_stats", _st, [_vp, C.POINTER(PinnedPoolStats)]),
+    ("flame_user_cache_open", _st, [C.c_char_p, C.c_int, C.POINTER(UserCacheParams), C.POINTER(_vp)]),
+    ("flame_user_cache_destroy", None, [_vp]),
+    ("flame_user_cache_unlink", _st, [C.c_char_p]),
+    ("flame_user_cache_put", _st, [_vp, C.c_int64, C.POINTER(UserFeatures)]),
+    ("flame_user_cache_get", _st, [_vp, C.c_int64, C.POINTER(UserFeatures), C.POINTER(C.c_int32)]),
+    ("flame_user_cache_remove", _st, [_vp, C.c_int64, C.POINTER(C.c_int32)]),
+    ("flame_user_cache_get_stats", _st, [_vp, C.POINTER(UserCacheStats)]),
+    ("flame_user_cache_get_params", _st, [_vp, C.POINTER(UserCacheParams)]),
+    # item features: batches, sources, item cache
+    ("flame_feature_batch_create", _st, [C.c_int32, C.POINTER(_vp)]),
+    ("flame_feature_batch_destroy", None, [_vp]),
+    ("flame_feature_batch_size", C.c_size_t, [_vp]),
+    ("flame_feature_batch_set", _st, [_vp, C.c_size_t, I64P, I64P, F32P, C.c_size_t]),
+    ("flame_feature_batch_set_missing", _st, [_vp, C.c_size_t]),
+    ("flame_feature_batch_get_slot", _st, [_vp, C.c_size_t, C.c_int32, C.POINTER(C.c_int), C.POINTER(I64P),
+                                            C.POINTER(C.c_size_t)]),
+    ("flame_feature_batch_get_dense", _st, [_vp, C.c_size_t, C.POINTER(F32P), C.POINTER(C.c_size_t)]),
+    ("flame_feature_source_create_callback", _st, [C.c_int32, FETCH_FN, _vp, _vp, C.POINTER(_vp)]),
+    ("flame_feature_source_create_file", _st, [C.c_char_p, C.POINTER(_vp)]),
+    ("flame_feature_source_create_redis", _st, [C.POINTER(RedisOptions), C.POINTER(_vp)]),
+    ("flame_redis_load_features", _st, [C.POINTER(RedisOptions), C.c_char_p, C.POINTER(C.c_uint64)]),
+    ("flame_feature_source_num_slots", C.c_int32, [_vp]),
+    ("flame_feature_source_fetch", _st, [_vp, I64P, C.c_size_t, _vp]),
+    ("flame_feature_source_destroy", None, [_vp]),
+    ("flame_item_cache_create", _st, [_vp, _vp, C.POINTER(_vp)]),
+    ("flame_item_cache_destroy", None, [_vp]),
+    ("flame_item_cache_get", _st, [_vp, I64P, C.c_size_t, _vp]),
+    ("flame_item_cache_put", _st, [_vp, C.c_int64, I64P, I64P, F32P, C.c_size_t]),
+    ("flame_item_cache_invalidate", _st, [_vp, C.c_int64]),
+    ("flame_item_cache_run_refresh", _st, [_vp, C.POINTER(C.c_uint64)]),
+    ("flame_item_cache_get_stats", _st, [_vp, C.POINTER(ItemCacheStats)]),
 ]
 
 _lock = threading.Lock()

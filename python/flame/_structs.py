@@ -43,9 +43,60 @@ class EngineStats(C.Structure):
                 ("user_cache_misses", C.c_uint64)]
 
 
+class NumaInfo(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("mode", C.c_int), ("num_nodes", C.c_int32),
+                ("current_node", C.c_int32)]
+
+
+class PinnedPoolParams(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("numa_node", C.c_int32), ("pin", C.c_int32),
+                ("max_cached_bytes", C.c_uint64)]
+
+
+class PinnedPoolStats(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("bytes_reserved", C.c_uint64), ("bytes_in_use", C.c_uint64),
+                ("bytes_requested", C.c_uint64), ("bytes_pinned", C.c_uint64), ("bytes_pageable", C.c_uint64),
+                ("hits", C.c_uint64), ("misses", C.c_uint64), ("pin_failures", C.c_uint64),
+                ("releases", C.c_uint64), ("pinning", C.c_int32)]
+
+
+class UserCacheParams(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("capacity", C.c_uint64), ("num_slots", C.c_uint32),
+                ("max_ids", C.c_uint32), ("max_dense", C.c_uint32), ("mode", C.c_uint32), ("ttl_us", C.c_int64)]
+
+
+class UserFeatures(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("ids", I64P), ("num_ids", C.c_size_t),
+                ("slot_lens", C.POINTER(C.c_uint32)), ("dense", F32P), ("num_dense", C.c_size_t),
+                ("ids_capacity", C.c_size_t), ("dense_capacity", C.c_size_t), ("age_us", C.c_int64)]
+
+
+class UserCacheStats(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("capacity", C.c_uint64), ("records", C.c_uint64),
+                ("table_bytes", C.c_uint64), ("record_bytes", C.c_uint64), ("hits", C.c_uint64),
+                ("misses", C.c_uint64), ("expired", C.c_uint64), ("puts", C.c_uint64),
+                ("evictions", C.c_uint64), ("recoveries", C.c_uint64)]
+
+
+class RedisOptions(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("host", C.c_char_p), ("port", C.c_int32),
+                ("key_prefix", C.c_char_p), ("num_slots", C.c_int32), ("connect_timeout_ms", C.c_int32),
+                ("read_timeout_ms", C.c_int32), ("keys_per_command", C.c_int32), ("backoff_min_ms", C.c_int32),
+                ("backoff_max_ms", C.c_int32)]
+
+
+class ItemCacheStats(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("hits", C.c_uint64), ("misses", C.c_uint64),
+                ("stale_serves", C.c_uint64), ("refreshes", C.c_uint64), ("refresh_failures", C.c_uint64),
+                ("evictions", C.c_uint64), ("fetches", C.c_uint64), ("entries", C.c_uint64),
+                ("bytes", C.c_uint64)]
+
+
 def as_dict(s: C.Structure) -> dict:
     """The fields after struct_size, as plain Python values."""
     return {name: getattr(s, name) for name, _ in s._fields_ if name != "struct_size"}
 
 
 LOG_FN = C.CFUNCTYPE(None, C.c_int, C.c_char_p, C.c_void_p)
+# flame_feature_fetch_fn(user, ids, n, batch) -> flame_status
+FETCH_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, I64P, C.c_size_t, C.c_void_p)

@@ -12,18 +12,21 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _arrays, _lib
+from . import _arrays, _config, _lib, features
 from ._handle import Handle
 from ._structs import I64P, F32P, Bags, Request as _Request, EngineStats as _EngineStats, as_dict, new
-from .errors import DTypeError
+from .errors import ShapeError
+from .features import ItemCache
 from .model import Model
+from .user_cache import UserCache
 
 # Engine options (flame_option): keyword -> (enum value, Python type).
 OPTIONS = {"device": (1, str), "max_batch": (2, int), "score_chunk": (3, int), "dtype": (4, str),
            "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
-# does not export are left out, so newer handles (cache, allocator) slot in as one line each.
+# does not export are left out, so newer handles slot in as one line each; the attached
+# caches' statistics are added by Engine.stats.
 STATS = {"engine": ("flame_engine_get_stats", _EngineStats)}
 
 
@@ -33,14 +36,19 @@ class Request:
 
     history:        int64 [history_len], oldest first (any length; the most recent max_len are used)
     candidates:     int64 [num_candidates]
-    history_side:   per side-feature slot an (offsets int64 [history_len + 1], ids int64) pair
-    candidate_side: per slot an (offsets int64 [num_candidates + 1], ids int64) pair
+    history_side:   per side-feature slot an (offsets int64 [history_len + 1], ids int64) pair;
+                    None when the engine's item cache gives the bags (Engine.set_item_cache)
+    candidate_side: per slot an (offsets int64 [num_candidates + 1], ids int64) pair; likewise
+    user_id:        the user's key in the engine's user cache
+    from_user_cache: True: the history is user_id's record in the engine's user cache
+                    (Engine.set_user_cache); history and history_side are then None
     """
     history: Any
     candidates: Any
     history_side: Optional[Sequence[Any]] = None
     candidate_side: Optional[Sequence[Any]] = None
     user_id: int = 0
+    from_user_cache: bool = False
 
 
 def _ptr(a: np.ndarray):
@@ -50,6 +58,10 @@ def _ptr(a: np.ndarray):
 class Engine(Handle):
     """Scores candidates for users with a model. Thread-safe: score() may be called from many
     threads at once (the library gives each call its own workspace; ctypes releases the GIL).
+
+    Caches: set_item_cache(ItemCache) lets requests leave their side features out (the cache
+    gives the bags); set_user_cache(UserCache) lets them give a user id instead of a history
+    (from_user_cache=True). The engine keeps the attached caches alive.
 
     Options (keyword arguments; the library checks the values):
       device: "cpu" (default), "auto", "cuda", "cuda:N"
@@ -68,36 +80,58 @@ class Engine(Handle):
         info = model.info
         self.num_tasks, self.num_side_features = info.num_tasks, info.num_side_features
         self.head = info.head
-        cfg = C.c_void_p()
-        if options:
-            _lib.check(L.flame_config_create(C.byref(cfg)))
+        cfg = _config.build(OPTIONS, options, "engine") if options else C.c_void_p()
         try:
-            for key, value in options.items():
-                if key not in OPTIONS:
-                    raise TypeError(f"unknown engine option {key!r}; known: {sorted(OPTIONS)}")
-                opt, typ = OPTIONS[key]
-                if typ is str:
-                    if not isinstance(value, str):
-                        raise DTypeError(f"option {key} must be a string, got {type(value).__name__}")
-                    _lib.check(L.flame_config_set_string(cfg, opt, value.encode()))
-                else:
-                    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                        raise DTypeError(f"option {key} must be an int, got {type(value).__name__}")
-                    _lib.check(L.flame_config_set_int(cfg, opt, int(value)))
             _lib.check(L.flame_engine_create(model.handle, cfg, C.byref(self._handle)))
         finally:
             L.flame_config_destroy(cfg)
+        self._item_cache: Optional[ItemCache] = None
+        self._user_cache: Optional[UserCache] = None
+
+    # ------------------------------------------------------------ caches
+
+    def set_item_cache(self, cache: Optional[ItemCache]) -> None:
+        """Attaches an item cache (None detaches): requests that give no side features get
+        their bags from it (a missing record pools to zero vectors). Not to be called while
+        the engine scores. Raises InvalidArgumentError when the cache's records have another
+        slot count than the model's side features."""
+        if cache is not None and not isinstance(cache, ItemCache):
+            raise TypeError(f"cache must be a flame.ItemCache or None, got {type(cache).__name__}")
+        _lib.check(_lib.lib().flame_engine_set_item_cache(self.handle, cache.handle if cache else None))
+        self._item_cache = cache
+
+    def set_user_cache(self, cache: Optional[UserCache]) -> None:
+        """Attaches a user cache (None detaches): requests with from_user_cache=True score
+        user_id's record (slot 0, oldest first; its most recent max_len items) as their
+        history; a miss scores an empty history. Not to be called while the engine scores."""
+        if cache is not None and not isinstance(cache, UserCache):
+            raise TypeError(f"cache must be a flame.UserCache or None, got {type(cache).__name__}")
+        _lib.check(_lib.lib().flame_engine_set_user_cache(self.handle, cache.handle if cache else None))
+        self._user_cache = cache
+
+    def _check(self, status_fn) -> None:
+        """_lib.check, with the item cache's fetch-callback exception (if any) as the cause."""
+        features.call_with_cause(self._item_cache.callbacks if self._item_cache else [], status_fn)
 
     # ------------------------------------------------------------ lifetime
 
     def _request(self, r: Request, keep: List[Any], where: str = "") -> _Request:
         """A C request over the arrays of `r`; `keep` holds what must outlive the call."""
-        h = _arrays.ids(r.history, where + "history")
+        if r.from_user_cache:
+            if r.history is not None or r.history_side is not None:
+                raise ShapeError(f"{where}from_user_cache is set: the history comes from the user cache, so history "
+                                 "and history_side must be None")
+            h = np.zeros(0, np.int64)
+        else:
+            h = _arrays.ids(r.history, where + "history")
         c = _arrays.ids(r.candidates, where + "candidates")
         k = self.num_side_features
-        hs = _arrays.bags(r.history_side, h.size, k, where + "history_side")
-        # the dot head never reads candidate side features, so they may be left out there
-        cs = [] if (self.head == "dot" and r.candidate_side is None) else \
+        # bags may be left out where nothing reads them: under the dot head the candidates',
+        # with an item cache (which gives them) or a user-cache history (whose bags it gives) the rest
+        cached = self._item_cache is not None
+        hs = [] if (r.history_side is None and (cached or r.from_user_cache)) else \
+            _arrays.bags(r.history_side, h.size, k, where + "history_side")
+        cs = [] if (r.candidate_side is None and (self.head == "dot" or cached)) else \
             _arrays.bags(r.candidate_side, c.size, k, where + "candidate_side")
         keep += [h, c]
         sides = []
@@ -108,17 +142,20 @@ class Engine(Handle):
             arr = (Bags * len(bags))(*[Bags(o.ctypes.data_as(I64P), i.ctypes.data_as(I64P)) for o, i in bags])
             keep += [arr, bags]
             sides.append(C.cast(arr, C.POINTER(Bags)))
-        return _Request(C.sizeof(_Request), int(r.user_id), _ptr(h), h.size, _ptr(c), c.size,
-                        sides[0], sides[1], k)
+        return _Request(C.sizeof(_Request), _arrays.int64(r.user_id, where + "user_id"), _ptr(h), h.size, _ptr(c),
+                        c.size, sides[0], sides[1], k, 1 if r.from_user_cache else 0)
 
     def score(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
-              candidate_side: Optional[Sequence[Any]] = None, *, user_id: int = 0,
+              candidate_side: Optional[Sequence[Any]] = None, *, user_id: int = 0, from_user_cache: bool = False,
               out: Optional[np.ndarray] = None) -> np.ndarray:
         """Scores one user's candidates.
 
         history: int64 [history_len], oldest first; candidates: int64 [num_candidates].
         history_side / candidate_side: one (offsets, ids) int64 CSR pair per side-feature slot
-        (offsets has num_tokens + 1 entries; see flame.bags); None for models without any.
+        (offsets has num_tokens + 1 entries; see flame.bags); None for models without any, or
+        when the engine's item cache gives them.
+        from_user_cache: the history is user_id's record in the engine's user cache (history
+        None): engine.score(None, candidates, user_id=42, from_user_cache=True).
         out: optional float32 [num_candidates, num_tasks] C-contiguous array to write into.
         Returns float32 [num_candidates, num_tasks]: sigmoid task scores (sumi head) or dot
         products (dot head, one column).
@@ -126,9 +163,10 @@ class Engine(Handle):
         offsets; the message names them), ClosedError.
         """
         keep: List[Any] = []
-        req = self._request(Request(history, candidates, history_side, candidate_side, user_id), keep)
+        req = self._request(Request(history, candidates, history_side, candidate_side, user_id, from_user_cache),
+                            keep)
         res = _arrays.scores_out(out, req.num_candidates, self.num_tasks)
-        _lib.check(_lib.lib().flame_score(self.handle, C.byref(req), res.ctypes.data_as(F32P), res.size))
+        self._check(lambda: _lib.lib().flame_score(self.handle, C.byref(req), res.ctypes.data_as(F32P), res.size))
         return res
 
     def score_batch(self, requests: Sequence[Union[Request, Sequence[Any], Dict[str, Any]]],
@@ -152,14 +190,16 @@ class Engine(Handle):
             reqs[r] = self._request(item, keep, f"request {r}: ")
             sizes.append(reqs[r].num_candidates)
         res = _arrays.scores_out(out, sum(sizes), self.num_tasks)
-        _lib.check(_lib.lib().flame_score_batch(self.handle, reqs, len(requests), res.ctypes.data_as(F32P), res.size))
+        self._check(lambda: _lib.lib().flame_score_batch(self.handle, reqs, len(requests), res.ctypes.data_as(F32P),
+                                                         res.size))
         return np.split(res, np.cumsum(sizes)[:-1]) if sizes else []
 
     # ------------------------------------------------------------ statistics
 
     def stats(self) -> Dict[str, Dict[str, int]]:
-        """{group: {counter: value}} for every statistics group the loaded library has;
-        today "engine": calls, requests, workspaces, scratch_bytes, max_workspace_bytes."""
+        """{group: {counter: value}}: "engine" (calls, requests, workspaces, scratch_bytes,
+        max_workspace_bytes, device and graph counters, user_cache_hits/misses), and the
+        attached caches' own: "item_cache" (ItemCache.stats), "user_cache" (UserCache.stats)."""
         L, out = _lib.lib(), {}
         for group, (fn, cls) in STATS.items():
             f = getattr(L, fn, None)
@@ -168,6 +208,9 @@ class Engine(Handle):
             raw = new(cls)
             _lib.check(f(self.handle, C.byref(raw)))
             out[group] = as_dict(raw)
+        for group, cache in (("item_cache", self._item_cache), ("user_cache", self._user_cache)):
+            if cache is not None and not cache.closed:
+                out[group] = cache.stats()
         return out
 
     def __repr__(self) -> str:
