@@ -52,13 +52,19 @@ static int parse_size(const char *flag, const char *v, size_t lo, size_t hi, siz
     return 0;
 }
 
+static void log_to_stderr(flame_log_level level, const char *message, void *user);
+
 int make_engine(flame_model *model, const char *device, const char *dtype, flame_engine **out)
 {
     flame_config *cfg = NULL;
     flame_status st = flame_config_create(&cfg);
     if (st == FLAME_OK && device) st = flame_config_set_string(cfg, FLAME_OPT_DEVICE, device);
     if (st == FLAME_OK && dtype) st = flame_config_set_string(cfg, FLAME_OPT_DTYPE, dtype);
+    /* "auto" says which device it chose (and why not the GPU) at INFO: show that line */
+    const int chooses = device && !strcmp(device, "auto");
+    if (chooses) flame_set_log_callback(log_to_stderr, NULL, FLAME_LOG_INFO);
     if (st == FLAME_OK) st = flame_engine_create(model, cfg, out);
+    if (chooses) flame_set_log_callback(log_to_stderr, NULL, FLAME_LOG_WARN);
     flame_config_destroy(cfg);
     if (st) fprintf(stderr, "flame-score: creating the engine: %s: %s\n", flame_status_string(st), flame_last_error());
     return st == FLAME_OK ? 0 : 1;
@@ -68,7 +74,8 @@ int make_engine(flame_model *model, const char *device, const char *dtype, flame
 static void log_to_stderr(flame_log_level level, const char *message, void *user)
 {
     (void)user;
-    fprintf(stderr, "libflame %s: %s\n", level == FLAME_LOG_ERROR ? "error" : "warning", message);
+    static const char *const names[] = {"error", "warning", "info", "debug"};
+    fprintf(stderr, "libflame %s: %s\n", level >= 0 && level <= FLAME_LOG_DEBUG ? names[level] : "log", message);
 }
 
 int main(int argc, char **argv)

@@ -7,6 +7,7 @@ safetensors package does the container work (header, alignment) so that files ar
 an implementation independent of libflame's loader.
 """
 import json
+import os
 import struct
 
 import numpy as np
@@ -85,3 +86,18 @@ def write(path, tensors, metadata=None, dtype="F32"):
         else:
             specs[name] = {"dtype": _SPEC_NAME[dt], "shape": list(b.shape), "data": b.tobytes()}
     safetensors.serialize_file(specs, str(path), metadata=metadata)
+    # safetensors writes through a 0600 temporary file: give the file the mode any file this
+    # process creates gets (0666 less the umask), so a service account can read a model
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask():
+    """The process's umask without changing it (os.umask would, process-wide)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022

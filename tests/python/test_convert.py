@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,3 +142,15 @@ def test_converted_model_matches_iclrec_forward(tmp_path, n):
     history = np.random.default_rng(n).integers(1, ITEMS, size=n)  # item 0 is ICLRec's padding
     ours = reference.score(cfg, t, history, np.arange(ITEMS))[:, 0]
     np.testing.assert_allclose(ours, iclrec_forward(sd, history), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_written_files_get_the_mode_of_the_umask(tmp_path, umask):
+    """safetensors writes 0600 files; a model a service account cannot read is a trap, so
+    files get 0666 less the umask, as any file the process creates."""
+    path = tmp_path / "m.flame"
+    code = ("import os, sys\nos.umask(%d)\nsys.path.insert(0, %r)\nfrom flame import reference\n"
+            "import flame_testlib as lib\ncfg = lib.CASES['iclrec_like']\n"
+            "reference.save(%r, cfg, reference.random_model(cfg, 0))\n") % (umask, str(Path(__file__).parent), str(path))
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(REPO / "python")})
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
