@@ -27,6 +27,8 @@ LDLIBS  := -lcjson -lopenblas -lhiredis -fopenmp -lpthread -lm
 SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory (issue 4): NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
 SRC += $(wildcard src/mem/*.c src/cache/*.c)
+# ---- the batch-profile scheduler
+SRC += $(wildcard src/sched/*.c)
 SRC := $(sort $(SRC))
 LDLIBS += -lnuma
 # ---- end memory

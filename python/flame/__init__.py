@@ -1,5 +1,5 @@
-"""libflame from Python: load flame models and score candidates, feed them from the feature
-caches (flame.ItemCache over a flame.FeatureSource, the shared-memory flame.UserCache), train
+"""libflame from Python: load flame models and score candidates (directly, or batched across
+threads by a flame.Scheduler), feed them from the feature caches (flame.ItemCache over a flame.FeatureSource, the shared-memory flame.UserCache), train
 flame models in PyTorch (flame.torch_ref) and export them (flame.export), convert other
 checkpoints (flame.convert), and check against a float64 numpy reference (flame.reference).
 
@@ -24,6 +24,7 @@ from .features import FeatureRecord, FeatureSource, ItemCache, load_redis
 from .log import clear_log_handler, set_log_handler
 from .memory import PinnedBuffer, PinnedPool, numa_info
 from .model import Model, ModelInfo
+from .scheduler import Scheduler
 from .user_cache import UserCache, UserRecord
 
 
@@ -37,6 +38,6 @@ def __getattr__(name):
 
 __all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "export", "library_version", "set_log_handler",
            "clear_log_handler", "FeatureRecord", "FeatureSource", "ItemCache", "load_redis", "UserCache", "UserRecord",
-           "PinnedPool", "PinnedBuffer", "numa_info", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
+           "PinnedPool", "PinnedBuffer", "numa_info", "Scheduler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
            "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",
            "DTypeError", "ShapeError", "ClosedError", "LibraryNotFoundError", "VersionMismatchError"]

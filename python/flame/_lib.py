@@ -19,7 +19,8 @@ from typing import List, Optional
 
 from . import errors
 from ._structs import (I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN, FETCH_FN, NumaInfo, PinnedPoolParams,
-                       PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats)
+                       PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats,
+                       SchedulerParams, SchedulerStats, DONE_FN)
 
 # The C API this package was written against: flame.h 0.1.x. Same major (the ABI promise),
 # and at least this minor (the functions and struct fields bound below exist from 0.1).
@@ -86,6 +87,13 @@ PROTOTYPES = [
     ("flame_item_cache_invalidate", _st, [_vp, C.c_int64]),
     ("flame_item_cache_run_refresh", _st, [_vp, C.POINTER(C.c_uint64)]),
     ("flame_item_cache_get_stats", _st, [_vp, C.POINTER(ItemCacheStats)]),
+    # the batch-profile scheduler
+    ("flame_scheduler_create", _st, [_vp, C.POINTER(SchedulerParams), C.POINTER(_vp)]),
+    ("flame_scheduler_destroy", None, [_vp]),
+    ("flame_scheduler_submit", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t, DONE_FN, _vp]),
+    ("flame_scheduler_score", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t]),
+    ("flame_scheduler_get_stats", _st, [_vp, C.POINTER(SchedulerStats)]),
+    ("flame_scheduler_reset_latency", _st, [_vp]),
 ]
 
 _lock = threading.Lock()

@@ -92,6 +92,27 @@ class ItemCacheStats(C.Structure):
                 ("bytes", C.c_uint64)]
 
 
+class BatchProfile(C.Structure):
+    _fields_ = [("max_users", C.c_uint32), ("max_candidates", C.c_uint32)]
+
+
+class SchedulerParams(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("profiles", C.POINTER(BatchProfile)), ("num_profiles", C.c_size_t),
+                ("max_wait_us", C.c_int64), ("workers", C.c_uint32), ("max_queue", C.c_uint32)]
+
+
+MAX_PROFILES = 16  # FLAME_SCHED_MAX_PROFILES
+
+
+class SchedulerStats(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("submitted", C.c_uint64), ("completed", C.c_uint64),
+                ("failed", C.c_uint64), ("rejected", C.c_uint64), ("split", C.c_uint64), ("parts", C.c_uint64),
+                ("batches", C.c_uint64), ("isolated", C.c_uint64), ("queued", C.c_uint64),
+                ("profile_batches", C.c_uint64 * MAX_PROFILES), ("latency_p50_us", C.c_uint64),
+                ("latency_p99_us", C.c_uint64), ("latency_max_us", C.c_uint64), ("queue_wait_p50_us", C.c_uint64),
+                ("queue_wait_p99_us", C.c_uint64)]
+
+
 def as_dict(s: C.Structure) -> dict:
     """The fields after struct_size, as plain Python values."""
     return {name: getattr(s, name) for name, _ in s._fields_ if name != "struct_size"}
@@ -100,3 +121,5 @@ def as_dict(s: C.Structure) -> dict:
 LOG_FN = C.CFUNCTYPE(None, C.c_int, C.c_char_p, C.c_void_p)
 # flame_feature_fetch_fn(user, ids, n, batch) -> flame_status
 FETCH_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, I64P, C.c_size_t, C.c_void_p)
+# flame_score_done_fn(user, status, message)
+DONE_FN = C.CFUNCTYPE(None, C.c_void_p, C.c_int, C.c_char_p)

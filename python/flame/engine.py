@@ -7,6 +7,7 @@ here, values (id ranges, CSR offsets) by the library, whose messages name the to
 from __future__ import annotations
 
 import ctypes as C
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -87,6 +88,13 @@ class Engine(Handle):
             L.flame_config_destroy(cfg)
         self._item_cache: Optional[ItemCache] = None
         self._user_cache: Optional[UserCache] = None
+        self._schedulers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # flame.Scheduler objects over this engine
+
+    def close(self) -> None:
+        """Closes the schedulers over this engine (they score what they hold), then the engine."""
+        for s in list(getattr(self, "_schedulers", ())):
+            s.close()
+        super().close()
 
     # ------------------------------------------------------------ caches
 

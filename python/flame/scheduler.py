@@ -1,0 +1,155 @@
+"""flame.Scheduler: dynamic batching in front of an Engine (flame.h "batch-profile
+scheduler", docs/scheduler.md). Threads submit one user's request at a time; the scheduler
+groups them into batches that fit its batch profiles (users x candidates per user), splits
+requests longer than every profile, and scores each batch with one library call.
+
+    with flame.Scheduler(engine, profiles=[(8, 32), (4, 64), (2, 128)], max_wait_us=500) as sched:
+        scores = sched.score(history, candidates)              # blocks; other threads batch with it
+        future = sched.submit(history, candidates)             # concurrent.futures.Future of the scores
+"""
+from __future__ import annotations
+
+import ctypes as C
+import itertools
+import threading
+from concurrent.futures import Future
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _arrays, _lib, errors
+from ._handle import Handle
+from ._structs import DONE_FN, F32P, BatchProfile, SchedulerParams, SchedulerStats, new
+from .engine import Engine, Request
+
+
+class Scheduler(Handle):
+    """A batch-profile scheduler over `engine`, which it keeps alive (closing the engine
+    closes its schedulers first).
+
+    profiles: (max_users, max_candidates) pairs, up to 16; None = the FLAME paper's
+      (1, 128), (2, 128), (4, 64), (8, 32). Under a dot head only max_users counts.
+    max_wait_us: how long the oldest queued request waits for its batch to fill (0: never).
+    workers: threads calling the engine (0: the GPU engine's executors, 1 on the CPU).
+    max_queue: parts waiting at most before submits are refused (0: 65536).
+    Thread-safe: score and submit from any threads.
+    """
+
+    _destroy, _what = "flame_scheduler_destroy", "scheduler"
+
+    def __init__(self, engine: Engine, profiles: Optional[Sequence[Tuple[int, int]]] = None, *,
+                 max_wait_us: int = 0, workers: int = 0, max_queue: int = 0):
+        if not isinstance(engine, Engine):
+            raise TypeError(f"engine must be a flame.Engine, got {type(engine).__name__}")
+        self._handle = C.c_void_p()
+        p = new(SchedulerParams)
+        arr = None
+        if profiles is not None:
+            pairs = [tuple(x) for x in profiles]
+            if not pairs or any(len(x) != 2 for x in pairs):
+                raise errors.ShapeError("profiles must be a non-empty list of (max_users, max_candidates) pairs")
+            arr = (BatchProfile * len(pairs))()
+            for i, (u, c) in enumerate(pairs):
+                arr[i] = BatchProfile(_u32(u, f"profile {i} max_users"), _u32(c, f"profile {i} max_candidates"))
+            p.profiles, p.num_profiles = C.cast(arr, C.POINTER(BatchProfile)), len(pairs)
+        for name, v in (("max_wait_us", max_wait_us), ("workers", workers), ("max_queue", max_queue)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise errors.DTypeError(f"{name} must be an int, got {type(v).__name__}")
+        if not -2**63 <= max_wait_us < 2**63:
+            raise errors.InvalidArgumentError(f"max_wait_us = {max_wait_us} does not fit int64")
+        p.max_wait_us, p.workers, p.max_queue = int(max_wait_us), _u32(workers, "workers"), _u32(max_queue, "max_queue")
+        _lib.check(_lib.lib().flame_scheduler_create(engine.handle, C.byref(p), C.byref(self._handle)))
+        self.engine = engine
+        engine._schedulers.add(self)
+        # submitted requests by token: their C struct and arrays must live until done runs
+        self._pending: Dict[int, Tuple[Future, List[Any], np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        # one C thunk for every request of this scheduler; it holds the pending table, not
+        # the scheduler, so dropping the scheduler frees it at once (no reference cycle)
+        self._done = DONE_FN(_completer(self._pending, self._lock))
+
+    def _prepare(self, history, candidates, history_side, candidate_side, user_id, from_user_cache, out):
+        keep: List[Any] = []
+        req = self.engine._request(Request(history, candidates, history_side, candidate_side, user_id,
+                                           from_user_cache), keep)
+        keep.append(req)
+        return req, keep, _arrays.scores_out(out, req.num_candidates, self.engine.num_tasks)
+
+    def score(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
+              candidate_side: Optional[Sequence[Any]] = None, *, user_id: int = 0, from_user_cache: bool = False,
+              out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Engine.score through the scheduler: blocks until this request's batch is scored
+        (the GIL is released meanwhile, so other threads' requests join the batch)."""
+        req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
+                                       out)
+        _lib.check(_lib.lib().flame_scheduler_score(self.handle, C.byref(req), res.ctypes.data_as(F32P), res.size))
+        return res
+
+    def submit(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
+               candidate_side: Optional[Sequence[Any]] = None, *, user_id: int = 0, from_user_cache: bool = False,
+               out: Optional[np.ndarray] = None) -> "Future[np.ndarray]":
+        """Queues the request and returns a Future of its float32 [num_candidates, num_tasks]
+        scores (its exception is the FlameError of a failed request). Raises at once, with
+        nothing queued, for bad shapes or dtypes, a full queue (UnavailableError) or a
+        closed scheduler."""
+        req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
+                                       out)
+        fut: "Future[np.ndarray]" = Future()
+        token = next(self._tokens)
+        with self._lock:
+            self._pending[token] = (fut, keep, res)
+        st = _lib.lib().flame_scheduler_submit(self.handle, C.byref(req), res.ctypes.data_as(F32P), res.size,
+                                               self._done, C.c_void_p(token))
+        if st != errors.OK:
+            with self._lock:
+                self._pending.pop(token, None)
+            _lib.check(st)
+        return fut
+
+    def stats(self) -> Dict[str, Any]:
+        """submitted, completed, failed, rejected, split, parts, batches, isolated, queued,
+        profile_batches (per profile, in the order given), latency_p50/p99/max_us and
+        queue_wait_p50/p99_us (since creation or reset_latency)."""
+        raw = new(SchedulerStats)
+        _lib.check(_lib.lib().flame_scheduler_get_stats(self.handle, C.byref(raw)))
+        d = {name: getattr(raw, name) for name, _ in raw._fields_ if name != "struct_size"}
+        d["profile_batches"] = list(raw.profile_batches)
+        return d
+
+    def reset_latency(self) -> None:
+        """Empties the latency histograms: the percentiles then cover what completes from now on."""
+        _lib.check(_lib.lib().flame_scheduler_reset_latency(self.handle))
+
+    def close(self) -> None:
+        """Scores what is queued (every Future completes), stops the workers, and lets the
+        engine close again."""
+        super().close()
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine._schedulers.discard(self)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<flame.Scheduler closed>"
+        s = self.stats()
+        return f"<flame.Scheduler batches={s['batches']} parts={s['parts']} queued={s['queued']}>"
+
+
+def _completer(pending: Dict[int, Tuple[Future, List[Any], np.ndarray]], lock: threading.Lock):
+    def done(user, status, message) -> None:  # on a worker thread (ctypes takes the GIL)
+        with lock:
+            fut, _keep, res = pending.pop(user)
+        if status == errors.OK:
+            fut.set_result(res)
+        else:
+            fut.set_exception(errors.from_status(status, (message or b"").decode("utf-8", "replace")))
+    return done
+
+
+def _u32(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise errors.DTypeError(f"{name} must be an int, got {type(v).__name__}")
+    if not 0 <= int(v) < 2**32:
+        raise errors.InvalidArgumentError(f"{name} = {int(v)} is outside [0, 2^32)")
+    return int(v)

@@ -1,0 +1,75 @@
+/* Internals of the batch-profile scheduler: jobs (one submitted request) cut into parts (the
+ * request, or a slice of its candidates), a FIFO of parts, and the profile arithmetic that
+ * decides which parts form a batch. */
+#ifndef FLAME_SCHED_SCHED_H
+#define FLAME_SCHED_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/common.h"
+#include "sched/latency.h"
+
+/* ---- profiles (profiles.c) */
+typedef struct fl_profiles {
+    flame_batch_profile p[FLAME_SCHED_MAX_PROFILES];
+    int n;
+    uint32_t max_candidates; /* the largest max_candidates: longer requests are split */
+    uint32_t max_users;      /* the largest max_users: the most parts of one batch */
+    bool count_candidates;   /* false under the dot head: only users bound a batch */
+} fl_profiles;
+
+/* Checks and copies the profiles (NULL with 0: the defaults); FLAME_ERR_INVALID_ARG naming
+ * the bad one. */
+flame_status fl_profiles_init(fl_profiles *ps, const flame_batch_profile *p, size_t n, bool count_candidates);
+/* The smallest profile (max_users * max_candidates, then the first given) that holds `users`
+ * requests of at most `candidates` candidates each; -1 if none does. */
+int fl_profiles_fit(const fl_profiles *ps, uint64_t users, uint64_t candidates);
+/* Parts a request of n candidates is cut into (1 when it fits whole). */
+size_t fl_profiles_parts(const fl_profiles *ps, size_t n);
+
+/* ---- jobs and parts */
+typedef struct fl_job fl_job;
+
+typedef struct fl_part {
+    struct fl_part *next;      /* queue link */
+    fl_job *job;
+    size_t cand_off, cand_n;   /* the job's candidates [cand_off, cand_off + cand_n) */
+    const flame_bags *cand_side; /* this slice's candidate bags (rebased), or the request's own */
+} fl_part;
+
+struct fl_job {
+    flame_request req;         /* the caller's request in this header's layout */
+    float *scores;             /* the caller's output */
+    float *gather;             /* split jobs: the private output copied to scores when all parts succeeded */
+    flame_score_done_fn done;
+    void *user;
+    uint64_t submit_us;
+    atomic_size_t parts_left;
+    atomic_int status;         /* FLAME_OK until the first part fails */
+    char message[512];         /* that failure's message (written by the part that set status) */
+    size_t nparts;
+    fl_part parts[];           /* then the rebased bags and gather (one allocation) */
+};
+
+struct flame_scheduler {
+    struct flame_engine *engine;
+    fl_profiles profiles;
+    int32_t num_tasks;
+    uint64_t max_wait_us;
+    uint32_t num_workers, max_queue;
+    pthread_t *threads;
+    uint32_t started;
+    pthread_mutex_t mu;        /* guards the queue and `stopping` */
+    pthread_cond_t cv;         /* the queue changed, or stopping (CLOCK_MONOTONIC for timed waits) */
+    fl_part *head, *tail;
+    uint64_t queued;
+    bool stopping;
+    atomic_uint_fast64_t submitted, completed, failed, rejected, split, parts, batches, isolated;
+    atomic_uint_fast64_t profile_batches[FLAME_SCHED_MAX_PROFILES];
+    fl_histogram latency, queue_wait;
+};
+
+uint64_t fl_sched_now_us(void);
+
+#endif

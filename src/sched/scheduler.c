@@ -1,0 +1,491 @@
+/* The batch-profile scheduler (flame.h, docs/scheduler.md): submit queues a request's parts;
+ * workers form batches from the head of the queue, score each with one flame_score_batch
+ * call and complete the parts' jobs. One mutex guards the queue; scoring runs outside it. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "sched/sched.h"
+
+#define MAX_WAIT_US 10000000
+#define MAX_WORKERS 64
+#define DEFAULT_MAX_QUEUE 65536u
+
+typedef struct worker {
+    flame_scheduler *s;
+    fl_part **batch;      /* [profiles.max_users] */
+    flame_request *reqs;  /* [profiles.max_users] */
+    float *out;           /* the batch's scores, scattered to the jobs */
+    size_t out_cap;
+} worker;
+
+uint64_t fl_sched_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* ------------------------------------------------------------------ completion */
+
+static void finish_job(flame_scheduler *s, fl_job *j)
+{
+    const int st = atomic_load(&j->status);
+    if (st == FLAME_OK && j->gather)
+        memcpy(j->scores, j->gather, j->req.num_candidates * (size_t)s->num_tasks * sizeof(float));
+    fl_hist_add(&s->latency, fl_sched_now_us() - j->submit_us);
+    atomic_fetch_add(st == FLAME_OK ? &s->completed : &s->failed, 1);
+    j->done(j->user, (flame_status)st, st == FLAME_OK ? NULL : j->message);
+    free(j);
+}
+
+/* One part is scored (st FLAME_OK, its scores already in place) or failed; the last part of a
+ * job completes it. The first failure's status and message are the job's. */
+static void complete_part(flame_scheduler *s, fl_part *p, flame_status st, const char *message)
+{
+    fl_job *j = p->job;
+    if (st != FLAME_OK) {
+        int ok = FLAME_OK;
+        if (atomic_compare_exchange_strong(&j->status, &ok, (int)st))
+            snprintf(j->message, sizeof j->message, "%s", message && *message ? message : flame_status_string(st));
+    }
+    if (atomic_fetch_sub(&j->parts_left, 1) == 1) finish_job(s, j); /* acq_rel: sees every part's writes */
+}
+
+/* ------------------------------------------------------------------ batches */
+
+static flame_request part_request(const fl_part *p)
+{
+    flame_request r = p->job->req;
+    r.candidates = r.candidates ? r.candidates + p->cand_off : NULL;
+    r.num_candidates = p->cand_n;
+    r.candidate_side = p->cand_side;
+    return r;
+}
+
+static float *part_output(const flame_scheduler *s, const fl_part *p)
+{
+    const fl_job *j = p->job;
+    return j->gather ? j->gather + p->cand_off * (size_t)s->num_tasks : j->scores;
+}
+
+/* Scores parts[0..n) as one call into w->out; on success each part's block is copied to its
+ * job. Returns the call's status (its message on this thread). */
+static flame_status score_parts(worker *w, fl_part **parts, const flame_request *reqs, size_t n)
+{
+    flame_scheduler *s = w->s;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += reqs[i].num_candidates * (size_t)s->num_tasks;
+    if (total > w->out_cap) {
+        float *grown = realloc(w->out, total * sizeof(float));
+        if (!grown) return fl_error(FLAME_ERR_NOMEM, "scheduler: out of memory for a batch of %zu scores", total);
+        w->out = grown;
+        w->out_cap = total;
+    }
+    flame_status st = flame_score_batch(s->engine, reqs, n, w->out, total);
+    if (st != FLAME_OK) return st;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t len = reqs[i].num_candidates * (size_t)s->num_tasks;
+        memcpy(part_output(s, parts[i]), w->out + at, len * sizeof(float));
+        at += len;
+    }
+    return FLAME_OK;
+}
+
+static void run_batch(worker *w, size_t n)
+{
+    flame_scheduler *s = w->s;
+    const uint64_t start = fl_sched_now_us();
+    uint64_t cands = 0;
+    for (size_t i = 0; i < n; i++) {
+        w->reqs[i] = part_request(w->batch[i]);
+        if (w->batch[i]->cand_n > cands) cands = w->batch[i]->cand_n;
+        fl_hist_add(&s->queue_wait, start - w->batch[i]->job->submit_us);
+    }
+    atomic_fetch_add(&s->batches, 1);
+    atomic_fetch_add(&s->parts, n);
+    int prof = fl_profiles_fit(&s->profiles, n, cands);
+    if (prof >= 0) atomic_fetch_add(&s->profile_batches[prof], 1);
+    flame_status st = score_parts(w, w->batch, w->reqs, n);
+    if (st == FLAME_OK) {
+        for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], FLAME_OK, NULL);
+        return;
+    }
+    if (st == FLAME_ERR_INVALID_ARG && n > 1) { /* one bad request: find it, score the others */
+        atomic_fetch_add(&s->isolated, 1);
+        for (size_t i = 0; i < n; i++) {
+            flame_status one = score_parts(w, &w->batch[i], &w->reqs[i], 1);
+            complete_part(s, w->batch[i], one, one ? flame_last_error() : NULL);
+        }
+        return;
+    }
+    char message[512];
+    snprintf(message, sizeof message, "%s", flame_last_error());
+    for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], st, message);
+}
+
+/* ------------------------------------------------------------------ workers */
+
+/* The parts at the head of the queue that form the next batch: as many as some profile holds,
+ * in arrival order. *closed: no further part could join (the next one does not fit, or no
+ * profile holds one more user). Called with the lock held; the queue is not empty. */
+static size_t form(const flame_scheduler *s, bool *closed)
+{
+    const fl_profiles *ps = &s->profiles;
+    size_t n = 0;
+    uint64_t cands = 0;
+    const fl_part *p = s->head;
+    for (; p; p = p->next) {
+        uint64_t c = p->cand_n > cands ? p->cand_n : cands;
+        if (fl_profiles_fit(ps, n + 1, c) < 0) break;
+        cands = c;
+        n++;
+    }
+    *closed = p != NULL || fl_profiles_fit(ps, n + 1, cands) < 0;
+    return n;
+}
+
+static void deadline_of(uint64_t us, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(us / 1000000u);
+    ts->tv_nsec = (long)(us % 1000000u) * 1000;
+}
+
+static void *work(void *arg)
+{
+    worker *w = arg;
+    flame_scheduler *s = w->s;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head) break; /* stopping, and every queued part is done */
+        bool closed;
+        size_t n = form(s, &closed); /* >= 1: every part fits the profile of the largest max_candidates */
+        if (!closed && !s->stopping && s->max_wait_us) {
+            const uint64_t due = s->head->job->submit_us + s->max_wait_us;
+            if (fl_sched_now_us() < due) { /* wait for more, or for the oldest part's deadline */
+                struct timespec ts;
+                deadline_of(due, &ts);
+                pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+                continue;
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            w->batch[i] = s->head;
+            s->head = s->head->next;
+        }
+        if (!s->head) s->tail = NULL;
+        s->queued -= n;
+        if (s->head) pthread_cond_signal(&s->cv); /* the next batch can form on another worker */
+        pthread_mutex_unlock(&s->mu);
+        run_batch(w, n);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ create / destroy */
+
+static void free_scheduler(flame_scheduler *s)
+{
+    if (!s) return;
+    worker *ws = s->threads ? (worker *)(s->threads + s->num_workers) : NULL;
+    for (uint32_t i = 0; ws && i < s->num_workers; i++) {
+        free(ws[i].batch);
+        free(ws[i].reqs);
+        free(ws[i].out);
+    }
+    free(s->threads);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static void stop_workers(flame_scheduler *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < s->started; i++) pthread_join(s->threads[i], NULL);
+    s->started = 0;
+}
+
+FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_scheduler_params *params,
+                                              flame_scheduler **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!engine || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_create: %s is NULL", engine ? "out" : "engine");
+    flame_scheduler_params p = {.struct_size = sizeof p};
+    if (params) {
+        if (params->struct_size < sizeof p)
+            return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof p);
+        p = *params;
+    }
+    if (p.max_wait_us < 0 || p.max_wait_us > MAX_WAIT_US)
+        return fl_error(FLAME_ERR_INVALID_ARG, "max_wait_us %lld is outside 0..%d", (long long)p.max_wait_us,
+                        MAX_WAIT_US);
+    if (p.workers > MAX_WORKERS)
+        return fl_error(FLAME_ERR_INVALID_ARG, "workers %u is outside 1..%d (0 = the default)", p.workers, MAX_WORKERS);
+    if (p.workers == 0) { /* one batch in flight per GPU executor; the CPU's BLAS uses the cores itself */
+        int64_t ex = engine->cfg.cuda_stream ? 1 : engine->cfg.cuda_executors;
+        p.workers = engine->gpu ? (uint32_t)(ex < 1 ? 1 : ex > MAX_WORKERS ? MAX_WORKERS : ex) : 1;
+    }
+    flame_scheduler *s = calloc(1, sizeof *s);
+    if (!s) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a scheduler");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines do not jump with the wall clock */
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    flame_status st = fl_profiles_init(&s->profiles, p.profiles, p.num_profiles,
+                                       engine->model->cfg.head == FLAME_HEAD_SUMI);
+    if (st) {
+        free_scheduler(s);
+        return st;
+    }
+    s->engine = engine;
+    s->num_tasks = engine->model->cfg.num_tasks;
+    s->max_wait_us = (uint64_t)p.max_wait_us;
+    s->max_queue = p.max_queue ? p.max_queue : DEFAULT_MAX_QUEUE;
+    s->num_workers = p.workers;
+    /* the thread ids, then the workers' state */
+    s->threads = calloc(1, p.workers * (sizeof(pthread_t) + sizeof(worker)));
+    worker *ws = s->threads ? (worker *)(s->threads + p.workers) : NULL;
+    for (uint32_t i = 0; ws && i < p.workers; i++) {
+        ws[i].s = s;
+        ws[i].batch = malloc(s->profiles.max_users * sizeof *ws[i].batch);
+        ws[i].reqs = malloc(s->profiles.max_users * sizeof *ws[i].reqs);
+        if (!ws[i].batch || !ws[i].reqs) ws = NULL;
+    }
+    if (!ws) {
+        free_scheduler(s);
+        return fl_error(FLAME_ERR_NOMEM, "out of memory allocating %u scheduler workers", p.workers);
+    }
+    for (uint32_t i = 0; i < p.workers; i++) {
+        int e = pthread_create(&s->threads[i], NULL, work, &ws[i]);
+        if (e) {
+            stop_workers(s);
+            free_scheduler(s);
+            return fl_error(FLAME_ERR_INTERNAL, "cannot start scheduler worker %u: %s", i, strerror(e));
+        }
+        s->started++;
+    }
+    *out = s;
+    return FLAME_OK;
+}
+
+FLAME_API void flame_scheduler_destroy(flame_scheduler *s)
+{
+    if (!s) return;
+    stop_workers(s); /* they drain the queue first */
+    free_scheduler(s);
+}
+
+/* ------------------------------------------------------------------ submit */
+
+/* One allocation: the job, its parts, and for a split request with candidate bags the
+ * rebased bags of every part, then its private scores. */
+static fl_job *make_job(const flame_scheduler *s, const flame_request *q, size_t nparts)
+{
+    const size_t m = q->num_candidates, slots = q->candidate_side ? q->num_side_features : 0;
+    const bool split = nparts > 1;
+    size_t bytes = sizeof(fl_job) + nparts * sizeof(fl_part);
+    const size_t bags_at = bytes;
+    if (split) bytes += nparts * slots * sizeof(flame_bags);
+    const size_t offs_at = bytes;
+    if (split) bytes += (m + nparts) * slots * sizeof(int64_t); /* each part: its count + 1 offsets per slot */
+    bytes = (bytes + 15) & ~(size_t)15;
+    const size_t gather_at = bytes;
+    if (split) bytes += m * (size_t)s->num_tasks * sizeof(float);
+    fl_job *j = malloc(bytes);
+    if (!j) return NULL;
+    memset(j, 0, sizeof *j);
+    j->nparts = nparts;
+    j->gather = split ? (float *)((unsigned char *)j + gather_at) : NULL;
+    flame_bags *bags = (flame_bags *)((unsigned char *)j + bags_at);
+    int64_t *offs = (int64_t *)((unsigned char *)j + offs_at);
+    const size_t base = m / nparts, extra = m % nparts;
+    size_t at = 0;
+    for (size_t k = 0; k < nparts; k++) {
+        fl_part *p = &j->parts[k];
+        p->next = NULL;
+        p->job = j;
+        p->cand_off = at;
+        p->cand_n = base + (k < extra);
+        p->cand_side = q->candidate_side;
+        if (split && slots) { /* the slice's bags: offsets rebased to 0, ids from the slice's first */
+            for (size_t sl = 0; sl < slots; sl++) {
+                const flame_bags *b = &q->candidate_side[sl];
+                const int64_t first = b->offsets ? b->offsets[at] : 0;
+                for (size_t t = 0; t <= p->cand_n; t++) offs[t] = b->offsets ? b->offsets[at + t] - first : 0;
+                bags[sl] = (flame_bags){b->offsets ? offs : NULL, b->ids ? b->ids + first : NULL};
+                offs += p->cand_n + 1;
+            }
+            p->cand_side = bags;
+            bags += slots;
+        }
+        at += p->cand_n;
+    }
+    return j;
+}
+
+/* The caller's request in this header's layout (an older flame.h's lacks the later fields). */
+static flame_status copy_request(const flame_request *q, flame_request *c)
+{
+    if (q->struct_size < FL_REQUEST_V1_SIZE)
+        return fl_error(FLAME_ERR_INVALID_ARG, "request: struct_size = %zu, expected at least %zu", q->struct_size,
+                        (size_t)FL_REQUEST_V1_SIZE);
+    memset(c, 0, sizeof *c);
+    memcpy(c, q, q->struct_size < sizeof *c ? q->struct_size : sizeof *c);
+    c->struct_size = sizeof *c;
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_request *request, float *scores,
+                                              size_t scores_len, flame_score_done_fn done, void *user)
+{
+    fl_clear_error();
+    if (!s || !request || !done)
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_submit: %s is NULL",
+                        !s ? "scheduler" : !request ? "request" : "done");
+    flame_request q;
+    flame_status st = copy_request(request, &q);
+    if (st) return st;
+    const int32_t slots = s->engine->model->cfg.num_side;
+    if (q.num_side_features != (size_t)slots) /* checked before the bags are read for splitting */
+        return fl_error(FLAME_ERR_INVALID_ARG, "request: num_side_features = %zu, the model has %d",
+                        q.num_side_features, slots);
+    uint64_t need;
+    if (!fl_mul_u64(q.num_candidates, (uint64_t)s->num_tasks, &need) || need > scores_len)
+        return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, the request needs %zu x %d",
+                        scores_len, q.num_candidates, s->num_tasks);
+    if (q.num_candidates && !scores) return fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
+    if (q.num_candidates && !q.candidates)
+        return fl_error(FLAME_ERR_INVALID_ARG, "request: candidates is NULL with num_candidates %zu", q.num_candidates);
+    if (q.num_candidates == 0) { /* nothing to batch: validated and done here */
+        st = flame_score(s->engine, &q, scores, scores_len);
+        char message[512];
+        snprintf(message, sizeof message, "%s", st ? flame_last_error() : "");
+        atomic_fetch_add(&s->submitted, 1);
+        atomic_fetch_add(st ? &s->failed : &s->completed, 1);
+        done(user, st, st ? message : NULL);
+        return FLAME_OK;
+    }
+    const size_t nparts = fl_profiles_parts(&s->profiles, q.num_candidates);
+    fl_job *j = make_job(s, &q, nparts);
+    if (!j) return fl_error(FLAME_ERR_NOMEM, "out of memory queueing a request of %zu candidates", q.num_candidates);
+    j->req = q;
+    j->scores = scores;
+    j->done = done;
+    j->user = user;
+    atomic_init(&j->parts_left, nparts);
+    atomic_init(&j->status, FLAME_OK);
+    for (size_t k = 0; k + 1 < nparts; k++) j->parts[k].next = &j->parts[k + 1];
+    pthread_mutex_lock(&s->mu);
+    const bool stopping = s->stopping, full = s->queued + nparts > s->max_queue;
+    const uint64_t queued = s->queued;
+    if (!stopping && !full) {
+        j->submit_us = fl_sched_now_us();
+        if (s->tail) s->tail->next = &j->parts[0];
+        else s->head = &j->parts[0];
+        s->tail = &j->parts[nparts - 1];
+        s->queued += nparts;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (stopping || full) {
+        free(j);
+        atomic_fetch_add(&s->rejected, 1);
+        if (stopping) return fl_error(FLAME_ERR_UNAVAILABLE, "the scheduler is being destroyed");
+        return fl_error(FLAME_ERR_UNAVAILABLE, "scheduler queue full: %llu part(s) waiting, this request needs %zu, "
+                        "max_queue %u", (unsigned long long)queued, nparts, s->max_queue);
+    }
+    atomic_fetch_add(&s->submitted, 1);
+    if (nparts > 1) atomic_fetch_add(&s->split, 1);
+    return FLAME_OK;
+}
+
+/* ------------------------------------------------------------------ synchronous scoring */
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    flame_status status;
+    char message[512];
+} waiter;
+
+static void wake(void *user, flame_status st, const char *message)
+{
+    waiter *w = user;
+    pthread_mutex_lock(&w->mu);
+    w->status = st;
+    if (message) snprintf(w->message, sizeof w->message, "%s", message);
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+FLAME_API flame_status flame_scheduler_score(flame_scheduler *s, const flame_request *request, float *scores,
+                                             size_t scores_len)
+{
+    waiter w = {.done = false, .status = FLAME_OK};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    flame_status st = flame_scheduler_submit(s, request, scores, scores_len, wake, &w);
+    if (st == FLAME_OK) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+        pthread_mutex_unlock(&w.mu);
+        st = w.status;
+        if (st) fl_error(st, "%s", w.message); /* the worker's message, on the caller's thread */
+    }
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    return st;
+}
+
+/* ------------------------------------------------------------------ statistics */
+
+FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *s, flame_scheduler_stats *stats)
+{
+    fl_clear_error();
+    if (!s || !stats) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", s ? "stats" : "scheduler");
+    if (stats->struct_size < sizeof *stats)
+        return fl_error(FLAME_ERR_INVALID_ARG, "stats->struct_size %zu < %zu", stats->struct_size, sizeof *stats);
+    stats->submitted = atomic_load(&s->submitted);
+    stats->completed = atomic_load(&s->completed);
+    stats->failed = atomic_load(&s->failed);
+    stats->rejected = atomic_load(&s->rejected);
+    stats->split = atomic_load(&s->split);
+    stats->parts = atomic_load(&s->parts);
+    stats->batches = atomic_load(&s->batches);
+    stats->isolated = atomic_load(&s->isolated);
+    pthread_mutex_lock(&s->mu);
+    stats->queued = s->queued;
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < FLAME_SCHED_MAX_PROFILES; i++) stats->profile_batches[i] = atomic_load(&s->profile_batches[i]);
+    stats->latency_p50_us = fl_hist_quantile(&s->latency, 0.50);
+    stats->latency_p99_us = fl_hist_quantile(&s->latency, 0.99);
+    stats->latency_max_us = fl_hist_max(&s->latency);
+    stats->queue_wait_p50_us = fl_hist_quantile(&s->queue_wait, 0.50);
+    stats->queue_wait_p99_us = fl_hist_quantile(&s->queue_wait, 0.99);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_scheduler_reset_latency(flame_scheduler *s)
+{
+    fl_clear_error();
+    if (!s) return fl_error(FLAME_ERR_INVALID_ARG, "scheduler is NULL");
+    fl_hist_reset(&s->latency);
+    fl_hist_reset(&s->queue_wait);
+    return FLAME_OK;
+}

@@ -1,0 +1,130 @@
+"""flame.Scheduler: threads and futures through the batch-profile scheduler score what the
+engine scores alone (to float rounding: another batch shape), requests are batched and split
+as the profiles say, a bad request fails alone through its future, load is shed, and the
+lifetime rules hold (closing the engine closes its schedulers; queued work completes)."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import flame
+import flame_testlib as lib
+from flame import reference
+
+SIDE = "relu_concat_projection_side_sumi"  # sumi head, 2 side slots, 3 tasks, 40 items
+
+
+@pytest.fixture
+def engine(tmp_path):
+    cfg = lib.CASES[SIDE]
+    path = tmp_path / "m.safetensors"
+    reference.save(path, cfg, reference.random_model(cfg, 4))
+    with flame.Model(path) as m, flame.Engine(m) as e:
+        yield cfg, e
+
+
+def requests(cfg, seed, n, max_candidates=20):
+    rng = np.random.default_rng(seed)
+    return [lib.random_request(cfg, rng, int(rng.integers(0, 9)), int(rng.integers(1, max_candidates + 1)))
+            for _ in range(n)]
+
+
+def test_threads_batch_and_match_the_engine(engine):
+    cfg, e = engine
+    reqs = requests(cfg, 1, 16)
+    want = [e.score(*r) for r in reqs]
+    with flame.Scheduler(e, [(8, 32)], max_wait_us=2000) as s:
+        bad = []
+
+        def worker(t):
+            for k in range(25):
+                i = (t * 7 + k) % len(reqs)
+                got = s.score(*reqs[i])
+                if lib.rel_err(got, want[i]) >= 1e-5:
+                    bad.append((t, k, lib.rel_err(got, want[i])))
+
+        ts = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert bad == []
+        st = s.stats()
+    assert st["completed"] == 150 and st["failed"] == 0 and st["parts"] == 150
+    assert st["batches"] < 150  # six threads waiting on one worker: batches of several
+    assert st["profile_batches"][0] == st["batches"] and sum(st["profile_batches"]) == st["batches"]
+    assert 0 < st["latency_p50_us"] <= st["latency_p99_us"] <= st["latency_max_us"] * 17 // 16
+
+
+def test_futures_split_requests_and_a_bad_one(engine):
+    cfg, e = engine
+    reqs = requests(cfg, 2, 5, max_candidates=60)
+    reqs.append(lib.random_request(cfg, np.random.default_rng(3), 4, 100))  # 100 candidates: 4 parts of 25
+    want = [e.score(*r) for r in reqs]
+    h, c, hs, cs = reqs[0]
+    bad = (h, np.where(np.arange(c.size) == 0, 40, c), hs, cs)  # item 40 of 40
+    with flame.Scheduler(e, [(4, 32)], max_wait_us=1_000_000) as s:
+        futs = [s.submit(*r) for r in reqs]
+        fbad = s.submit(*bad)
+        out = np.full((reqs[1][1].size, 3), np.nan, np.float32)
+        fout = s.submit(*reqs[1], out=out)
+    for f, w in zip(futs, want):
+        assert lib.rel_err(f.result(timeout=30), w) < 1e-5
+    assert fout.result(timeout=30) is out
+    with pytest.raises(flame.InvalidArgumentError, match="id 40 out of range"):
+        fbad.result(timeout=30)
+
+
+def test_split_and_profile_counts(engine):
+    cfg, e = engine
+    r = lib.random_request(cfg, np.random.default_rng(5), 6, 70)
+    with flame.Scheduler(e, [(2, 16), (1, 32)]) as s:
+        got = s.score(*r)
+        st = s.stats()
+    assert lib.rel_err(got, e.score(*r)) < 1e-5
+    assert st["split"] == 1 and st["parts"] == 3  # 70 > 32: three parts of 24, 23, 23
+    assert st["profile_batches"][:2] == [0, st["batches"]]  # parts of 23-24: only (1, 32) holds them
+
+
+def test_queue_full_and_bad_arguments(engine):
+    cfg, e = engine
+    r = requests(cfg, 6, 3)
+    with flame.Scheduler(e, [(8, 32)], max_wait_us=5_000_000, max_queue=2) as s:
+        a, b = s.submit(*r[0]), s.submit(*r[1])
+        with pytest.raises(flame.UnavailableError, match="queue full"):
+            s.submit(*r[2])
+        with pytest.raises(flame.ShapeError):  # checked in Python, nothing queued
+            s.submit(r[2][0], r[2][1], None, r[2][3])
+        assert s.stats()["queued"] == 2
+    assert a.done() and b.done() and a.exception() is None  # closing scored them
+    for bad, err in [(dict(profiles=[]), flame.ShapeError), (dict(profiles=[(1, 2, 3)]), flame.ShapeError),
+                     (dict(profiles=[(0, 8)]), flame.InvalidArgumentError),
+                     (dict(profiles=[(1, 8)] * 17), flame.InvalidArgumentError),
+                     (dict(max_wait_us=-1), flame.InvalidArgumentError), (dict(workers=65), flame.InvalidArgumentError),
+                     (dict(workers=1.5), flame.DTypeError), (dict(profiles=[(-1, 8)]), flame.InvalidArgumentError)]:
+        with pytest.raises(err):
+            flame.Scheduler(e, **bad)
+    with pytest.raises(TypeError, match="flame.Engine"):
+        flame.Scheduler("engine")
+
+
+def test_lifetime(engine, tmp_path):
+    cfg, e = engine
+    r = requests(cfg, 7, 1)[0]
+    s = flame.Scheduler(e, max_wait_us=3_000_000)
+    f = s.submit(*r)
+    e.close()  # closes the scheduler first, which scores what it holds
+    assert s.closed and f.done() and f.exception() is None
+    with pytest.raises(flame.ClosedError, match="scheduler is closed"):
+        s.score(*r)
+    # a scheduler dropped without close() is destroyed at once (no reference cycle)
+    path = tmp_path / "m2.safetensors"
+    reference.save(path, cfg, reference.random_model(cfg, 4))
+    with flame.Model(path) as m, flame.Engine(m) as e3:
+        s3 = flame.Scheduler(e3)
+        assert len(e3._schedulers) == 1
+        s3.score(*r)
+        del s3
+        assert len(e3._schedulers) == 0
+        gc.collect()

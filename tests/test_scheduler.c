@@ -1,0 +1,655 @@
+/* The batch-profile scheduler: histogram and profile arithmetic, scores equal to direct calls
+ * (SUMI with side features, split requests, dot head), batches formed by the profiles and
+ * the wait, arrival order kept, one bad request failing alone, split requests writing nothing
+ * on failure, load shedding, draining at destroy, threads, the user cache through it,
+ * argument errors, and a GPU engine (skipped without a GPU). */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "testutil.h"
+#include "tu_gpu.h"
+#include "engine/engine.h"
+#include "sched/latency.h"
+#include "sched/sched.h"
+
+/* 2 side slots, sumi head with 2 tasks: candidates are tokens, so long requests are split */
+static const char *sumi_config =
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":16,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":500,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
+    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
+    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
+    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
+    "\"combine\":\"concat\",\"projection\":true,"
+    "\"position\":{\"rule\":\"from_recent\",\"rows\":17,\"candidate_position\":16},"
+    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_erf\"},"
+    "\"final_layernorm\":true,"
+    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+
+static const char *dot_config =
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":2000,\"dim\":16}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":8},"
+    "\"blocks\":{\"count\":1,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
+    "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+
+#define SLOTS 2
+#define MAXC 400
+#define MAXH 24
+
+/* A request with its own arrays (so a test can keep many in flight). */
+typedef struct req {
+    int64_t hist[MAXH], cand[MAXC];
+    int64_t hoff[SLOTS][MAXH + 1], hids[SLOTS][3 * MAXH], coff[SLOTS][MAXC + 1], cids[SLOTS][3 * MAXC];
+    flame_bags hs[SLOTS], cs[SLOTS];
+    flame_request r;
+    float scores[MAXC * 2], want[MAXC * 2];
+    /* completion */
+    atomic_int calls;
+    flame_status status;
+    char message[256];
+    uint64_t done_us;
+} req;
+
+static void random_bags(int64_t *off, int64_t *ids, size_t n, int64_t rows)
+{
+    off[0] = 0;
+    for (size_t t = 0; t < n; t++) {
+        int64_t k = tu_below(3);
+        for (int64_t i = 0; i < k; i++) ids[off[t] + i] = tu_below(rows);
+        off[t + 1] = off[t] + k;
+    }
+}
+
+/* h history items, m candidates; side bags when sides, for the sumi model */
+static void make_req(req *q, size_t h, size_t m, bool sides)
+{
+    memset(q, 0, sizeof *q);
+    static const int64_t rows[SLOTS] = {20, 5};
+    for (size_t i = 0; i < h; i++) q->hist[i] = tu_below(500);
+    for (size_t i = 0; i < m; i++) q->cand[i] = tu_below(500);
+    for (int s = 0; sides && s < SLOTS; s++) {
+        random_bags(q->hoff[s], q->hids[s], h, rows[s]);
+        random_bags(q->coff[s], q->cids[s], m, rows[s]);
+        q->hs[s] = (flame_bags){q->hoff[s], q->hids[s]};
+        q->cs[s] = (flame_bags){q->coff[s], q->cids[s]};
+    }
+    q->r = (flame_request){.struct_size = sizeof(flame_request), .history = h ? q->hist : NULL, .history_len = h,
+                           .candidates = m ? q->cand : NULL, .num_candidates = m,
+                           .history_side = sides ? q->hs : NULL, .candidate_side = sides ? q->cs : NULL,
+                           .num_side_features = sides ? SLOTS : 0};
+    tu_poison(q->scores, MAXC * 2);
+}
+
+static void on_done(void *user, flame_status st, const char *message)
+{
+    req *q = user;
+    q->status = st;
+    snprintf(q->message, sizeof q->message, "%s", message ? message : "");
+    q->done_us = fl_sched_now_us();
+    atomic_fetch_add(&q->calls, 1);
+}
+
+static void wait_done(req *q)
+{
+    for (int i = 0; i < 100000 && !atomic_load(&q->calls); i++) usleep(100);
+    if (!atomic_load(&q->calls)) fail_msg("a request was never completed");
+}
+
+typedef struct fixture {
+    flame_model *sumi, *dot;
+    flame_engine *se, *de;
+} fixture;
+
+static int setup(void **state)
+{
+    tu_gpu_setup(state);
+    *state = NULL;
+    fixture *f = calloc(1, sizeof *f);
+    if (flame_model_create_random(sumi_config, 3, &f->sumi) || flame_model_create_random(dot_config, 4, &f->dot) ||
+        flame_engine_create(f->sumi, NULL, &f->se) || flame_engine_create(f->dot, NULL, &f->de)) {
+        fprintf(stderr, "setup: %s\n", flame_last_error());
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    if (!f) return 0;
+    flame_engine_destroy(f->se);
+    flame_engine_destroy(f->de);
+    flame_model_destroy(f->sumi);
+    flame_model_destroy(f->dot);
+    free(f);
+    return 0;
+}
+
+static flame_scheduler *make_sched(flame_engine *e, const flame_batch_profile *p, size_t np, int64_t wait_us,
+                                   uint32_t workers, uint32_t max_queue)
+{
+    flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = p, .num_profiles = np, .max_wait_us = wait_us,
+                                 .workers = workers, .max_queue = max_queue};
+    flame_scheduler *s = NULL;
+    if (flame_scheduler_create(e, &sp, &s) != FLAME_OK) fail_msg("scheduler: %s", flame_last_error());
+    return s;
+}
+
+static flame_scheduler_stats stats_of(flame_scheduler *s)
+{
+    flame_scheduler_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_scheduler_get_stats(s, &st), FLAME_OK);
+    return st;
+}
+
+/* the scores of the request alone, direct */
+static void direct(flame_engine *e, req *q, int tasks)
+{
+    tu_poison(q->want, MAXC * 2);
+    if (flame_score(e, &q->r, q->want, MAXC * 2) != FLAME_OK) fail_msg("direct: %s", flame_last_error());
+    (void)tasks;
+}
+
+/* the scheduler's scores against the direct ones: another batch shape rounds differently
+ * (BLAS accumulation order), so within float rounding, never NaN */
+static void assert_matches(const req *q, int tasks)
+{
+    const size_t n = q->r.num_candidates * (size_t)tasks;
+    double want[MAXC * 2];
+    for (size_t i = 0; i < n; i++) want[i] = q->want[i];
+    assert_rel_err_below(q->scores, want, n, 1e-5);
+}
+
+/* ------------------------------------------------------------------ arithmetic */
+
+static void test_histogram(void **state)
+{
+    (void)state;
+    for (uint64_t v = 0; v < 16; v++) assert_int_equal(fl_hist_upper(fl_hist_index(v)), v);
+    for (int i = 0; i < 100000; i++) { /* the bucket of v ends at or above v, within 1/16 of it */
+        uint64_t v = tu_u64() >> (tu_below(60) + 4);
+        if (v >= (1ull << 44)) continue;
+        uint64_t up = fl_hist_upper(fl_hist_index(v));
+        if (up < v || (v >= 16 && (double)(up - v) > v / 16.0)) fail_msg("value %llu: bucket ends at %llu",
+                                                                      (unsigned long long)v, (unsigned long long)up);
+    }
+    static fl_histogram h;
+    assert_int_equal(fl_hist_quantile(&h, 0.5), 0);
+    for (uint64_t v = 1; v <= 1000; v++) fl_hist_add(&h, v);
+    uint64_t p50 = fl_hist_quantile(&h, 0.5), p99 = fl_hist_quantile(&h, 0.99);
+    assert_true(p50 >= 500 && p50 <= 500 + 500 / 16);
+    assert_true(p99 >= 990 && p99 <= 1000);
+    assert_int_equal(fl_hist_quantile(&h, 1.0), 1000);
+    assert_int_equal(fl_hist_max(&h), 1000);
+    fl_hist_reset(&h);
+    assert_int_equal(fl_hist_quantile(&h, 0.99), 0);
+}
+
+static void test_profiles(void **state)
+{
+    (void)state;
+    fl_profiles ps;
+    assert_int_equal(fl_profiles_init(&ps, NULL, 0, true), FLAME_OK); /* {1,128} {2,128} {4,64} {8,32} */
+    assert_int_equal(fl_profiles_fit(&ps, 1, 100), 0);
+    assert_int_equal(fl_profiles_fit(&ps, 2, 128), 1);
+    assert_int_equal(fl_profiles_fit(&ps, 3, 50), 2);
+    assert_int_equal(fl_profiles_fit(&ps, 5, 20), 3);
+    assert_int_equal(fl_profiles_fit(&ps, 1, 20), 0); /* smallest: 1 x 128 beats 8 x 32 */
+    assert_int_equal(fl_profiles_fit(&ps, 5, 40), -1);
+    assert_int_equal(fl_profiles_fit(&ps, 1, 129), -1);
+    assert_int_equal(fl_profiles_parts(&ps, 128), 1);
+    assert_int_equal(fl_profiles_parts(&ps, 300), 3);
+    assert_int_equal(ps.max_users, 8);
+    assert_int_equal(fl_profiles_init(&ps, NULL, 0, false), FLAME_OK); /* dot head: users only */
+    assert_int_equal(fl_profiles_fit(&ps, 8, 100000), 3);
+    assert_int_equal(fl_profiles_parts(&ps, 100000), 1);
+    flame_batch_profile bad[2] = {{4, 64}, {0, 8}};
+    assert_status_msg(fl_profiles_init(&ps, bad, 2, true), FLAME_ERR_INVALID_ARG, "profile 1: max_users 0");
+    bad[1] = (flame_batch_profile){2, (1u << 24) + 1};
+    assert_status_msg(fl_profiles_init(&ps, bad, 2, true), FLAME_ERR_INVALID_ARG, "profile 1: max_candidates 16777217");
+    assert_status_msg(fl_profiles_init(&ps, bad, 17, true), FLAME_ERR_INVALID_ARG, "num_profiles 17 exceeds 16");
+    assert_status_msg(fl_profiles_init(&ps, NULL, 3, true), FLAME_ERR_INVALID_ARG, "profiles is NULL");
+}
+
+/* ------------------------------------------------------------------ scores */
+
+static void test_scores_match_direct_calls(void **state)
+{
+    fixture *f = *state;
+    enum { N = 24 };
+    static req q[N];
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 2000, 2, 0);
+    size_t parts = 0, split = 0;
+    for (int i = 0; i < N; i++) {
+        size_t m = 1 + (size_t)tu_below(i % 4 == 0 ? MAXC : 64); /* some longer than 128: split */
+        make_req(&q[i], (size_t)tu_below(MAXH + 1), m, true);
+        direct(f->se, &q[i], 2);
+        size_t k = m > 128 ? (m + 127) / 128 : 1;
+        parts += k;
+        split += k > 1;
+        assert_int_equal(flame_scheduler_submit(s, &q[i].r, q[i].scores, MAXC * 2, on_done, &q[i]), FLAME_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        wait_done(&q[i]);
+        assert_int_equal(q[i].status, FLAME_OK);
+        assert_matches(&q[i], 2);
+        for (size_t j = q[i].r.num_candidates * 2; j < MAXC * 2; j++) assert_true(isnan(q[i].scores[j])); /* no more */
+    }
+    flame_scheduler_destroy(s);
+    for (int i = 0; i < N; i++) assert_int_equal(atomic_load(&q[i].calls), 1);
+    (void)parts;
+    (void)split;
+}
+
+static void test_split_parts_and_stats(void **state)
+{
+    fixture *f = *state;
+    static req q;
+    make_req(&q, 10, 300, true); /* 3 parts of 100 under the default profiles (largest 128) */
+    direct(f->se, &q, 2);
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    assert_int_equal(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_OK);
+    assert_matches(&q, 2);
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.submitted, 1);
+    assert_int_equal(st.completed, 1);
+    assert_int_equal(st.split, 1);
+    assert_int_equal(st.parts, 3);
+    assert_true(st.batches >= 1 && st.batches <= 3);
+    assert_true(st.latency_max_us > 0 && st.latency_p50_us <= st.latency_max_us + st.latency_max_us / 16);
+    assert_int_equal(st.queued, 0);
+    flame_scheduler_destroy(s);
+}
+
+static void test_dot_head_is_never_split(void **state)
+{
+    fixture *f = *state;
+    static req q[3];
+    flame_scheduler *s = make_sched(f->de, NULL, 0, 0, 1, 0);
+    for (int i = 0; i < 3; i++) {
+        make_req(&q[i], (size_t)tu_below(12), MAXC, false); /* 400 candidates: more than any profile's 128 */
+        direct(f->de, &q[i], 1);
+        assert_int_equal(flame_scheduler_score(s, &q[i].r, q[i].scores, MAXC * 2), FLAME_OK);
+        assert_matches(&q[i], 1);
+    }
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.split, 0);
+    assert_int_equal(st.parts, 3);
+    flame_scheduler_destroy(s);
+}
+
+/* ------------------------------------------------------------------ batching */
+
+/* 8 requests that fit {4 users x 64}: two full batches go at once, long before max_wait */
+static void test_full_batches_do_not_wait(void **state)
+{
+    fixture *f = *state;
+    static req q[8];
+    const flame_batch_profile p[] = {{4, 64}};
+    flame_scheduler *s = make_sched(f->se, p, 1, 5000000, 1, 0);
+    const uint64_t t0 = fl_sched_now_us();
+    for (int i = 0; i < 8; i++) {
+        make_req(&q[i], 5, 1 + (size_t)tu_below(64), true);
+        assert_int_equal(flame_scheduler_submit(s, &q[i].r, q[i].scores, MAXC * 2, on_done, &q[i]), FLAME_OK);
+    }
+    for (int i = 0; i < 8; i++) wait_done(&q[i]);
+    for (int i = 0; i < 8; i++) assert_true(q[i].done_us - t0 < 2500000); /* half of max_wait */
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.batches, 2);
+    assert_int_equal(st.parts, 8);
+    assert_int_equal(st.profile_batches[0], 2);
+    for (int i = 0; i < 8; i++) {
+        direct(f->se, &q[i], 2);
+        assert_matches(&q[i], 2);
+    }
+    flame_scheduler_destroy(s);
+}
+
+/* A lone request waits max_wait for company; the next request that does not fit closes the
+ * batch before it at once, and requests are never overtaken. */
+static void test_waiting_and_arrival_order(void **state)
+{
+    fixture *f = *state;
+    static req a, b, c;
+    const flame_batch_profile p[] = {{4, 32}, {1, 256}};
+    const int64_t wait = 400000;
+    flame_scheduler *s = make_sched(f->se, p, 2, wait, 1, 0);
+    make_req(&a, 4, 20, true);
+    make_req(&b, 4, 200, true); /* only {1, 256} holds it: it cannot join a's batch */
+    make_req(&c, 4, 20, true);
+    const uint64_t t0 = fl_sched_now_us();
+    assert_int_equal(flame_scheduler_submit(s, &a.r, a.scores, MAXC * 2, on_done, &a), FLAME_OK);
+    assert_int_equal(flame_scheduler_submit(s, &b.r, b.scores, MAXC * 2, on_done, &b), FLAME_OK);
+    assert_int_equal(flame_scheduler_submit(s, &c.r, c.scores, MAXC * 2, on_done, &c), FLAME_OK);
+    wait_done(&a);
+    wait_done(&b);
+    wait_done(&c);
+    assert_true(a.done_us <= b.done_us && b.done_us <= c.done_us);
+    /* a and b went without waiting (b closed a's batch; nothing can join b); c waited for company */
+    assert_true(b.done_us - t0 < (uint64_t)wait);
+    assert_true(c.done_us - t0 >= (uint64_t)wait);
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.batches, 3);
+    assert_int_equal(st.profile_batches[0], 2);
+    assert_int_equal(st.profile_batches[1], 1);
+    assert_true(st.latency_max_us >= (uint64_t)wait && st.queue_wait_p99_us >= (uint64_t)wait * 15 / 16);
+    assert_int_equal(flame_scheduler_reset_latency(s), FLAME_OK);
+    st = stats_of(s);
+    assert_int_equal(st.latency_max_us, 0);
+    assert_int_equal(st.latency_p99_us, 0);
+    assert_int_equal(st.completed, 3); /* counters stay */
+    flame_scheduler_destroy(s);
+}
+
+/* ------------------------------------------------------------------ failures */
+
+static void test_bad_request_fails_alone(void **state)
+{
+    fixture *f = *state;
+    static req q[4];
+    const flame_batch_profile p[] = {{4, 128}};
+    flame_scheduler *s = make_sched(f->se, p, 1, 5000000, 1, 0);
+    for (int i = 0; i < 4; i++) {
+        make_req(&q[i], 6, 10, true);
+        if (i != 2) direct(f->se, &q[i], 2);
+    }
+    q[2].cand[3] = 500; /* out of range */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(flame_scheduler_submit(s, &q[i].r, q[i].scores, MAXC * 2, on_done, &q[i]), FLAME_OK);
+    for (int i = 0; i < 4; i++) wait_done(&q[i]);
+    assert_int_equal(q[2].status, FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(q[2].message, "id 500 out of range"));
+    for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(q[2].scores[j])); /* nothing written */
+    for (int i = 0; i < 4; i++)
+        if (i != 2) {
+            assert_int_equal(q[i].status, FLAME_OK);
+            assert_matches(&q[i], 2);
+        }
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.isolated, 1);
+    assert_int_equal(st.completed, 3);
+    assert_int_equal(st.failed, 1);
+    /* the synchronous call carries the message to the caller's thread */
+    assert_status_msg(flame_scheduler_score(s, &q[2].r, q[2].scores, MAXC * 2), FLAME_ERR_INVALID_ARG,
+                      "id 500 out of range");
+    flame_scheduler_destroy(s);
+}
+
+/* A split request whose last part is bad fails whole, and its good parts write nothing. */
+static void test_split_request_failing_writes_nothing(void **state)
+{
+    fixture *f = *state;
+    static req q;
+    make_req(&q, 3, 300, true);
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 2, 0);
+    q.cids[1][q.coff[1][299]] = 9; /* genre 9 of 5, in the last part (if its bag is not empty) */
+    q.coff[1][300] = q.coff[1][299] + 1;
+    assert_status_msg(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_ERR_INVALID_ARG, "id 9 out of range");
+    for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(q.scores[j]));
+    flame_scheduler_destroy(s);
+}
+
+/* ------------------------------------------------------------------ load and lifetime */
+
+static void test_queue_full_sheds_load(void **state)
+{
+    fixture *f = *state;
+    static req q[3], big;
+    const flame_batch_profile p[] = {{8, 64}};
+    flame_scheduler *s = make_sched(f->se, p, 1, 5000000, 1, 2); /* the worker waits for company */
+    for (int i = 0; i < 3; i++) make_req(&q[i], 2, 8, true);
+    assert_int_equal(flame_scheduler_submit(s, &q[0].r, q[0].scores, MAXC * 2, on_done, &q[0]), FLAME_OK);
+    assert_int_equal(flame_scheduler_submit(s, &q[1].r, q[1].scores, MAXC * 2, on_done, &q[1]), FLAME_OK);
+    assert_status_msg(flame_scheduler_submit(s, &q[2].r, q[2].scores, MAXC * 2, on_done, &q[2]),
+                      FLAME_ERR_UNAVAILABLE, "queue full: 2 part(s) waiting, this request needs 1, max_queue 2");
+    make_req(&big, 2, 200, true); /* 4 parts of 50 */
+    assert_status_msg(flame_scheduler_submit(s, &big.r, big.scores, MAXC * 2, on_done, &big), FLAME_ERR_UNAVAILABLE,
+                      "this request needs 4");
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.rejected, 2);
+    assert_int_equal(st.queued, 2);
+    const uint64_t t0 = fl_sched_now_us();
+    flame_scheduler_destroy(s); /* scores the two queued ones without waiting out max_wait */
+    assert_true(fl_sched_now_us() - t0 < 2500000);
+    assert_int_equal(atomic_load(&q[0].calls), 1);
+    assert_int_equal(atomic_load(&q[1].calls), 1);
+    assert_int_equal(atomic_load(&q[2].calls), 0);
+    assert_int_equal(q[0].status, FLAME_OK);
+    assert_int_equal(atomic_load(&big.calls), 0);
+}
+
+static void test_destroy_drains_the_queue(void **state)
+{
+    fixture *f = *state;
+    enum { N = 40 };
+    static req q[N];
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 3000000, 2, 0);
+    const uint64_t t0 = fl_sched_now_us();
+    for (int i = 0; i < N; i++) {
+        make_req(&q[i], (size_t)tu_below(MAXH), 1 + (size_t)tu_below(160), true);
+        assert_int_equal(flame_scheduler_submit(s, &q[i].r, q[i].scores, MAXC * 2, on_done, &q[i]), FLAME_OK);
+    }
+    flame_scheduler_destroy(s);
+    assert_true(fl_sched_now_us() - t0 < 2500000); /* no batch waited for company */
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atomic_load(&q[i].calls), 1);
+        assert_int_equal(q[i].status, FLAME_OK);
+        direct(f->se, &q[i], 2);
+        assert_matches(&q[i], 2);
+    }
+}
+
+typedef struct thread_arg {
+    flame_scheduler *s;
+    req *qs; /* [4], built before the threads start (the test generator is not thread-safe) */
+    atomic_int *bad;
+} thread_arg;
+
+static void *client(void *p)
+{
+    thread_arg *a = p;
+    for (int k = 0; k < 40; k++) {
+        req *q = &a->qs[k % 4];
+        tu_poison(q->scores, MAXC * 2);
+        if (flame_scheduler_score(a->s, &q->r, q->scores, MAXC * 2) != FLAME_OK) {
+            atomic_fetch_add(a->bad, 1);
+            continue;
+        }
+        double want[MAXC * 2];
+        const size_t n = q->r.num_candidates * 2;
+        for (size_t i = 0; i < n; i++) want[i] = q->want[i];
+        if (!(tu_rel_err(q->scores, want, n) < 1e-5)) atomic_fetch_add(a->bad, 1);
+    }
+    return NULL;
+}
+
+static void test_threads_score_concurrently(void **state)
+{
+    fixture *f = *state;
+    static req qs[8][4];
+    for (int t = 0; t < 8; t++)
+        for (int k = 0; k < 4; k++) {
+            make_req(&qs[t][k], (size_t)tu_below(MAXH + 1), 1 + (size_t)tu_below(150), true);
+            direct(f->se, &qs[t][k], 2);
+        }
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 200, 2, 0);
+    atomic_int bad = 0;
+    pthread_t th[8];
+    thread_arg args[8];
+    for (int t = 0; t < 8; t++) {
+        args[t] = (thread_arg){s, qs[t], &bad};
+        pthread_create(&th[t], NULL, client, &args[t]);
+    }
+    for (int t = 0; t < 8; t++) pthread_join(th[t], NULL);
+    assert_int_equal(atomic_load(&bad), 0);
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.completed, 8 * 40);
+    assert_true(st.batches <= st.parts);
+    flame_scheduler_destroy(s);
+}
+
+/* ------------------------------------------------------------------ requests of every kind */
+
+/* Histories from the user cache, and a caller built against the first flame.h. */
+static void test_user_cache_requests_and_older_layout(void **state)
+{
+    fixture *f = *state;
+    char name[64];
+    snprintf(name, sizeof name, "/flame-sched-test-%d", (int)getpid());
+    flame_user_cache_unlink(name);
+    flame_user_cache_params up = {.struct_size = sizeof up, .capacity = 64, .max_ids = 16};
+    flame_user_cache *uc = NULL;
+    assert_int_equal(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &up, &uc), FLAME_OK);
+    assert_int_equal(flame_engine_set_user_cache(f->de, uc), FLAME_OK);
+    flame_scheduler *s = make_sched(f->de, NULL, 0, 1000, 1, 0);
+    static req q[6];
+    for (int u = 0; u < 6; u++) {
+        make_req(&q[u], 1 + (size_t)tu_below(16), 50, false);
+        uint32_t len = (uint32_t)q[u].r.history_len;
+        flame_user_features uf = {.struct_size = sizeof uf, .ids = q[u].hist, .num_ids = len, .slot_lens = &len};
+        assert_int_equal(flame_user_cache_put(uc, 100 + u, &uf), FLAME_OK);
+        direct(f->de, &q[u], 1); /* the history given */
+        q[u].r.history = NULL, q[u].r.history_len = 0;
+        q[u].r.user_id = 100 + u;
+        q[u].r.history_from_user_cache = 1;
+    }
+    q[5].r.struct_size = offsetof(flame_request, history_from_user_cache); /* the first layout: history given */
+    q[5].r.history = q[5].hist, q[5].r.history_len = 3;
+    direct(f->de, &q[5], 1); /* (direct() reads it in the first layout too) */
+    for (int u = 0; u < 6; u++)
+        assert_int_equal(flame_scheduler_submit(s, &q[u].r, q[u].scores, MAXC * 2, on_done, &q[u]), FLAME_OK);
+    for (int u = 0; u < 6; u++) {
+        wait_done(&q[u]);
+        assert_int_equal(q[u].status, FLAME_OK);
+        assert_matches(&q[u], 1);
+    }
+    flame_scheduler_destroy(s);
+    flame_engine_stats es = {.struct_size = sizeof es};
+    assert_int_equal(flame_engine_get_stats(f->de, &es), FLAME_OK);
+    assert_int_equal(es.user_cache_hits, 5);
+    assert_int_equal(flame_engine_set_user_cache(f->de, NULL), FLAME_OK);
+    flame_user_cache_destroy(uc);
+    flame_user_cache_unlink(name);
+}
+
+static void test_argument_errors(void **state)
+{
+    fixture *f = *state;
+    flame_scheduler *s = NULL;
+    assert_status_msg(flame_scheduler_create(NULL, NULL, &s), FLAME_ERR_INVALID_ARG, "engine is NULL");
+    assert_status_msg(flame_scheduler_create(f->se, NULL, NULL), FLAME_ERR_INVALID_ARG, "out is NULL");
+    flame_scheduler_params p = {.struct_size = sizeof p - 1};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "params->struct_size");
+    p = (flame_scheduler_params){.struct_size = sizeof p, .max_wait_us = -1};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "max_wait_us -1 is outside");
+    p = (flame_scheduler_params){.struct_size = sizeof p, .workers = 65};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "workers 65 is outside 1..64");
+    const flame_batch_profile bad[] = {{0, 8}};
+    p = (flame_scheduler_params){.struct_size = sizeof p, .profiles = bad, .num_profiles = 1};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "profile 0: max_users 0");
+    assert_null(s);
+
+    s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    static req q;
+    make_req(&q, 4, 10, true);
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, NULL, &q), FLAME_ERR_INVALID_ARG,
+                      "done is NULL");
+    assert_status_msg(flame_scheduler_submit(s, NULL, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "request is NULL");
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, 19, on_done, &q), FLAME_ERR_BUFFER_TOO_SMALL,
+                      "room for 19 floats, the request needs 10 x 2");
+    assert_status_msg(flame_scheduler_submit(s, &q.r, NULL, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "scores is NULL");
+    flame_request r = q.r;
+    r.num_side_features = 1;
+    assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "num_side_features = 1, the model has 2");
+    r = q.r;
+    r.struct_size = 8;
+    assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "struct_size = 8");
+    r = q.r;
+    r.candidates = NULL;
+    assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "candidates is NULL with num_candidates 10");
+    assert_int_equal(atomic_load(&q.calls), 0); /* none of these called done */
+    /* no candidates: validated and done before submit returns */
+    r = q.r;
+    r.num_candidates = 0, r.candidates = NULL;
+    assert_int_equal(flame_scheduler_submit(s, &r, NULL, 0, on_done, &q), FLAME_OK);
+    assert_int_equal(atomic_load(&q.calls), 1);
+    assert_int_equal(q.status, FLAME_OK);
+    q.hist[1] = -5;
+    assert_int_equal(flame_scheduler_submit(s, &r, NULL, 0, on_done, &q), FLAME_OK);
+    assert_int_equal(atomic_load(&q.calls), 2);
+    assert_int_equal(q.status, FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(q.message, "id -5 out of range"));
+    flame_scheduler_stats st = {.struct_size = 8};
+    assert_status_msg(flame_scheduler_get_stats(s, &st), FLAME_ERR_INVALID_ARG, "stats->struct_size 8");
+    assert_status_msg(flame_scheduler_get_stats(NULL, &st), FLAME_ERR_INVALID_ARG, "scheduler is NULL");
+    assert_status_msg(flame_scheduler_reset_latency(NULL), FLAME_ERR_INVALID_ARG, "scheduler is NULL");
+    st = stats_of(s);
+    assert_int_equal(st.submitted, 2);
+    assert_int_equal(st.completed, 1);
+    assert_int_equal(st.failed, 1);
+    flame_scheduler_destroy(s);
+    flame_scheduler_destroy(NULL);
+}
+
+/* A GPU engine (fp32) behind the scheduler: its default workers are the executors, and the
+ * scores match the CPU engine's. Skipped without a GPU (make test-gpu requires one). */
+static void test_gpu_engine(void **state)
+{
+    TU_NEED_GPU();
+    fixture *f = *state;
+    flame_config *cfg = NULL;
+    flame_engine *g = NULL;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_string(cfg, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_CUDA_EXECUTORS, 3), FLAME_OK);
+    if (flame_engine_create(f->sumi, cfg, &g) != FLAME_OK) fail_msg("GPU engine: %s", flame_last_error());
+    flame_config_destroy(cfg);
+    flame_scheduler *s = make_sched(g, NULL, 0, 500, 0, 0);
+    assert_int_equal(s->num_workers, 3);
+    enum { N = 16 };
+    static req q[N];
+    for (int i = 0; i < N; i++) {
+        make_req(&q[i], (size_t)tu_below(MAXH + 1), 1 + (size_t)tu_below(MAXC), true);
+        direct(f->se, &q[i], 2); /* the CPU engine's scores */
+        assert_int_equal(flame_scheduler_submit(s, &q[i].r, q[i].scores, MAXC * 2, on_done, &q[i]), FLAME_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        wait_done(&q[i]);
+        assert_int_equal(q[i].status, FLAME_OK);
+        assert_matches(&q[i], 2);
+    }
+    flame_scheduler_destroy(s);
+    flame_engine_destroy(g);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test(f)
+    const struct CMUnitTest tests[] = {
+        T(test_histogram),
+        T(test_profiles),
+        T(test_scores_match_direct_calls),
+        T(test_split_parts_and_stats),
+        T(test_dot_head_is_never_split),
+        T(test_full_batches_do_not_wait),
+        T(test_waiting_and_arrival_order),
+        T(test_bad_request_fails_alone),
+        T(test_split_request_failing_writes_nothing),
+        T(test_queue_full_sheds_load),
+        T(test_destroy_drains_the_queue),
+        T(test_threads_score_concurrently),
+        T(test_user_cache_requests_and_older_layout),
+        T(test_argument_errors),
+        T(test_gpu_engine),
+    };
+    return cmocka_run_group_tests_name("scheduler", tests, setup, teardown);
+}
