@@ -113,8 +113,8 @@ bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
 bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
 # issue 3: flame_score_batch end to end on any device (bench/run_gpu_bench.py drives it)
-bench/e2e-bench: bench/e2e_bench.c $(SHLIB) lib/libflame.so
-	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS) -lcjson
+bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ bench/e2e_bench.c bench/e2e_clients.c $(PROG_LDFLAGS) -lcjson
 # issue 3: calls the internal kernel wrapper, so it links the static library and the CUDA libs
 bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench

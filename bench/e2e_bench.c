@@ -19,6 +19,11 @@
  * file (i1..i(n-1) of each user, in file order, B users per call) instead of synthetic ones;
  * --all-items scores every item id 0..num_items-1 for each user (full-sort evaluation); then
  * one call = the next B users of the file, and the calls wrap around the file.
+ * --clients N (bench/e2e_clients.c): N threads each send --calls one-user requests (the
+ * requests of the sets, round robin), waiting for each: --via direct calls flame_score from
+ * the N threads, --via scheduler goes through a flame_scheduler (one profile of
+ * --sched-users x --sched-candidates, --max-wait-us, --workers); reports requests/s and the
+ * per-request latency the clients see.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -28,18 +33,10 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "flame/flame.h"
+#include "e2e_bench.h"
 
-#define MAX_SLOTS 64
 
-typedef struct options {
-    const char *model, *config, *sequences, *device, *dtype;
-    size_t users, history, history_min, candidates, calls, warmup, bag, sets, graphs;
-    uint64_t seed;
-    int all_items, json;
-} options;
-
-static double now_us(void)
+double now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -54,7 +51,7 @@ static uint64_t next_u64(uint64_t *s) /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-static void *xmalloc(size_t n)
+void *xmalloc(size_t n)
 {
     void *p = malloc(n ? n : 1);
     if (!p) {
@@ -69,13 +66,16 @@ static void usage(void)
     fprintf(stderr,
             "usage: e2e-bench [--model FILE | --config FILE] [--device cpu|cuda|cuda:N|auto] [--dtype fp32|fp16|bf16]\n"
             "                 [--users B] [--history L] [--history-min L0] [--candidates M] [--calls N] [--warmup W] [--bag K]\n"
-            "                 [--sets S] [--seed S] [--sequences FILE] [--all-items] [--json]\n");
+            "                 [--sets S] [--seed S] [--sequences FILE] [--all-items] [--json]\n"
+            "                 [--clients N [--via direct|scheduler] [--sched-users U] [--sched-candidates C]\n"
+            "                  [--max-wait-us W] [--workers K]]\n");
 }
 
 static int parse_args(int argc, char **argv, options *o)
 {
     *o = (options){.device = "cpu", .dtype = "fp32", .users = 1, .history = 256, .candidates = 128, .calls = 1000,
-                   .warmup = 100, .bag = 1, .sets = 8, .graphs = 1, .seed = 1};
+                   .warmup = 100, .bag = 1, .sets = 8, .graphs = 1, .seed = 1, .via = "direct", .sched_users = 8,
+                   .sched_candidates = 128};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         size_t *num = NULL;
@@ -97,6 +97,12 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--bag")) num = &o->bag;
         else if (!strcmp(a, "--sets")) num = &o->sets;
         else if (!strcmp(a, "--graphs")) num = &o->graphs; /* FLAME_OPT_CUDA_GRAPHS: 1 (default) or 0 */
+        else if (!strcmp(a, "--clients")) num = &o->clients;
+        else if (!strcmp(a, "--via")) str = &o->via;
+        else if (!strcmp(a, "--sched-users")) num = &o->sched_users;
+        else if (!strcmp(a, "--sched-candidates")) num = &o->sched_candidates;
+        else if (!strcmp(a, "--max-wait-us")) num = &o->max_wait_us;
+        else if (!strcmp(a, "--workers")) num = &o->workers;
         else if (strcmp(a, "--seed") != 0) {
             fprintf(stderr, "e2e-bench: unknown argument '%s'\n", a);
             usage();
@@ -126,6 +132,10 @@ static int parse_args(int argc, char **argv, options *o)
     }
     if (o->history_min > o->history) {
         fprintf(stderr, "e2e-bench: --history-min %zu exceeds --history %zu\n", o->history_min, o->history);
+        return -1;
+    }
+    if (strcmp(o->via, "direct") && strcmp(o->via, "scheduler")) {
+        fprintf(stderr, "e2e-bench: --via takes direct or scheduler, got '%s'\n", o->via);
         return -1;
     }
     if (o->users == 0 || o->calls == 0 || o->sets == 0) {
@@ -214,10 +224,6 @@ static int side_rows(const char *config_json, int64_t rows[MAX_SLOTS])
 
 /* ---------------------------------------------------------------- requests */
 
-typedef struct tokens {
-    int64_t *off[MAX_SLOTS], *ids[MAX_SLOTS];
-    flame_bags bags[MAX_SLOTS];
-} tokens;
 
 /* Side bags of `n` tokens: `bag` ids per slot, a pure function of the token's item id (as a
  * feature store would serve them), below each slot's table rows. */
@@ -243,11 +249,6 @@ static void tokens_free(tokens *t, int slots)
     }
 }
 
-typedef struct request_set {
-    flame_request *reqs;
-    size_t n, candidates; /* requests, candidates in all */
-    tokens *hist, *cand;
-} request_set;
 
 /* Histories of a sequences file: all but the last item of each line (the held-out target). */
 static int64_t **read_sequences(const char *path, size_t **lens, size_t *count)
@@ -287,13 +288,13 @@ static int64_t **read_sequences(const char *path, size_t **lens, size_t *count)
 
 /* ---------------------------------------------------------------- main */
 
-static int cmp_double(const void *a, const void *b)
+int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-static double percentile(const double *sorted, size_t n, double p)
+double percentile(const double *sorted, size_t n, double p)
 {
     size_t k = (size_t)ceil(p * (double)n);
     return sorted[k ? k - 1 : 0];
@@ -436,6 +437,12 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < o.warmup; i++) {
         const request_set *rs = &sets[i % o.sets];
         CHECK(flame_score_batch(engine, rs->reqs, rs->n, scores, max_scores));
+    }
+    if (o.clients) { /* N threads of one-user requests, direct or through a scheduler */
+        int rc = run_clients(&o, engine, &info, sets, o.sets);
+        flame_engine_destroy(engine);
+        flame_model_destroy(model);
+        return rc;
     }
     double *lat = xmalloc(o.calls * sizeof *lat);
     size_t total_req = 0, total_cand = 0, bad = 0;

@@ -23,7 +23,14 @@ int main(void)
                        .num_candidates = 2};
     flame_status st = flame_score(e, &r, s, 2);
     printf("consumer: libflame %s scored %.4f %.4f\n", flame_version_string(), s[0], s[1]);
+    /* the same request through the scheduler, as README shows it */
+    flame_scheduler *sched = NULL;
+    float t[2] = {0};
+    flame_status st2 = flame_scheduler_create(e, NULL, &sched);
+    if (st2 == FLAME_OK) st2 = flame_scheduler_score(sched, &r, t, 2);
+    flame_scheduler_destroy(sched);
+    if (st2) fprintf(stderr, "consumer: scheduler: %s\n", flame_last_error());
     flame_engine_destroy(e);
     flame_model_destroy(m);
-    return st == FLAME_OK && s[0] != s[1] ? 0 : 1;
+    return st == FLAME_OK && s[0] != s[1] && st2 == FLAME_OK && t[0] == s[0] && t[1] == s[1] ? 0 : 1;
 }

@@ -457,8 +457,9 @@ FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
  * scheduler/request/done, NULL scores with candidates, struct_size below the first version's);
  * FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks); FLAME_ERR_UNAVAILABLE
  * (max_queue parts are waiting, or the scheduler is being destroyed: shed load); FLAME_ERR_NOMEM.
- * On any failure done is not called and nothing is queued. An empty candidate list completes
- * at once (done runs on the calling thread with FLAME_OK). */
+ * On any failure done is not called and nothing is queued. A request without candidates is
+ * only validated, on the calling thread: done runs before submit returns, with the status
+ * flame_score would give it. */
 FLAME_API flame_status flame_scheduler_submit(flame_scheduler *scheduler, const flame_request *request, float *scores,
                                               size_t scores_len, flame_score_done_fn done, void *user);
 
