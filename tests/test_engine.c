@@ -6,6 +6,8 @@
 #include "testutil.h"
 #include "core/device.h"
 #include "model/model.h"
+#include "cpu/kernels.h"
+#include "engine/engine.h"
 
 /* sumi ranker with two side features (sum and mean) on concat + projection */
 static const char *sumi_config =
@@ -564,6 +566,34 @@ static void test_device_choice(void **state)
     flame_config_destroy(c);
 }
 
+/* Concurrent calls while OpenBLAS runs several threads a call oversubscribe the cores: the
+ * engine says so once (at its second workspace, i.e. two calls at once), and not when BLAS
+ * runs one thread a call. */
+void openblas_set_num_threads(int); /* OpenBLAS's own: cblas.h may be another's */
+static void test_concurrent_calls_with_threaded_blas_warn_once(void **state)
+{
+    fixture *f = *state;
+    log_capture cap = {0};
+    assert_int_equal(flame_set_log_callback(on_log, &cap, FLAME_LOG_WARN), FLAME_OK);
+    const int before = fl_blas_threads();
+    for (int threads = 1; threads <= 2; threads++) {
+        openblas_set_num_threads(threads);
+        flame_engine *e = NULL;
+        assert_int_equal(flame_engine_create(f->dot, NULL, &e), FLAME_OK);
+        cap.lines = 0;
+        fl_workspace *ws[3];
+        for (int i = 0; i < 3; i++) ws[i] = fl_workspace_acquire(e); /* three calls at once */
+        for (int i = 0; i < 3; i++) fl_workspace_release(e, ws[i]);
+        ws[0] = fl_workspace_acquire(e), ws[1] = fl_workspace_acquire(e); /* again: from the pool */
+        fl_workspace_release(e, ws[0]), fl_workspace_release(e, ws[1]);
+        assert_int_equal(cap.lines, threads == 2 ? 1 : 0);
+        if (threads == 2) assert_non_null(strstr(cap.last, "OpenBLAS runs 2 threads a call"));
+        flame_engine_destroy(e);
+    }
+    openblas_set_num_threads(before);
+    assert_int_equal(flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR), FLAME_OK);
+}
+
 /* Hooks swapped while other threads log: every line reaches a hook with its own user pointer. */
 typedef struct hook_tag {
     int id;
@@ -712,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_eight_threads_bitwise),
         cmocka_unit_test(test_config_options),
         cmocka_unit_test(test_device_choice),
+        cmocka_unit_test(test_concurrent_calls_with_threaded_blas_warn_once),
         cmocka_unit_test(test_log_hook_swaps_are_safe),
         cmocka_unit_test(test_lifetimes_and_names),
         cmocka_unit_test(test_beauty_sized_scratch),

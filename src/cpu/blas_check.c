@@ -35,3 +35,8 @@ bool fl_blas_is_weak(void)
     pthread_once(&once, check);
     return weak;
 }
+
+int fl_blas_threads(void)
+{
+    return openblas_get_num_threads();
+}

@@ -81,6 +81,8 @@ void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const
 
 /* True when the CBLAS library runs pre-AVX kernels on an AVX2 CPU (logged once). */
 bool fl_blas_is_weak(void);
+/* Threads the BLAS library runs one call on (OPENBLAS_NUM_THREADS). */
+int fl_blas_threads(void);
 
 /* In-place logistic sigmoid over n values with the given stride. */
 void fl_cpu_sigmoid(float *x, int64_t n, int64_t stride);

@@ -35,6 +35,7 @@ struct flame_engine {
     struct flame_item_cache *item_cache; /* NULL: callers give side features themselves */
     struct flame_user_cache *user_cache; /* NULL: requests give their histories themselves */
     atomic_uint_fast64_t user_cache_hits, user_cache_misses;
+    atomic_bool warned_blas_threads; /* the oversubscription warning of fl_workspace_acquire, once */
 };
 
 /* The size of the first version of flame_request (it ended at num_side_features): the least
