@@ -316,6 +316,38 @@ static void test_miss_scores_empty_history(void **state)
     flame_user_cache_unlink(ttl_name);
 }
 
+/* A table whose records hold fewer ids than the model's window is legal (histories are then
+ * shorter), but rarely meant: attaching it says so through the log hook. */
+static char last_log[512];
+static int log_lines;
+static void on_log(flame_log_level level, const char *msg, void *user)
+{
+    (void)level, (void)user;
+    snprintf(last_log, sizeof last_log, "%s", msg);
+    log_lines++;
+}
+static void test_short_records_warn(void **state)
+{
+    fixture *f = *state;
+    char short_name[80];
+    snprintf(short_name, sizeof short_name, "%s-short", name);
+    flame_user_cache_unlink(short_name);
+    flame_user_cache_params p = {.struct_size = sizeof p, .capacity = 16, .max_ids = 4};
+    flame_user_cache *t = NULL;
+    assert_int_equal(flame_user_cache_open(short_name, FLAME_USER_CACHE_CREATE, &p, &t), FLAME_OK);
+    flame_set_log_callback(on_log, NULL, FLAME_LOG_WARN);
+    log_lines = 0;
+    assert_int_equal(flame_engine_set_user_cache(f->plain_dot, t), FLAME_OK); /* max_len 8 */
+    assert_int_equal(log_lines, 1);
+    assert_non_null(strstr(last_log, "holds at most 4 ids a user, fewer than the model's window of 8"));
+    assert_int_equal(flame_engine_set_user_cache(f->plain_dot, f->uc), FLAME_OK); /* MAX_IDS: enough */
+    assert_int_equal(log_lines, 1);
+    flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR);
+    assert_int_equal(flame_engine_set_user_cache(f->plain_dot, NULL), FLAME_OK);
+    flame_user_cache_destroy(t);
+    flame_user_cache_unlink(short_name);
+}
+
 static void test_errors_write_nothing(void **state)
 {
     fixture *f = *state;
@@ -652,6 +684,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_dot_matches_explicit_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_side_features_through_item_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_miss_scores_empty_history, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_short_records_warn, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_write_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_layout_callers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_layout_callers, setup, teardown),

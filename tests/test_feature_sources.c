@@ -106,6 +106,10 @@ static void test_file_source(void **state)
                       FLAME_ERR_FORMAT, "h.txt:2: slot 0: bad id list '2,x'");
     assert_status_msg(flame_feature_source_create_file(write_file("i.txt", "flame-features 1 slots=1 dense=0\n1\t2\n1\t3\n"), &s),
                       FLAME_ERR_FORMAT, "i.txt:3: id 1 appears twice");
+    assert_status_msg(flame_feature_source_create_file(write_file("k.txt", "flame-features 1 slots=1 dense=0\n-1\t2\n"), &s),
+                      FLAME_ERR_FORMAT, "k.txt:2: item id -1 is negative");
+    assert_status_msg(flame_feature_source_create_file(write_file("l.txt", "flame-features 1 slots=2 dense=0\n4\t2\t1,-3\n"), &s),
+                      FLAME_ERR_FORMAT, "l.txt:2: slot 1: id -3 is negative");
     assert_status_msg(flame_feature_source_create_file(write_file("j.txt", "slots=1\n"), &s), FLAME_ERR_FORMAT,
                       "j.txt:1: expected the header");
     assert_status_msg(flame_feature_source_create_file("/nonexistent/x", &s), FLAME_ERR_IO, "cannot open feature file");

@@ -404,9 +404,9 @@ typedef struct flame_batch_profile {
 /* A field left 0 takes its default, so a zeroed struct (with struct_size set) is valid. */
 typedef struct flame_scheduler_params {
     size_t struct_size;                  /* sizeof(flame_scheduler_params) */
-    const flame_batch_profile *profiles; /* [num_profiles], copied at creation */
-    size_t num_profiles;                 /* 1..FLAME_SCHED_MAX_PROFILES; 0 = the FLAME paper's four:
-                                          * {1,128}, {2,128}, {4,64}, {8,32} */
+    const flame_batch_profile *profiles; /* [num_profiles], copied at creation; NULL with 0 */
+    size_t num_profiles;                 /* 1..FLAME_SCHED_MAX_PROFILES; 0 (profiles NULL) = the FLAME
+                                          * paper's four: {1,128}, {2,128}, {4,64}, {8,32} */
     int64_t max_wait_us;                 /* longest the oldest queued request waits for its batch to
                                           * fill; 0 (default) = never wait: a free worker takes what is
                                           * queued (concurrent arrivals still batch while workers are
@@ -426,8 +426,9 @@ typedef struct flame_scheduler_params {
 typedef void (*flame_score_done_fn)(void *user, flame_status status, const char *message);
 
 /* Creates a scheduler over `engine` (params NULL = the defaults) and starts its workers.
- * The engine must outlive the scheduler. Thread-safety: submit, score and get_stats may be
- * called concurrently from any threads; destroy must not run concurrently with them.
+ * The engine must outlive the scheduler. Thread-safety: submit, score, get_stats and
+ * reset_latency may be called concurrently from any threads; destroy must not run
+ * concurrently with them.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/out, struct_size too small, a value
  * out of its range above: the message names it); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a
  * thread could not be started). On failure *out is NULL. */

@@ -40,15 +40,17 @@ class Request:
     history_side:   per side-feature slot an (offsets int64 [history_len + 1], ids int64) pair;
                     None when the engine's item cache gives the bags (Engine.set_item_cache)
     candidate_side: per slot an (offsets int64 [num_candidates + 1], ids int64) pair; likewise
-    user_id:        the user's key in the engine's user cache
+    user_id:        the user's key in the engine's user cache (None: not given; 0 goes to C)
     from_user_cache: True: the history is user_id's record in the engine's user cache
-                    (Engine.set_user_cache); history and history_side are then None
+                    (Engine.set_user_cache); history and history_side are then None and
+                    user_id is required. A user without a record scores an empty history
+                    (counted in stats()["engine"]["user_cache_misses"]).
     """
     history: Any
     candidates: Any
     history_side: Optional[Sequence[Any]] = None
     candidate_side: Optional[Sequence[Any]] = None
-    user_id: int = 0
+    user_id: Optional[int] = None
     from_user_cache: bool = False
 
 
@@ -129,7 +131,12 @@ class Engine(Handle):
             if r.history is not None or r.history_side is not None:
                 raise ShapeError(f"{where}from_user_cache is set: the history comes from the user cache, so history "
                                  "and history_side must be None")
+            if r.user_id is None:
+                raise ShapeError(f"{where}from_user_cache is set but no user_id is given: whose history?")
             h = np.zeros(0, np.int64)
+        elif r.history is None:
+            raise ShapeError(f"{where}history is None: pass [] for an empty history, or from_user_cache=True with a "
+                             "user_id to read it from the engine's user cache")
         else:
             h = _arrays.ids(r.history, where + "history")
         c = _arrays.ids(r.candidates, where + "candidates")
@@ -150,12 +157,13 @@ class Engine(Handle):
             arr = (Bags * len(bags))(*[Bags(o.ctypes.data_as(I64P), i.ctypes.data_as(I64P)) for o, i in bags])
             keep += [arr, bags]
             sides.append(C.cast(arr, C.POINTER(Bags)))
-        return _Request(C.sizeof(_Request), _arrays.int64(r.user_id, where + "user_id"), _ptr(h), h.size, _ptr(c),
+        uid = 0 if r.user_id is None else _arrays.int64(r.user_id, where + "user_id")
+        return _Request(C.sizeof(_Request), uid, _ptr(h), h.size, _ptr(c),
                         c.size, sides[0], sides[1], k, 1 if r.from_user_cache else 0)
 
     def score(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
-              candidate_side: Optional[Sequence[Any]] = None, *, user_id: int = 0, from_user_cache: bool = False,
-              out: Optional[np.ndarray] = None) -> np.ndarray:
+              candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
+              from_user_cache: bool = False, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Scores one user's candidates.
 
         history: int64 [history_len], oldest first; candidates: int64 [num_candidates].
@@ -163,7 +171,8 @@ class Engine(Handle):
         (offsets has num_tokens + 1 entries; see flame.bags); None for models without any, or
         when the engine's item cache gives them.
         from_user_cache: the history is user_id's record in the engine's user cache (history
-        None): engine.score(None, candidates, user_id=42, from_user_cache=True).
+        None): engine.score(None, candidates, user_id=42, from_user_cache=True); a user
+        without a record scores an empty history.
         out: optional float32 [num_candidates, num_tasks] C-contiguous array to write into.
         Returns float32 [num_candidates, num_tasks]: sigmoid task scores (sumi head) or dot
         products (dot head, one column).

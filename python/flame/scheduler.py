@@ -59,6 +59,7 @@ class Scheduler(Handle):
             raise errors.InvalidArgumentError(f"max_wait_us = {max_wait_us} does not fit int64")
         p.max_wait_us, p.workers, p.max_queue = int(max_wait_us), _u32(workers, "workers"), _u32(max_queue, "max_queue")
         _lib.check(_lib.lib().flame_scheduler_create(engine.handle, C.byref(p), C.byref(self._handle)))
+        self.num_profiles = len(arr) if arr is not None else 4  # the library's defaults: the FLAME paper's four
         self.engine = engine
         engine._schedulers.add(self)
         # submitted requests by token: their C struct and arrays must live until done runs
@@ -77,8 +78,8 @@ class Scheduler(Handle):
         return req, keep, _arrays.scores_out(out, req.num_candidates, self.engine.num_tasks)
 
     def score(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
-              candidate_side: Optional[Sequence[Any]] = None, *, user_id: int = 0, from_user_cache: bool = False,
-              out: Optional[np.ndarray] = None) -> np.ndarray:
+              candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
+              from_user_cache: bool = False, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Engine.score through the scheduler: blocks until this request's batch is scored
         (the GIL is released meanwhile, so other threads' requests join the batch)."""
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
@@ -87,8 +88,8 @@ class Scheduler(Handle):
         return res
 
     def submit(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
-               candidate_side: Optional[Sequence[Any]] = None, *, user_id: int = 0, from_user_cache: bool = False,
-               out: Optional[np.ndarray] = None) -> "Future[np.ndarray]":
+               candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
+               from_user_cache: bool = False, out: Optional[np.ndarray] = None) -> "Future[np.ndarray]":
         """Queues the request and returns a Future of its float32 [num_candidates, num_tasks]
         scores (its exception is the FlameError of a failed request). Raises at once, with
         nothing queued, for bad shapes or dtypes, a full queue (UnavailableError) or a
@@ -114,7 +115,7 @@ class Scheduler(Handle):
         raw = new(SchedulerStats)
         _lib.check(_lib.lib().flame_scheduler_get_stats(self.handle, C.byref(raw)))
         d = {name: getattr(raw, name) for name, _ in raw._fields_ if name != "struct_size"}
-        d["profile_batches"] = list(raw.profile_batches)
+        d["profile_batches"] = list(raw.profile_batches)[:self.num_profiles]
         return d
 
     def reset_latency(self) -> None:

@@ -104,10 +104,16 @@ static flame_status parse_line(fl_feature_table *t, char *line, size_t lineno, c
                         nf, want, t->num_slots, t->num_dense ? ", dense" : "");
     int64_t id;
     if (parse_ids(fields[0], &id, 1) != 1) return fl_error(FLAME_ERR_FORMAT, "%s:%zu: bad id '%.40s'", path, lineno, fields[0]);
+    if (id < 0) /* ids index tables: a negative one is a mistake in the file, not a record */
+        return fl_error(FLAME_ERR_FORMAT, "%s:%zu: item id %lld is negative", path, lineno, (long long)id);
     int64_t offsets[FL_MAX_SLOTS + 1] = {0};
     for (int s = 0; s < t->num_slots; s++) {
         long n = parse_ids(fields[1 + s], ids + offsets[s], MAX_LINE_IDS - offsets[s]);
         if (n < 0) return fl_error(FLAME_ERR_FORMAT, "%s:%zu: slot %d: bad id list '%.40s'", path, lineno, s, fields[1 + s]);
+        for (long i = 0; i < n; i++)
+            if (ids[offsets[s] + i] < 0)
+                return fl_error(FLAME_ERR_FORMAT, "%s:%zu: slot %d: id %lld is negative", path, lineno, s,
+                                (long long)ids[offsets[s] + i]);
         offsets[s + 1] = offsets[s] + n;
     }
     if (t->num_dense) {

@@ -417,8 +417,12 @@ def test_engine_scores_from_the_user_cache(shm_name, tmp_path):
         st = engine.stats()
         assert st["engine"]["user_cache_hits"] == 2 * len(hist) and st["engine"]["user_cache_misses"] == 1
         assert st["user_cache"]["hits"] == 2 * len(hist)
-        with pytest.raises(flame.ShapeError, match="from_user_cache is set"):
+        with pytest.raises(flame.ShapeError, match="from_user_cache is set: the history comes from the user cache"):
             engine.score([1, 2], cands, user_id=0, from_user_cache=True)
+        with pytest.raises(flame.ShapeError, match="no user_id is given"):
+            engine.score(None, cands, from_user_cache=True)
+        with pytest.raises(flame.ShapeError, match=r"history is None: pass \[\] for an empty history"):
+            engine.score(None, cands)
         uc.put_history(50, [1, 41])  # an item id the model does not have
         with pytest.raises(flame.InvalidArgumentError, match="user 50's history in the user cache, position 1"):
             engine.score(None, cands, user_id=50, from_user_cache=True)
