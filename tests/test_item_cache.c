@@ -264,6 +264,47 @@ static void test_refresh_thread(void **state)
     assert_int_equal(fetched(11), 2);
 }
 
+/* The last reference can go on the refresh thread itself, inside the source's callback (as a
+ * garbage-collecting host language may drop it there): the thread cannot join itself, so it
+ * frees the cache once out of its refresh. ASan/TSan (make test-sanitize) watch that. */
+static struct {
+    pthread_t main;
+    flame_item_cache *to_release;
+    atomic_int main_done, released;
+} rel;
+static flame_status release_fetch(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    flame_status st = fetch(user, ids, n, out);
+    if (!pthread_equal(pthread_self(), rel.main) && rel.to_release && !atomic_load(&rel.released)) {
+        while (!atomic_load(&rel.main_done)) usleep(100); /* the test thread is done with the cache */
+        flame_item_cache_destroy(rel.to_release);          /* the last reference */
+        atomic_store(&rel.released, 1);
+    }
+    return st;
+}
+static void test_last_reference_dropped_on_the_refresh_thread(void **state)
+{
+    fixture *f = *state;
+    flame_feature_source *source;
+    assert_int_equal(flame_feature_source_create_callback(2, release_fetch, NULL, NULL, &source), FLAME_OK);
+    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 1);
+    flame_item_cache *c;
+    assert_int_equal(flame_item_cache_create(source, f->cfg, &c), FLAME_OK);
+    flame_feature_source_destroy(source); /* the cache holds it */
+    assert_int_equal(flame_item_cache_set_clock(c, test_clock, NULL), FLAME_OK);
+    rel.main = pthread_self();
+    rel.to_release = c;
+    int64_t id = 77;
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* a miss, fetched on this thread */
+    atomic_fetch_add(&now_us, 50 * SEC);
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK);
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* popular and old: a refresh is due */
+    atomic_store(&rel.main_done, 1); /* c is the refresh thread's from here on */
+    for (int i = 0; i < 500 && !atomic_load(&rel.released); i++) usleep(10000);
+    assert_int_equal(atomic_load(&rel.released), 1);
+    usleep(50000); /* the thread frees the cache on its way out */
+}
+
 static void test_stale_on_error_with_backoff(void **state)
 {
     fixture *f = *state;
@@ -524,6 +565,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_custom_ttl_fn, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refresh_ahead_manual, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refresh_thread, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_last_reference_dropped_on_the_refresh_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_on_error_with_backoff, setup, teardown),
         cmocka_unit_test_setup_teardown(test_single_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_negative_caching, setup, teardown),

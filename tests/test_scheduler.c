@@ -393,6 +393,33 @@ static void test_split_request_failing_writes_nothing(void **state)
     flame_scheduler_destroy(s);
 }
 
+/* A request to be split whose candidate bags are broken is refused at submit with the
+ * message flame_score gives, before its bags are cut (cutting would rebase offsets[0] away). */
+static void test_split_request_with_broken_bags_is_refused(void **state)
+{
+    fixture *f = *state;
+    static req q;
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    make_req(&q, 3, 300, true);
+    for (int t = 0; t <= 300; t++) q.coff[0][t] += 2; /* offsets[0] = 2 */
+    assert_status_msg(flame_score(f->se, &q.r, q.scores, MAXC * 2), FLAME_ERR_INVALID_ARG, "offsets[0] = 2, expected 0");
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "candidate side feature 'artist': offsets[0] = 2, expected 0");
+    for (int t = 0; t <= 300; t++) q.coff[0][t] -= 5; /* negative offsets */
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "offsets[0] = -3, expected 0");
+    for (int t = 0; t <= 300; t++) q.coff[0][t] += 3;
+    q.coff[0][150] = q.coff[0][149] - 1; /* decreasing in the middle */
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "offsets[150]");
+    q.r.num_candidates = (1u << 24) + 1; /* beyond the engine's bound: refused before any size is computed */
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, SIZE_MAX, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "num_candidates = 16777217 exceeds 16777216");
+    assert_int_equal(atomic_load(&q.calls), 0);
+    assert_int_equal(stats_of(s).submitted, 0);
+    flame_scheduler_destroy(s);
+}
+
 /* ------------------------------------------------------------------ load and lifetime */
 
 static void test_queue_full_sheds_load(void **state)
@@ -406,11 +433,14 @@ static void test_queue_full_sheds_load(void **state)
     assert_int_equal(flame_scheduler_submit(s, &q[1].r, q[1].scores, MAXC * 2, on_done, &q[1]), FLAME_OK);
     assert_status_msg(flame_scheduler_submit(s, &q[2].r, q[2].scores, MAXC * 2, on_done, &q[2]),
                       FLAME_ERR_UNAVAILABLE, "queue full: 2 part(s) waiting, this request needs 1, max_queue 2");
-    make_req(&big, 2, 200, true); /* 4 parts of 50 */
+    make_req(&big, 2, 100, true); /* 2 parts of 50: refused now, could go later */
     assert_status_msg(flame_scheduler_submit(s, &big.r, big.scores, MAXC * 2, on_done, &big), FLAME_ERR_UNAVAILABLE,
-                      "this request needs 4");
+                      "this request needs 2");
+    make_req(&big, 2, 200, true); /* 4 parts of 50: never, whatever the queue holds */
+    assert_status_msg(flame_scheduler_submit(s, &big.r, big.scores, MAXC * 2, on_done, &big), FLAME_ERR_INVALID_ARG,
+                      "200 candidates make 4 parts of at most 64, more than max_queue 2");
     flame_scheduler_stats st = stats_of(s);
-    assert_int_equal(st.rejected, 2);
+    assert_int_equal(st.rejected, 2); /* the two refused for room */
     assert_int_equal(st.queued, 2);
     const uint64_t t0 = fl_sched_now_us();
     flame_scheduler_destroy(s); /* scores the two queued ones without waiting out max_wait */
@@ -441,6 +471,92 @@ static void test_destroy_drains_the_queue(void **state)
         direct(f->se, &q[i], 2);
         assert_matches(&q[i], 2);
     }
+}
+
+/* done callbacks that destroy their own scheduler (as a host language's garbage collector
+ * may, from there) or wait on it: every queued request still completes exactly once, the
+ * wait is refused instead of hanging. */
+typedef struct self_ctx {
+    flame_scheduler *s;
+    req *q;
+    atomic_int submitted_all, destroyed, score_status;
+} self_ctx;
+static self_ctx ctx;
+
+static void destroy_in_done(void *user, flame_status st, const char *message)
+{
+    on_done(user, st, message);
+    /* not while the test thread still submits: destroy must not overlap other calls */
+    if (atomic_load(&ctx.submitted_all) && !atomic_exchange(&ctx.destroyed, 1)) {
+        flame_status w = flame_scheduler_score(ctx.s, &ctx.q->r, ctx.q->scores, MAXC * 2);
+        atomic_store(&ctx.score_status, (int)w);
+        flame_scheduler_destroy(ctx.s);
+    }
+}
+
+static void test_destroy_from_a_done_callback(void **state)
+{
+    fixture *f = *state;
+    enum { N = 12 };
+    static req q[N];
+    for (uint32_t workers = 1; workers <= 2; workers++) {
+        const flame_batch_profile p[] = {{2, 64}};
+        ctx = (self_ctx){.s = make_sched(f->se, p, 1, 0, workers, 0), .q = &q[0]};
+        for (int i = 0; i < N; i++) make_req(&q[i], 4, 1 + (size_t)tu_below(64), true);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(flame_scheduler_submit(ctx.s, &q[i].r, q[i].scores, MAXC * 2, destroy_in_done, &q[i]),
+                             FLAME_OK);
+        atomic_store(&ctx.submitted_all, 1); /* ~1 ms a batch: most requests are still queued */
+        for (int i = 0; i < N; i++) wait_done(&q[i]);
+        assert_int_equal(atomic_load(&ctx.destroyed), 1);
+        usleep(20000); /* the worker frees the scheduler on its way out (ASan would see a use after that) */
+        assert_int_equal(atomic_load(&ctx.score_status), FLAME_ERR_INVALID_ARG);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(atomic_load(&q[i].calls), 1);
+            assert_int_equal(q[i].status, FLAME_OK);
+            direct(f->se, &q[i], 2);
+            assert_matches(&q[i], 2);
+        }
+    }
+}
+
+/* During isolation (a batch with a bad request scored part by part) the first completion
+ * destroys the scheduler and then the engine, as a Python program dropping both in a future's
+ * callback does: the worker must not call the engine after that (ASan watches). */
+static struct {
+    flame_scheduler *s;
+    flame_engine *e;
+    atomic_int gone;
+} iso;
+static void destroy_all_in_done(void *user, flame_status st, const char *message)
+{
+    on_done(user, st, message);
+    if (!atomic_exchange(&iso.gone, 1)) {
+        flame_scheduler_destroy(iso.s);
+        flame_engine_destroy(iso.e);
+    }
+}
+static void test_destroy_scheduler_and_engine_in_a_callback_during_isolation(void **state)
+{
+    fixture *f = *state;
+    static req q[4];
+    iso.gone = 0;
+    assert_int_equal(flame_engine_create(f->sumi, NULL, &iso.e), FLAME_OK);
+    const flame_batch_profile p[] = {{4, 64}};
+    iso.s = make_sched(iso.e, p, 1, 5000000, 1, 0); /* the four form one batch */
+    for (int i = 0; i < 4; i++) make_req(&q[i], 5, 8, true);
+    q[3].hist[0] = 9999; /* bad: the batch is isolated */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(flame_scheduler_submit(iso.s, &q[i].r, q[i].scores, MAXC * 2, destroy_all_in_done, &q[i]),
+                         FLAME_OK);
+    for (int i = 0; i < 4; i++) wait_done(&q[i]);
+    usleep(20000);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(q[i].status, FLAME_OK);
+        direct(f->se, &q[i], 2);
+        assert_matches(&q[i], 2);
+    }
+    assert_int_equal(q[3].status, FLAME_ERR_INVALID_ARG);
 }
 
 typedef struct thread_arg {
@@ -644,8 +760,11 @@ int main(void)
         T(test_waiting_and_arrival_order),
         T(test_bad_request_fails_alone),
         T(test_split_request_failing_writes_nothing),
+        T(test_split_request_with_broken_bags_is_refused),
         T(test_queue_full_sheds_load),
         T(test_destroy_drains_the_queue),
+        T(test_destroy_from_a_done_callback),
+        T(test_destroy_scheduler_and_engine_in_a_callback_during_isolation),
         T(test_threads_score_concurrently),
         T(test_user_cache_requests_and_older_layout),
         T(test_argument_errors),

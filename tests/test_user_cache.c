@@ -220,6 +220,10 @@ static void test_attach_checks_the_header(void **state)
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
                       "layout version 99; this libflame reads version 1");
     poke_u32(offsetof(fl_uc_header, layout_version), FL_UC_LAYOUT_VERSION);
+    poke_u32(offsetof(fl_uc_header, num_slots), 0); /* no creator writes 0 (it means the default) */
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
+                      "header is out of range: capacity 100, num_slots 0, max_ids 8");
+    poke_u32(offsetof(fl_uc_header, num_slots), 1);
     poke_u32(offsetof(fl_uc_header, record_words), 3);
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
                       "record_words 3");

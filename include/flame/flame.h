@@ -421,8 +421,9 @@ typedef struct flame_scheduler_params {
 /* Called once per submitted request, on a worker thread, when its scores are written (status
  * FLAME_OK) or it failed (a status of flame_score_batch; `message` then says why, valid only
  * during the call; NULL on success). It should return quickly (the worker scores nothing
- * meanwhile); it may submit, but must not wait for the scheduler (flame_scheduler_score,
- * flame_scheduler_destroy): it runs on one of the threads that would have to do the work. */
+ * meanwhile). It may submit; flame_scheduler_score of the same scheduler is refused there
+ * (it would wait for the worker it runs on); flame_scheduler_destroy of the same scheduler
+ * is allowed (see there). */
 typedef void (*flame_score_done_fn)(void *user, flame_status status, const char *message);
 
 /* Creates a scheduler over `engine` (params NULL = the defaults) and starts its workers.
@@ -436,7 +437,11 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
                                               flame_scheduler **out);
 
 /* Stops taking requests, scores every request already queued (each done callback runs),
- * joins the workers and frees the scheduler. NULL is a no-op. */
+ * joins the workers and frees the scheduler. Called from a done callback of this scheduler
+ * (e.g. by a host language's garbage collector), it returns once every queued request is
+ * scored and no batch will use the engine any more; the remaining callbacks of the calling
+ * worker's batch still run, and that worker frees the scheduler when it is through. NULL is a
+ * no-op. */
 FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
 
 /* Queues one request; `done(user, ...)` runs when it is scored. The request struct is copied
@@ -455,7 +460,9 @@ FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
  * request, so one bad request fails alone and the others succeed; any other failure
  * (FLAME_ERR_UNAVAILABLE of a feature store, FLAME_ERR_NOMEM) fails every request of the batch.
  * Thread-safe. Returns FLAME_OK (done will run exactly once); FLAME_ERR_INVALID_ARG (NULL
- * scheduler/request/done, NULL scores with candidates, struct_size below the first version's);
+ * scheduler/request/done, NULL scores with candidates, struct_size below the first version's,
+ * more candidates than 2^24, broken candidate bags of a request to be split, more parts than
+ * max_queue);
  * FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks); FLAME_ERR_UNAVAILABLE
  * (max_queue parts are waiting, or the scheduler is being destroyed: shed load); FLAME_ERR_NOMEM.
  * On any failure done is not called and nothing is queued. A request without candidates is
@@ -466,7 +473,8 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *scheduler, const 
 
 /* Submits and waits: flame_score through the scheduler, for callers that block anyway.
  * Returns the request's status (flame_last_error() carries its message on this thread), or
- * the statuses of flame_scheduler_submit. */
+ * the statuses of flame_scheduler_submit; FLAME_ERR_INVALID_ARG when called from a done
+ * callback of the same scheduler. */
 FLAME_API flame_status flame_scheduler_score(flame_scheduler *scheduler, const flame_request *request, float *scores,
                                              size_t scores_len);
 
@@ -906,7 +914,9 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
 
 /* Releases the caller's reference; engines using the cache hold their own. The refresh
  * thread stops (after finishing the fetch it is in) when the last reference goes. No call
- * on this handle may run concurrently by the caller. NULL is a no-op. */
+ * on this handle may run concurrently by the caller. The last reference may go on the refresh
+ * thread itself, from the source's callback (a host language's garbage collector may drop it
+ * there): that thread then frees the cache when its refresh is done. NULL is a no-op. */
 FLAME_API void flame_item_cache_destroy(flame_item_cache *cache);
 
 /* Clock used for TTLs and retry times, in microseconds on any monotonic base. For tests;

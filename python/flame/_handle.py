@@ -4,7 +4,9 @@ closing on garbage collection, and ClosedError once closed.
 A handle belongs to the process that made it. A child of fork() forgets the handles it
 inherited instead of destroying them: destroying, say, an item cache there would wait for a
 refresh thread that exists only in the parent (the child's copy of the memory is simply left
-to the child's exit). Objects the child makes itself are destroyed as usual."""
+to the child's exit). Handles that own threads (schedulers, item caches, engines using an item
+cache or a GPU) refuse to be used in such a child; models, CPU engines and user caches work
+there. Objects the child makes itself are destroyed as usual."""
 import ctypes as C
 import os
 
@@ -21,11 +23,19 @@ class Handle:
         self._pid = os.getpid()
         return self
 
+    _fork_safe = True  # False: the handle owns threads (or a GPU context) that a fork() does not copy
+
     @property
     def handle(self) -> C.c_void_p:
         if not getattr(self, "_handle", None):
             raise ClosedError(f"the {self._what} is closed")
+        if not self._usable_after_fork() and self._pid != os.getpid():
+            raise ClosedError(f"the {self._what} was made in process {self._pid} before fork(): its threads exist only "
+                              f"there; make a new one in this process")
         return self._handle
+
+    def _usable_after_fork(self) -> bool:
+        return self._fork_safe
 
     @property
     def closed(self) -> bool:

@@ -91,6 +91,11 @@ class Engine(Handle):
         self._item_cache: Optional[ItemCache] = None
         self._user_cache: Optional[UserCache] = None
         self._schedulers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # flame.Scheduler objects over this engine
+        self._on_gpu = False
+        self._on_gpu = self.stats()["engine"]["device_bytes"] > 0
+
+    def _usable_after_fork(self) -> bool:
+        return self._item_cache is None and not self._on_gpu  # a CUDA context and a cache's threads do not fork
 
     def close(self) -> None:
         """Closes the schedulers over this engine (they score what they hold), then the engine."""

@@ -32,20 +32,30 @@ _log = logging.getLogger("flame")
 
 @dataclass(frozen=True, eq=False)
 class FeatureRecord:
-    """One item's features: `bags` holds one int64 id array per slot, `dense` float32 values."""
+    """One item's features: `bags` holds one id array per slot, `dense` the float values.
+    Whatever is given is checked and stored as C-contiguous int64 bags and float32 dense
+    values (the layout the library reads): ids of another dtype are refused."""
     bags: Tuple[np.ndarray, ...]
-    dense: np.ndarray
+    dense: np.ndarray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        bags = self.bags
+        if isinstance(bags, (str, bytes)) or not isinstance(bags, (Sequence, np.ndarray)):
+            raise ShapeError(f"bags must be a sequence of per-slot id sequences, got {type(bags).__name__}")
+        object.__setattr__(self, "bags", tuple(_arrays.ids(b, f"bag {s}") for s, b in enumerate(bags)))
+        d = self.dense
+        try:
+            d = np.zeros(0, np.float32) if d is None else np.ascontiguousarray(d, dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise errors.DTypeError(f"dense must hold numbers: {e}") from None
+        if d.ndim != 1:
+            raise ShapeError(f"dense must be 1-D, got shape {d.shape}")
+        object.__setattr__(self, "dense", d)
 
     @classmethod
     def of(cls, bags: Sequence[Any], dense: Any = None) -> "FeatureRecord":
         """A record from per-slot id sequences (lists or int64 arrays) and optional floats."""
-        if isinstance(bags, (str, bytes)) or not isinstance(bags, Sequence) and not isinstance(bags, np.ndarray):
-            raise ShapeError(f"bags must be a sequence of per-slot id sequences, got {type(bags).__name__}")
-        ids = tuple(_arrays.ids(b, f"bag {s}") for s, b in enumerate(bags))
-        d = np.zeros(0, np.float32) if dense is None else np.ascontiguousarray(dense, dtype=np.float32)
-        if d.ndim != 1:
-            raise ShapeError(f"dense must be 1-D, got shape {d.shape}")
-        return cls(ids, d)
+        return cls(bags, dense)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, FeatureRecord) and len(self.bags) == len(other.bags)
@@ -169,6 +179,8 @@ def call_with_cause(callbacks: Sequence[Optional["_Callback"]], status_fn: Calla
     except FlameError as err:
         for c in live:
             cause = c.take_error()
+            if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+                raise cause from None  # an exit request is the caller's, whatever libflame made of it
             if cause is not None:
                 raise err from cause
         raise
@@ -295,6 +307,7 @@ class ItemCache(Handle):
     """
 
     _destroy, _what = "flame_item_cache_destroy", "item cache"
+    _fork_safe = False  # its refresh thread and in-flight fetches exist only in the process that made it
 
     def __init__(self, source: FeatureSource, **options: Any):
         if not isinstance(source, FeatureSource):

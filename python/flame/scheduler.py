@@ -36,6 +36,7 @@ class Scheduler(Handle):
     """
 
     _destroy, _what = "flame_scheduler_destroy", "scheduler"
+    _fork_safe = False  # its workers exist only in the process that made it
 
     def __init__(self, engine: Engine, profiles: Optional[Sequence[Tuple[int, int]]] = None, *,
                  max_wait_us: int = 0, workers: int = 0, max_queue: int = 0):
@@ -93,14 +94,18 @@ class Scheduler(Handle):
         """Queues the request and returns a Future of its float32 [num_candidates, num_tasks]
         scores (its exception is the FlameError of a failed request). Raises at once, with
         nothing queued, for bad shapes or dtypes, a full queue (UnavailableError) or a
-        closed scheduler."""
+        closed scheduler. The Future completes on a scheduler worker, so callbacks added with
+        add_done_callback run there: they may submit, but score() from them is refused (it
+        would wait for the worker it runs on). The Future cannot be cancelled."""
+        handle = self.handle  # closed (or inherited through fork): raise before anything is kept
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
                                        out)
         fut: "Future[np.ndarray]" = Future()
+        fut.set_running_or_notify_cancel()  # running from now on: cancel() cannot stop it, so it refuses
         token = next(self._tokens)
         with self._lock:
             self._pending[token] = (fut, keep, res)
-        st = _lib.lib().flame_scheduler_submit(self.handle, C.byref(req), res.ctypes.data_as(F32P), res.size,
+        st = _lib.lib().flame_scheduler_submit(handle, C.byref(req), res.ctypes.data_as(F32P), res.size,
                                                self._done, C.c_void_p(token))
         if st != errors.OK:
             with self._lock:

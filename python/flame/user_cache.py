@@ -76,6 +76,8 @@ class UserCache(Handle):
         self._handle = C.c_void_p()
         if not isinstance(name, str):
             raise DTypeError(f"name must be a string, got {type(name).__name__}")
+        if "\x00" in name:  # C would see only the part before it
+            raise InvalidArgumentError(f"name {name!r} holds a NUL character")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
         layout = dict(capacity=capacity, num_slots=num_slots, max_ids=max_ids, max_dense=max_dense,
@@ -96,6 +98,8 @@ class UserCache(Handle):
     @staticmethod
     def unlink(name: str) -> None:
         """Removes the table's name; processes that have it mapped keep it until they close."""
+        if not isinstance(name, str) or "\x00" in name:
+            raise InvalidArgumentError(f"name must be a string without NUL characters, got {name!r}")
         _lib.check(_lib.lib().flame_user_cache_unlink(name.encode()))
 
     def put(self, user_id: int, bags: Sequence[Any], dense: Any = None) -> None:

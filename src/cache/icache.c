@@ -430,12 +430,26 @@ void fl_icache_release(struct flame_item_cache *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
     if (c->has_thread) {
+        /* the last reference may go on the refresh thread itself (a fetch callback that drops
+         * it, e.g. a garbage-collecting host language): it cannot join itself, so it frees the
+         * cache once it is out of the refresh it is in */
+        const bool self = pthread_equal(pthread_self(), c->thread);
         pthread_mutex_lock(&c->rq_lock);
         c->stop = true;
+        c->free_on_exit = self;
         pthread_cond_broadcast(&c->rq_cv);
         pthread_mutex_unlock(&c->rq_lock);
+        if (self) {
+            pthread_detach(c->thread);
+            return;
+        }
         pthread_join(c->thread, NULL);
     }
+    fl_icache_free(c);
+}
+
+void fl_icache_free(struct flame_item_cache *c)
+{
     for (uint32_t i = 0; i < c->nshards; i++) {
         fl_shard *sh = &c->shards[i];
         for (uint64_t b = 0; sh->buckets && b <= sh->mask; b++)

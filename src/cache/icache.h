@@ -127,6 +127,7 @@ struct flame_item_cache {
     fl_refresh_item *rq;
     size_t rq_len, rq_cap;
     bool stop;
+    bool free_on_exit; /* the last reference went on the refresh thread: it frees the cache as it exits */
     _Alignas(64) atomic_int refs;
     atomic_uint_fast64_t refreshes, refresh_failures, fetches;
     fl_ebr ebr;
@@ -153,6 +154,8 @@ static inline fl_entry *fl_shard_find(const fl_shard *sh, int64_t key, uint64_t 
 /* ---- icache.c */
 void fl_icache_retain(struct flame_item_cache *c);
 void fl_icache_release(struct flame_item_cache *c);
+/* Frees everything of a cache nobody references (the refresh thread stopped or is this one). */
+void fl_icache_free(struct flame_item_cache *c);
 /* flame_item_cache_get without the argument checks. */
 flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out);
 /* Ends a flight (shard lock held): installs a successful, not superseded result and wakes

@@ -162,6 +162,8 @@ void *fl_refresh_thread(void *arg)
         ts.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&c->rq_cv, &c->rq_lock, &ts);
     }
+    const bool free_it = c->free_on_exit; /* the last reference went on this thread (fl_icache_release) */
     pthread_mutex_unlock(&c->rq_lock);
+    if (free_it) fl_icache_free(c);
     return NULL;
 }

@@ -119,6 +119,9 @@ static flame_status check_header(const flame_user_cache *c, const flame_user_cac
         return fl_error(FLAME_ERR_FORMAT, "shm '%s' has layout version %u; this libflame reads version %u", c->name,
                         h->layout_version, FL_UC_LAYOUT_VERSION);
     flame_user_cache_params mine = {sizeof mine, h->capacity, h->num_slots, h->max_ids, h->max_dense, 0600, h->ttl_us};
+    if (!h->capacity || !h->num_slots || !h->max_ids) /* a creator never writes 0: open gives them defaults */
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' header is out of range: capacity %llu, num_slots %u, max_ids %u",
+                        c->name, (unsigned long long)h->capacity, h->num_slots, h->max_ids);
     if (check_params(&mine) != FLAME_OK)
         return fl_error(FLAME_ERR_FORMAT, "shm '%s' header is out of range: %s", c->name, flame_last_error());
     fl_uc_header want = expected_header(p ? p : &mine);

@@ -62,6 +62,13 @@ static inline size_t fl_ws_round(size_t bytes)
  * request, token, feature and id. */
 flame_status fl_validate_requests(const struct flame_model *m, const flame_request *reqs, size_t n,
                                   uint64_t *total_scores);
+/* The CSR structure (offsets[0] == 0, non-decreasing, ids set) of one token list's side bags
+ * (`side` has the model's side slots, `n` tokens), as validation checks it: for callers that
+ * cut bags before validation (the scheduler's split requests). */
+flame_status fl_check_side_bags(const struct flame_model *m, size_t r, const char *what, const flame_bags *side,
+                                size_t n);
+/* Candidates of one request at most (GEMM dimensions go to CBLAS as 32-bit ints). */
+#define FL_MAX_CANDIDATES (1 << 24)
 
 /* Scratch bytes fl_forward_cpu needs for these requests (reserve it first so a call either
  * gets all its memory or fails before writing anything). */

@@ -8,7 +8,6 @@
 
 /* GEMM dimensions go to CBLAS as 32-bit ints; a pass's token count is bounded again in
  * fl_forward_bytes' caller. */
-#define FL_MAX_CANDIDATES (1 << 24)
 
 static flame_status check_csr(size_t r, const char *what, const char *feature, const flame_bags *b, size_t n)
 {
@@ -114,6 +113,18 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
         if (q->candidates[i] < 0 || q->candidates[i] >= m->num_items)
             return BAD("request %zu: candidate %zu (table '%s'): id %lld out of range [0, %lld)", r, i, t->name,
                        (long long)q->candidates[i], (long long)m->num_items);
+    return FLAME_OK;
+}
+
+flame_status fl_check_side_bags(const struct flame_model *m, size_t r, const char *what, const flame_bags *side,
+                                size_t n)
+{
+    const fl_model_cfg *c = &m->cfg;
+    for (int f = 0; f < c->num_features; f++)
+        if (c->features[f].side_slot >= 0) {
+            flame_status st = check_csr(r, what, c->features[f].name, &side[c->features[f].side_slot], n);
+            if (st) return st;
+        }
     return FLAME_OK;
 }
 

@@ -60,6 +60,7 @@ struct flame_scheduler {
     uint32_t num_workers, max_queue;
     pthread_t *threads;
     uint32_t started;
+    bool freed_by_worker;      /* destroyed from one of its workers: that worker frees it on its way out */
     pthread_mutex_t mu;        /* guards the queue and `stopping` */
     pthread_cond_t cv;         /* the queue changed, or stopping (CLOCK_MONOTONIC for timed waits) */
     fl_part *head, *tail;

@@ -18,9 +18,26 @@ typedef struct worker {
     flame_scheduler *s;
     fl_part **batch;      /* [profiles.max_users] */
     flame_request *reqs;  /* [profiles.max_users] */
+    flame_status *status; /* [profiles.max_users]: a batch scored part by part */
+    char **message;       /* [profiles.max_users]: their failures' messages */
     float *out;           /* the batch's scores, scattered to the jobs */
     size_t out_cap;
 } worker;
+
+/* The per-batch arrays of a worker; false on OOM. */
+static bool worker_arrays(worker *w, size_t max_users)
+{
+    w->batch = malloc(max_users * sizeof *w->batch);
+    w->reqs = malloc(max_users * sizeof *w->reqs);
+    w->status = malloc(max_users * sizeof *w->status);
+    w->message = malloc(max_users * sizeof *w->message);
+    return w->batch && w->reqs && w->status && w->message;
+}
+
+static void worker_free(worker *w)
+{
+    free(w->batch), free(w->reqs), free(w->status), free(w->message), free(w->out);
+}
 
 uint64_t fl_sched_now_us(void)
 {
@@ -117,9 +134,15 @@ static void run_batch(worker *w, size_t n)
     }
     if (st == FLAME_ERR_INVALID_ARG && n > 1) { /* one bad request: find it, score the others */
         atomic_fetch_add(&s->isolated, 1);
+        /* every part is scored before any completes: a done callback may destroy the scheduler
+         * and then the engine, after which this worker must not call the engine again */
         for (size_t i = 0; i < n; i++) {
-            flame_status one = score_parts(w, &w->batch[i], &w->reqs[i], 1);
-            complete_part(s, w->batch[i], one, one ? flame_last_error() : NULL);
+            w->status[i] = score_parts(w, &w->batch[i], &w->reqs[i], 1);
+            w->message[i] = w->status[i] ? strdup(flame_last_error()) : NULL;
+        }
+        for (size_t i = 0; i < n; i++) {
+            complete_part(s, w->batch[i], w->status[i], w->message[i]);
+            free(w->message[i]);
         }
         return;
     }
@@ -129,6 +152,8 @@ static void run_batch(worker *w, size_t n)
 }
 
 /* ------------------------------------------------------------------ workers */
+
+static void free_scheduler(flame_scheduler *s);
 
 /* The parts at the head of the queue that form the next batch: as many as some profile holds,
  * in arrival order. *closed: no further part could join (the next one does not fit, or no
@@ -155,10 +180,15 @@ static void deadline_of(uint64_t us, struct timespec *ts)
     ts->tv_nsec = (long)(us % 1000000u) * 1000;
 }
 
+/* The scheduler whose worker this thread is (NULL elsewhere): destroy and score called from a
+ * done callback find out here that they run on a worker of their own scheduler. */
+static _Thread_local flame_scheduler *current;
+
 static void *work(void *arg)
 {
     worker *w = arg;
     flame_scheduler *s = w->s;
+    current = s;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
@@ -185,7 +215,10 @@ static void *work(void *arg)
         run_batch(w, n);
         pthread_mutex_lock(&s->mu);
     }
+    const bool free_it = s->freed_by_worker;
     pthread_mutex_unlock(&s->mu);
+    current = NULL;
+    if (free_it) free_scheduler(s); /* flame_scheduler_destroy ran on this thread (destroy_from_worker) */
     return NULL;
 }
 
@@ -195,11 +228,7 @@ static void free_scheduler(flame_scheduler *s)
 {
     if (!s) return;
     worker *ws = s->threads ? (worker *)(s->threads + s->num_workers) : NULL;
-    for (uint32_t i = 0; ws && i < s->num_workers; i++) {
-        free(ws[i].batch);
-        free(ws[i].reqs);
-        free(ws[i].out);
-    }
+    for (uint32_t i = 0; ws && i < s->num_workers; i++) worker_free(&ws[i]);
     free(s->threads);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -259,12 +288,12 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     /* the thread ids, then the workers' state */
     s->threads = calloc(1, p.workers * (sizeof(pthread_t) + sizeof(worker)));
     worker *ws = s->threads ? (worker *)(s->threads + p.workers) : NULL;
-    for (uint32_t i = 0; ws && i < p.workers; i++) {
+    bool ok = ws != NULL;
+    for (uint32_t i = 0; ok && i < p.workers; i++) {
         ws[i].s = s;
-        ws[i].batch = malloc(s->profiles.max_users * sizeof *ws[i].batch);
-        ws[i].reqs = malloc(s->profiles.max_users * sizeof *ws[i].reqs);
-        if (!ws[i].batch || !ws[i].reqs) ws = NULL;
+        ok = worker_arrays(&ws[i], s->profiles.max_users);
     }
+    if (!ok) ws = NULL;
     if (!ws) {
         free_scheduler(s);
         return fl_error(FLAME_ERR_NOMEM, "out of memory allocating %u scheduler workers", p.workers);
@@ -282,9 +311,51 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     return FLAME_OK;
 }
 
+/* destroy called from a done callback, on worker `self` of s: the other workers drain the queue
+ * and are joined; with none, this thread drains it; then only this worker's current batch is
+ * left to complete (its scores are written: the engine is no longer used) and the worker frees
+ * the scheduler when it returns to its loop. */
+static void destroy_from_worker(flame_scheduler *s)
+{
+    const pthread_t self = pthread_self();
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < s->started; i++)
+        if (!pthread_equal(s->threads[i], self)) pthread_join(s->threads[i], NULL);
+    worker tmp = {.s = s};
+    const bool arrays = worker_arrays(&tmp, s->profiles.max_users);
+    pthread_mutex_lock(&s->mu);
+    while (s->head) { /* only when this was the one worker */
+        bool closed;
+        size_t n = arrays ? form(s, &closed) : 1;
+        fl_part *parts[1];
+        fl_part **into = arrays ? tmp.batch : parts;
+        for (size_t i = 0; i < n; i++) {
+            into[i] = s->head;
+            s->head = s->head->next;
+        }
+        if (!s->head) s->tail = NULL;
+        s->queued -= n;
+        pthread_mutex_unlock(&s->mu);
+        if (into == parts) complete_part(s, parts[0], FLAME_ERR_NOMEM, "scheduler: out of memory draining the queue");
+        else run_batch(&tmp, n);
+        pthread_mutex_lock(&s->mu);
+    }
+    s->freed_by_worker = true;
+    pthread_mutex_unlock(&s->mu);
+    worker_free(&tmp);
+    pthread_detach(self);
+}
+
 FLAME_API void flame_scheduler_destroy(flame_scheduler *s)
 {
     if (!s) return;
+    if (current == s) { /* from a done callback of its own */
+        destroy_from_worker(s);
+        return;
+    }
     stop_workers(s); /* they drain the queue first */
     free_scheduler(s);
 }
@@ -370,6 +441,9 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
     if (q.num_candidates && !scores) return fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
     if (q.num_candidates && !q.candidates)
         return fl_error(FLAME_ERR_INVALID_ARG, "request: candidates is NULL with num_candidates %zu", q.num_candidates);
+    if (q.num_candidates > FL_MAX_CANDIDATES) /* as validation would say; also bounds make_job's sizes */
+        return fl_error(FLAME_ERR_INVALID_ARG, "request 0: num_candidates = %zu exceeds %d", q.num_candidates,
+                        FL_MAX_CANDIDATES);
     if (q.num_candidates == 0) { /* nothing to batch: validated and done here */
         st = flame_score(s->engine, &q, scores, scores_len);
         char message[512];
@@ -380,6 +454,14 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
         return FLAME_OK;
     }
     const size_t nparts = fl_profiles_parts(&s->profiles, q.num_candidates);
+    if (nparts > s->max_queue) /* never accepted, however empty the queue: not a transient refusal */
+        return fl_error(FLAME_ERR_INVALID_ARG, "request: %zu candidates make %zu parts of at most %u, more than "
+                        "max_queue %u", q.num_candidates, nparts, s->profiles.max_candidates, s->max_queue);
+    /* the parts get rebased slices of the candidate bags: check their structure first, or a bad
+     * offsets[0] would be rebased away (validation then sees 0) */
+    if (nparts > 1 && q.candidate_side &&
+        (st = fl_check_side_bags(s->engine->model, 0, "candidate", q.candidate_side, q.num_candidates)))
+        return st;
     fl_job *j = make_job(s, &q, nparts);
     if (!j) return fl_error(FLAME_ERR_NOMEM, "out of memory queueing a request of %zu candidates", q.num_candidates);
     j->req = q;
@@ -392,24 +474,25 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
     pthread_mutex_lock(&s->mu);
     const bool stopping = s->stopping, full = s->queued + nparts > s->max_queue;
     const uint64_t queued = s->queued;
-    if (!stopping && !full) {
+    if (!stopping && !full) { /* counted before a worker can see it (and complete it) */
+        atomic_fetch_add(&s->submitted, 1);
+        if (nparts > 1) atomic_fetch_add(&s->split, 1);
         j->submit_us = fl_sched_now_us();
         if (s->tail) s->tail->next = &j->parts[0];
         else s->head = &j->parts[0];
         s->tail = &j->parts[nparts - 1];
         s->queued += nparts;
         pthread_cond_signal(&s->cv);
+    } else {
+        atomic_fetch_add(&s->rejected, 1);
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->mu); /* s is not touched after this on success */
     if (stopping || full) {
         free(j);
-        atomic_fetch_add(&s->rejected, 1);
         if (stopping) return fl_error(FLAME_ERR_UNAVAILABLE, "the scheduler is being destroyed");
         return fl_error(FLAME_ERR_UNAVAILABLE, "scheduler queue full: %llu part(s) waiting, this request needs %zu, "
                         "max_queue %u", (unsigned long long)queued, nparts, s->max_queue);
     }
-    atomic_fetch_add(&s->submitted, 1);
-    if (nparts > 1) atomic_fetch_add(&s->split, 1);
     return FLAME_OK;
 }
 
@@ -437,6 +520,9 @@ static void wake(void *user, flame_status st, const char *message)
 FLAME_API flame_status flame_scheduler_score(flame_scheduler *s, const flame_request *request, float *scores,
                                              size_t scores_len)
 {
+    if (s && current == s) /* a done callback waiting for its own scheduler: with one worker, forever */
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_score called from a done callback of the same "
+                        "scheduler: it would wait for the worker it runs on (submit instead)");
     waiter w = {.done = false, .status = FLAME_OK};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);

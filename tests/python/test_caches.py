@@ -499,3 +499,89 @@ def test_pinned_pool_buffers_views_and_stats():
         pool.alloc(1)
     with pytest.raises(flame.InvalidArgumentError, match="node"):
         flame.PinnedPool(numa_node=4096)
+
+
+# ---------------------------------------------------------------- robustness (from an attack run)
+
+
+def test_feature_records_are_normalised_before_c():
+    """Whatever arrays a FeatureRecord is made of, C reads C-contiguous int64 ids and float32
+    values: other float dtypes and strided views are converted, float ids refused."""
+    ids = np.arange(10, dtype=np.int64)
+    r = flame.FeatureRecord((ids[::-2], ids[:3]), np.linspace(0, 1, 8)[::2])  # reversed, float64, strided
+    assert r.bags[0].tolist() == [9, 7, 5, 3, 1] and r.bags[0].flags.c_contiguous
+    assert r.dense.dtype == np.float32 and r.dense.tolist() == pytest.approx([0, 2 / 7, 4 / 7, 6 / 7])
+    with pytest.raises(flame.DTypeError, match="int64"):
+        flame.FeatureRecord((np.array([1.9]),))
+    with pytest.raises(flame.DTypeError, match="dense must hold numbers"):
+        flame.FeatureRecord(([1],), ["a"])
+    with pytest.raises(flame.ShapeError, match="dense must be 1-D"):
+        flame.FeatureRecord(([1],), np.zeros((2, 2)))
+    src = flame.FeatureSource.from_callback(2, lambda ids: [None] * len(ids))
+    with flame.ItemCache(src) as cache:
+        cache.put(3, flame.FeatureRecord((ids[::-3], [4]), np.array([0.5, 1.5, 2.5], np.float16)))
+        got = cache.get([3])[0]
+        assert got.bags[0].tolist() == [9, 6, 3, 0] and got.dense.tolist() == [0.5, 1.5, 2.5]
+
+
+def test_exit_requests_in_a_callback_reach_the_caller():
+    def interrupted(ids):
+        raise KeyboardInterrupt
+
+    with flame.ItemCache(flame.FeatureSource.from_callback(1, interrupted)) as cache:
+        with pytest.raises(KeyboardInterrupt):
+            cache.get([1])
+
+
+def test_cache_dropped_on_its_own_refresh_thread():
+    """The last reference of an item cache goes inside its fetch callback on the refresh
+    thread (as garbage collection can make it): the library frees it once the refresh is done."""
+    holder, dropped = [], threading.Event()
+
+    def fetch(ids):
+        if threading.current_thread() is not threading.main_thread() and holder:
+            holder.clear()  # the cache's last reference: destroyed right here, on the refresh thread
+            dropped.set()
+        return [[[int(i)]] for i in ids]
+
+    cache = flame.ItemCache(flame.FeatureSource.from_callback(1, fetch), cold_ttl_us=1_000_000,
+                            hot_ttl_us=1_000_000, refresh_percent=1, refresh_min_hits=1)
+    cache.get([5])
+    holder.append(cache)
+    for _ in range(100):
+        cache.get([5])
+        if dropped.is_set():
+            break
+        threading.Event().wait(0.01)
+    del cache  # holder's was the last reference only once the callback runs
+    assert dropped.wait(10)
+    threading.Event().wait(0.1)  # the refresh thread frees the cache on its way out
+
+
+def test_forked_child_refuses_handles_that_own_threads(side_model):
+    src = flame.FeatureSource.from_callback(1, lambda ids: [[[1]]] * len(ids))
+    cache = flame.ItemCache(src)
+    _, model = side_model
+    p = multiprocessing.get_context("fork").Process(target=_use_inherited, args=(cache,))
+    p.start()
+    p.join(30)
+    if p.exitcode is None:
+        p.kill()
+    assert p.exitcode == 0
+    cache.close()
+
+
+def _use_inherited(cache):
+    try:
+        cache.get([1])
+    except flame.ClosedError as e:
+        assert "before fork()" in str(e)
+    else:
+        raise AssertionError("an inherited item cache was used")
+
+
+def test_user_cache_names_with_nul_are_refused():
+    with pytest.raises(flame.InvalidArgumentError, match="NUL"):
+        flame.UserCache("/a\x00/etc")
+    with pytest.raises(flame.InvalidArgumentError, match="NUL"):
+        flame.UserCache.unlink("/a\x00b")

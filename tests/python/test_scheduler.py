@@ -128,3 +128,46 @@ def test_lifetime(engine, tmp_path):
         del s3
         assert len(e3._schedulers) == 0
         gc.collect()
+
+
+def test_future_callbacks_run_on_a_worker(engine):
+    """A future's callbacks run on the scheduler's worker: score() there is refused instead of
+    waiting forever for that worker, submit() works, and dropping the last reference to the
+    scheduler there destroys it safely (the library frees it when the worker is through)."""
+    cfg, e = engine
+    r = requests(cfg, 8, 1)[0]
+    holder, seen, cb_done = [flame.Scheduler(e, [(2, 128)], max_wait_us=300_000, workers=1)], {}, threading.Event()
+
+    def cb(f):
+        sched = holder[0]
+        seen["thread"] = threading.get_ident()
+        try:
+            sched.score(*r)
+        except flame.InvalidArgumentError as err:
+            seen["score"] = str(err)
+        seen["submitted"] = sched.submit(*r)  # queued: scored when the scheduler drains
+        del sched
+        holder.clear()  # the last reference goes here, on the worker
+        cb_done.set()
+
+    fut = holder[0].submit(*r)  # alone, it waits 300 ms for company: time to add the callback
+    fut.add_done_callback(cb)
+    assert fut.cancel() is False  # running from its submit on
+    assert fut.result(timeout=30) is not None
+    assert cb_done.wait(30)  # (the result is set before the callbacks run)
+    assert seen["submitted"].result(timeout=30).shape == (r[1].size, 3)
+    assert seen["thread"] != threading.get_ident()
+    assert "would wait for the worker it runs on" in seen["score"]
+    assert holder == [] and len(e._schedulers) == 0
+    gc.collect()
+
+
+def test_submit_to_a_closed_scheduler_keeps_nothing(engine):
+    cfg, e = engine
+    r = requests(cfg, 9, 1)[0]
+    s = flame.Scheduler(e)
+    s.close()
+    for _ in range(3):
+        with pytest.raises(flame.ClosedError):
+            s.submit(*r)
+    assert s._pending == {}
