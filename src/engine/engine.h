@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "core/options.h"
 #include "model/model.h"
@@ -43,6 +44,16 @@ struct flame_engine {
 #define FL_REQUEST_V1_SIZE offsetof(flame_request, history_from_user_cache)
 /* the largest struct_size a batch is stepped through with (a future header's sizeof) */
 #define FL_REQUEST_MAX_SIZE 4096
+
+/* *out = *q in this header's layout: the fields q's header lacks read 0, a newer header's
+ * extra fields are dropped. `avail` is how many bytes q's element holds (its struct_size, or
+ * less in an array stepped through with an older layout's size); at least FL_REQUEST_V1_SIZE. */
+static inline void fl_request_current(const flame_request *q, size_t avail, flame_request *out)
+{
+    memset(out, 0, sizeof *out);
+    memcpy(out, q, avail < sizeof *out ? avail : sizeof *out);
+    out->struct_size = sizeof *out;
+}
 
 /* Takes a workspace from the pool (or makes one); NULL on OOM. */
 fl_workspace *fl_workspace_acquire(struct flame_engine *e);

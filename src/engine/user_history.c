@@ -77,11 +77,8 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
     for (size_t r = 0; r < n; r++) {
         const flame_request *q = at(reqs, stride, r);
         flame_request *c = &copies[r];
-        memset(c, 0, sizeof *c);
-        memcpy(c, q, FL_REQUEST_V1_SIZE);
-        c->struct_size = sizeof(flame_request);
-        if (!flag_of(q, stride)) continue;
-        c->history_from_user_cache = 1;
+        fl_request_current(q, q->struct_size < stride ? q->struct_size : stride, c);
+        if (!c->history_from_user_cache) continue; /* (the flag was checked to be 0 or 1 above) */
         flame_user_features f = {.struct_size = sizeof f, .ids = rec_ids, .slot_lens = rec_lens,
                                  .ids_capacity = max_ids};
         int32_t found = 0;

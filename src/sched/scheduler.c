@@ -408,17 +408,6 @@ static fl_job *make_job(const flame_scheduler *s, const flame_request *q, size_t
     return j;
 }
 
-/* The caller's request in this header's layout (an older flame.h's lacks the later fields). */
-static flame_status copy_request(const flame_request *q, flame_request *c)
-{
-    if (q->struct_size < FL_REQUEST_V1_SIZE)
-        return fl_error(FLAME_ERR_INVALID_ARG, "request: struct_size = %zu, expected at least %zu", q->struct_size,
-                        (size_t)FL_REQUEST_V1_SIZE);
-    memset(c, 0, sizeof *c);
-    memcpy(c, q, q->struct_size < sizeof *c ? q->struct_size : sizeof *c);
-    c->struct_size = sizeof *c;
-    return FLAME_OK;
-}
 
 FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_request *request, float *scores,
                                               size_t scores_len, flame_score_done_fn done, void *user)
@@ -427,9 +416,12 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
     if (!s || !request || !done)
         return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_submit: %s is NULL",
                         !s ? "scheduler" : !request ? "request" : "done");
-    flame_request q;
-    flame_status st = copy_request(request, &q);
-    if (st) return st;
+    if (request->struct_size < FL_REQUEST_V1_SIZE)
+        return fl_error(FLAME_ERR_INVALID_ARG, "request: struct_size = %zu, expected at least %zu",
+                        request->struct_size, (size_t)FL_REQUEST_V1_SIZE);
+    flame_request q; /* as flame_score reads it: an older header's lacks the later fields */
+    fl_request_current(request, request->struct_size, &q);
+    flame_status st;
     const int32_t slots = s->engine->model->cfg.num_side;
     if (q.num_side_features != (size_t)slots) /* checked before the bags are read for splitting */
         return fl_error(FLAME_ERR_INVALID_ARG, "request: num_side_features = %zu, the model has %d",
