@@ -146,11 +146,10 @@ static flame_scheduler_stats stats_of(flame_scheduler *s)
 }
 
 /* the scores of the request alone, direct */
-static void direct(flame_engine *e, req *q, int tasks)
+static void direct(flame_engine *e, req *q)
 {
     tu_poison(q->want, MAXC * 2);
     if (flame_score(e, &q->r, q->want, MAXC * 2) != FLAME_OK) fail_msg("direct: %s", flame_last_error());
-    (void)tasks;
 }
 
 /* the scheduler's scores against the direct ones: another batch shape rounds differently
@@ -226,7 +225,7 @@ static void test_scores_match_direct_calls(void **state)
     for (int i = 0; i < N; i++) {
         size_t m = 1 + (size_t)tu_below(i % 4 == 0 ? MAXC : 64); /* some longer than 128: split */
         make_req(&q[i], (size_t)tu_below(MAXH + 1), m, true);
-        direct(f->se, &q[i], 2);
+        direct(f->se, &q[i]);
         size_t k = m > 128 ? (m + 127) / 128 : 1;
         parts += k;
         split += k > 1;
@@ -238,10 +237,11 @@ static void test_scores_match_direct_calls(void **state)
         assert_matches(&q[i], 2);
         for (size_t j = q[i].r.num_candidates * 2; j < MAXC * 2; j++) assert_true(isnan(q[i].scores[j])); /* no more */
     }
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.parts, parts); /* cut as the default profiles' largest, 128, says */
+    assert_int_equal(st.split, split);
     flame_scheduler_destroy(s);
     for (int i = 0; i < N; i++) assert_int_equal(atomic_load(&q[i].calls), 1);
-    (void)parts;
-    (void)split;
 }
 
 static void test_split_parts_and_stats(void **state)
@@ -249,7 +249,7 @@ static void test_split_parts_and_stats(void **state)
     fixture *f = *state;
     static req q;
     make_req(&q, 10, 300, true); /* 3 parts of 100 under the default profiles (largest 128) */
-    direct(f->se, &q, 2);
+    direct(f->se, &q);
     flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
     assert_int_equal(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_OK);
     assert_matches(&q, 2);
@@ -271,7 +271,7 @@ static void test_dot_head_is_never_split(void **state)
     flame_scheduler *s = make_sched(f->de, NULL, 0, 0, 1, 0);
     for (int i = 0; i < 3; i++) {
         make_req(&q[i], (size_t)tu_below(12), MAXC, false); /* 400 candidates: more than any profile's 128 */
-        direct(f->de, &q[i], 1);
+        direct(f->de, &q[i]);
         assert_int_equal(flame_scheduler_score(s, &q[i].r, q[i].scores, MAXC * 2), FLAME_OK);
         assert_matches(&q[i], 1);
     }
@@ -302,7 +302,7 @@ static void test_full_batches_do_not_wait(void **state)
     assert_int_equal(st.parts, 8);
     assert_int_equal(st.profile_batches[0], 2);
     for (int i = 0; i < 8; i++) {
-        direct(f->se, &q[i], 2);
+        direct(f->se, &q[i]);
         assert_matches(&q[i], 2);
     }
     flame_scheduler_destroy(s);
@@ -354,7 +354,7 @@ static void test_bad_request_fails_alone(void **state)
     flame_scheduler *s = make_sched(f->se, p, 1, 5000000, 1, 0);
     for (int i = 0; i < 4; i++) {
         make_req(&q[i], 6, 10, true);
-        if (i != 2) direct(f->se, &q[i], 2);
+        if (i != 2) direct(f->se, &q[i]);
     }
     q[2].cand[3] = 500; /* out of range */
     for (int i = 0; i < 4; i++)
@@ -468,7 +468,7 @@ static void test_destroy_drains_the_queue(void **state)
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&q[i].calls), 1);
         assert_int_equal(q[i].status, FLAME_OK);
-        direct(f->se, &q[i], 2);
+        direct(f->se, &q[i]);
         assert_matches(&q[i], 2);
     }
 }
@@ -514,7 +514,7 @@ static void test_destroy_from_a_done_callback(void **state)
         for (int i = 0; i < N; i++) {
             assert_int_equal(atomic_load(&q[i].calls), 1);
             assert_int_equal(q[i].status, FLAME_OK);
-            direct(f->se, &q[i], 2);
+            direct(f->se, &q[i]);
             assert_matches(&q[i], 2);
         }
     }
@@ -553,7 +553,7 @@ static void test_destroy_scheduler_and_engine_in_a_callback_during_isolation(voi
     usleep(20000);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(q[i].status, FLAME_OK);
-        direct(f->se, &q[i], 2);
+        direct(f->se, &q[i]);
         assert_matches(&q[i], 2);
     }
     assert_int_equal(q[3].status, FLAME_ERR_INVALID_ARG);
@@ -590,7 +590,7 @@ static void test_threads_score_concurrently(void **state)
     for (int t = 0; t < 8; t++)
         for (int k = 0; k < 4; k++) {
             make_req(&qs[t][k], (size_t)tu_below(MAXH + 1), 1 + (size_t)tu_below(150), true);
-            direct(f->se, &qs[t][k], 2);
+            direct(f->se, &qs[t][k]);
         }
     flame_scheduler *s = make_sched(f->se, NULL, 0, 200, 2, 0);
     atomic_int bad = 0;
@@ -628,14 +628,14 @@ static void test_user_cache_requests_and_older_layout(void **state)
         uint32_t len = (uint32_t)q[u].r.history_len;
         flame_user_features uf = {.struct_size = sizeof uf, .ids = q[u].hist, .num_ids = len, .slot_lens = &len};
         assert_int_equal(flame_user_cache_put(uc, 100 + u, &uf), FLAME_OK);
-        direct(f->de, &q[u], 1); /* the history given */
+        direct(f->de, &q[u]); /* the history given */
         q[u].r.history = NULL, q[u].r.history_len = 0;
         q[u].r.user_id = 100 + u;
         q[u].r.history_from_user_cache = 1;
     }
     q[5].r.struct_size = offsetof(flame_request, history_from_user_cache); /* the first layout: history given */
     q[5].r.history = q[5].hist, q[5].r.history_len = 3;
-    direct(f->de, &q[5], 1); /* (direct() reads it in the first layout too) */
+    direct(f->de, &q[5]); /* (direct() reads it in the first layout too) */
     for (int u = 0; u < 6; u++)
         assert_int_equal(flame_scheduler_submit(s, &q[u].r, q[u].scores, MAXC * 2, on_done, &q[u]), FLAME_OK);
     for (int u = 0; u < 6; u++) {
@@ -735,7 +735,7 @@ static void test_gpu_engine(void **state)
     static req q[N];
     for (int i = 0; i < N; i++) {
         make_req(&q[i], (size_t)tu_below(MAXH + 1), 1 + (size_t)tu_below(MAXC), true);
-        direct(f->se, &q[i], 2); /* the CPU engine's scores */
+        direct(f->se, &q[i]); /* the CPU engine's scores */
         assert_int_equal(flame_scheduler_submit(s, &q[i].r, q[i].scores, MAXC * 2, on_done, &q[i]), FLAME_OK);
     }
     for (int i = 0; i < N; i++) {
