@@ -205,8 +205,8 @@ static void test_bad_arguments(void **state)
     assert_status_msg(flame_score(f->ed, NULL, s, 4), FLAME_ERR_INVALID_ARG, "request is NULL");
     assert_status_msg(flame_score(f->ed, &r, NULL, 4), FLAME_ERR_INVALID_ARG, "scores is NULL");
     assert_status_msg(flame_score(f->ed, &r, s, 1), FLAME_ERR_BUFFER_TOO_SMALL, "room for 1 floats, 1 request(s) need 2");
-    r.struct_size = 8;
-    assert_status_msg(flame_score(f->ed, &r, s, 4), FLAME_ERR_INVALID_ARG, "struct_size = 8");
+    r.struct_size = 4;
+    assert_status_msg(flame_score(f->ed, &r, s, 4), FLAME_ERR_INVALID_ARG, "flame_request.struct_size = 4");
     r = dot_req(NULL, 2, cand, 2);
     assert_status_msg(flame_score(f->ed, &r, s, 4), FLAME_ERR_INVALID_ARG, "history is NULL with history_len 2");
     r = dot_req(hist, 2, NULL, 2);

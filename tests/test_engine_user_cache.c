@@ -1,7 +1,7 @@
 /* flame_score with a shared-memory user cache attached: a request that gives a user id and
  * candidates (history_from_user_cache = 1) scores bitwise like the same request with the
  * user's history given; side features of those histories come through the item cache; a miss
- * scores the empty history and is counted; errors write nothing; requests of the first layout
+ * scores the empty history and is counted; errors write nothing; requests of an older layout
  * still score; a record written by another process is read; threads score concurrently while
  * records are rewritten. */
 #include <pthread.h>
@@ -399,7 +399,8 @@ static void test_errors_write_nothing(void **state)
     assert_status_msg(flame_engine_set_user_cache(NULL, f->uc), FLAME_ERR_INVALID_ARG, "engine is NULL");
 }
 
-/* The first version of flame_request, as a caller built against the older header has it. */
+/* A flame_request as a caller built against an older header (one that ended at
+ * num_side_features) has it. */
 typedef struct request_v1 {
     size_t struct_size;
     int64_t user_id;
@@ -412,7 +413,7 @@ typedef struct request_v1 {
     size_t num_side_features;
 } request_v1;
 
-static void test_first_layout_callers(void **state)
+static void test_older_layout_callers(void **state)
 {
     fixture *f = *state;
     assert_int_equal(sizeof(request_v1), offsetof(flame_request, history_from_user_cache));
@@ -444,10 +445,19 @@ static void test_first_layout_callers(void **state)
     tu_poison(one_got, 4);
     assert_int_equal(flame_score(f->dot_uc, (const flame_request *)buf, one_got, 4), FLAME_OK);
     assert_memory_equal(one_want, one_got, sizeof one_want);
-    /* below the first version: refused, naming the size */
-    old[0].struct_size = sizeof(request_v1) - 8;
+    /* elements of one array from different headers: refused, naming the request and both sizes */
+    old[2].struct_size = sizeof(flame_request);
+    tu_poison(got, 12);
     assert_status_msg(flame_score_batch(f->dot_uc, (const flame_request *)old, 3, got, 12), FLAME_ERR_INVALID_ARG,
-                      "request 0: struct_size = 64 is not the size of a flame_request (72, or a multiple of 8");
+                      "request 2: struct_size = 80, but the array's elements are 72 bytes apart");
+    for (int i = 0; i < 12; i++) assert_true(isnan(got[i]));
+    /* sizes no header has: misaligned elements, shorter than the struct_size field */
+    old[0].struct_size = sizeof(request_v1) - 4;
+    assert_status_msg(flame_score_batch(f->dot_uc, (const flame_request *)old, 3, got, 12), FLAME_ERR_INVALID_ARG,
+                      "request 0: struct_size = 68 is not a multiple of 8");
+    old[0].struct_size = 4;
+    assert_status_msg(flame_score(f->dot_uc, (const flame_request *)old, got, 12), FLAME_ERR_INVALID_ARG,
+                      "flame_request.struct_size = 4: set it to sizeof(flame_request) (80 in this library");
     /* an old-layout stats struct gets the fields it knows */
     flame_engine_stats st;
     memset(&st, 0xee, sizeof st);
@@ -485,13 +495,13 @@ static void test_newer_layout_callers(void **state)
         assert_memory_equal(want, got, sizeof want);
     }
     /* sizes no header has: refused before anything is read past request 0 (too large, not a
-     * multiple of the alignment, between the first layout and this one) */
+     * multiple of the alignment) */
     const size_t bad[] = {5000, sizeof(request_next) + 4, sizeof(flame_request) - 4};
     for (int k = 0; k < 3; k++) {
         next[0].base.struct_size = bad[k];
         tu_poison(got, 12);
         assert_status_msg(flame_score_batch(f->plain_dot, &next[0].base, 3, got, 12), FLAME_ERR_INVALID_ARG,
-                          "is not the size of a flame_request");
+                          k ? "is not a multiple of 8" : "struct_size = 5000: set it to sizeof(flame_request)");
         for (int i = 0; i < 12; i++) assert_true(isnan(got[i]));
     }
 }
@@ -686,7 +696,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_miss_scores_empty_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short_records_warn, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_write_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_first_layout_callers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_older_layout_callers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_layout_callers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_from_another_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_score_concurrently, setup, teardown),

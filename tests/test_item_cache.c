@@ -551,10 +551,10 @@ static void test_arguments_and_options(void **state)
     assert_int_equal(flame_config_get_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, &v), FLAME_OK);
     assert_int_equal(v, 1000000);
     flame_item_cache_destroy(NULL);
-    flame_item_cache_stats s = {.struct_size = 8};
+    flame_item_cache_stats s = {.struct_size = 4};
     flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_HOT_TTL_US, 50 * SEC);
     make_cache(f);
-    assert_status_msg(flame_item_cache_get_stats(f->cache, &s), FLAME_ERR_INVALID_ARG, "struct_size = 8");
+    assert_status_msg(flame_item_cache_get_stats(f->cache, &s), FLAME_ERR_INVALID_ARG, "struct_size = 4");
 }
 
 int main(void)

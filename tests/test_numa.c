@@ -128,7 +128,7 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_numa_alloc(10, 0, NULL), FLAME_ERR_INVALID_ARG, "out is NULL");
     assert_status_msg(flame_numa_get_info(NULL), FLAME_ERR_INVALID_ARG, "info is NULL");
     flame_numa_info small = {.struct_size = 4};
-    assert_status_msg(flame_numa_get_info(&small), FLAME_ERR_INVALID_ARG, "struct_size 4");
+    assert_status_msg(flame_numa_get_info(&small), FLAME_ERR_INVALID_ARG, "flame_numa_info.struct_size = 4");
 }
 
 int main(void)

@@ -226,8 +226,9 @@ static void test_bad_frees_and_arguments(void **state)
     assert_null(pool);
     bad = (flame_pinned_pool_params){.struct_size = sizeof bad, .numa_node = 64, .pin = 1};
     assert_status_msg(flame_pinned_pool_create(&bad, &pool), FLAME_ERR_INVALID_ARG, "node 64");
-    bad.struct_size = 8;
-    assert_status_msg(flame_pinned_pool_create(&bad, &pool), FLAME_ERR_INVALID_ARG, "struct_size 8");
+    bad.struct_size = 4;
+    assert_status_msg(flame_pinned_pool_create(&bad, &pool), FLAME_ERR_INVALID_ARG,
+                      "flame_pinned_pool_params.struct_size = 4");
     assert_int_equal(flame_pinned_pool_create(NULL, &pool), FLAME_OK); /* defaults */
     flame_pinned_pool_destroy(pool);
 }

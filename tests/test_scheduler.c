@@ -633,9 +633,9 @@ static void test_user_cache_requests_and_older_layout(void **state)
         q[u].r.user_id = 100 + u;
         q[u].r.history_from_user_cache = 1;
     }
-    q[5].r.struct_size = offsetof(flame_request, history_from_user_cache); /* the first layout: history given */
+    q[5].r.struct_size = offsetof(flame_request, history_from_user_cache); /* an older layout: history given */
     q[5].r.history = q[5].hist, q[5].r.history_len = 3;
-    direct(f->de, &q[5]); /* (direct() reads it in the first layout too) */
+    direct(f->de, &q[5]); /* (direct() reads it in the older layout too) */
     for (int u = 0; u < 6; u++)
         assert_int_equal(flame_scheduler_submit(s, &q[u].r, q[u].scores, MAXC * 2, on_done, &q[u]), FLAME_OK);
     for (int u = 0; u < 6; u++) {
@@ -658,8 +658,8 @@ static void test_argument_errors(void **state)
     flame_scheduler *s = NULL;
     assert_status_msg(flame_scheduler_create(NULL, NULL, &s), FLAME_ERR_INVALID_ARG, "engine is NULL");
     assert_status_msg(flame_scheduler_create(f->se, NULL, NULL), FLAME_ERR_INVALID_ARG, "out is NULL");
-    flame_scheduler_params p = {.struct_size = sizeof p - 1};
-    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "params->struct_size");
+    flame_scheduler_params p = {.struct_size = 4};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "flame_scheduler_params.struct_size = 4");
     p = (flame_scheduler_params){.struct_size = sizeof p, .max_wait_us = -1};
     assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "max_wait_us -1 is outside");
     p = (flame_scheduler_params){.struct_size = sizeof p, .workers = 65};
@@ -685,9 +685,9 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
                       "num_side_features = 1, the model has 2");
     r = q.r;
-    r.struct_size = 8;
+    r.struct_size = 5000;
     assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
-                      "struct_size = 8");
+                      "flame_request.struct_size = 5000");
     r = q.r;
     r.candidates = NULL;
     assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
@@ -704,8 +704,8 @@ static void test_argument_errors(void **state)
     assert_int_equal(atomic_load(&q.calls), 2);
     assert_int_equal(q.status, FLAME_ERR_INVALID_ARG);
     assert_non_null(strstr(q.message, "id -5 out of range"));
-    flame_scheduler_stats st = {.struct_size = 8};
-    assert_status_msg(flame_scheduler_get_stats(s, &st), FLAME_ERR_INVALID_ARG, "stats->struct_size 8");
+    flame_scheduler_stats st = {.struct_size = 0};
+    assert_status_msg(flame_scheduler_get_stats(s, &st), FLAME_ERR_INVALID_ARG, "flame_scheduler_stats.struct_size = 0");
     assert_status_msg(flame_scheduler_get_stats(NULL, &st), FLAME_ERR_INVALID_ARG, "scheduler is NULL");
     assert_status_msg(flame_scheduler_reset_latency(NULL), FLAME_ERR_INVALID_ARG, "scheduler is NULL");
     st = stats_of(s);

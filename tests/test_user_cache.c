@@ -582,8 +582,9 @@ static void test_get_params(void **state)
     assert_int_equal(got.max_dense, 5);
     assert_int_equal(got.mode, 0);
     assert_int_equal(got.ttl_us, 2500000);
-    got.struct_size = sizeof got - 1;
-    assert_status_msg(flame_user_cache_get_params(a, &got), FLAME_ERR_INVALID_ARG, "params->struct_size");
+    got.struct_size = 4097;
+    assert_status_msg(flame_user_cache_get_params(a, &got), FLAME_ERR_INVALID_ARG,
+                      "flame_user_cache_params.struct_size = 4097");
     assert_status_msg(flame_user_cache_get_params(NULL, &got), FLAME_ERR_INVALID_ARG, "cache is NULL");
     assert_status_msg(flame_user_cache_get_params(a, NULL), FLAME_ERR_INVALID_ARG, "params is NULL");
     flame_user_cache_destroy(a);

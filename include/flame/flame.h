@@ -9,8 +9,14 @@
  *     thread holds a message naming the offending value (file, tensor, index, limit).
  *   - Pointers the caller passes are borrowed for the duration of the call only.
  *   - Ids are int64; scores are float32; sizes are bytes; times are microseconds (us).
- *   - Public structs start with `size_t struct_size`, which the caller sets to
- *     sizeof(the struct) so fields can be appended in later versions without breaking the ABI.
+ *   - Structs and the ABI: every public struct that starts with `size_t struct_size` is read
+ *     and written by one rule. The caller sets struct_size to sizeof(the struct) of the
+ *     flame.h it was built against; fields are only ever appended. A smaller struct_size (an
+ *     older header): on input the fields it lacks take their defaults (each struct says what
+ *     they are; 0 for most), on output only the bytes it holds are written. A larger one (a
+ *     newer header): fields this library does not know are not read on input and left
+ *     untouched on output. struct_size must be at least sizeof(size_t) and at most 4096;
+ *     anything else is FLAME_ERR_INVALID_ARG ("struct_size outside 8..4096" below).
  *
  * Model format: docs/model-format.md. Architecture: SASRec (Kang & McAuley, ICDM 2018) /
  * BERT-style transformer encoders, and HSTU/FLAME-style GR rankers with the SUMI mask
@@ -137,7 +143,7 @@ typedef enum flame_head_type {
 } flame_head_type;
 
 typedef struct flame_model_info {
-    size_t struct_size;          /* set by the caller to sizeof(flame_model_info) */
+    size_t struct_size;          /* sizeof(flame_model_info) */
     int32_t d_model;
     int32_t num_blocks;
     int32_t num_heads;
@@ -152,7 +158,7 @@ typedef struct flame_model_info {
 } flame_model_info;
 
 /* Fills *info (up to info->struct_size bytes). Thread-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, or struct_size smaller than the v1 layout). */
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
 FLAME_API flame_status flame_model_get_info(const flame_model *model, flame_model_info *info);
 
 /* ---------------------------------------------------------------- configuration */
@@ -167,10 +173,6 @@ typedef enum flame_option {
     /* int: most requests one flame_score_batch call processes in one pass; larger batches are
      * split. 1..65536, default 256. Bounds scratch memory. */
     FLAME_OPT_MAX_BATCH = 2,
-    /* int: 16..1048576, default 512. Accepted and stored, but without effect since 0.1.0: the
-     * dot head scores arbitrary candidate ids straight from the table, with no gather buffer
-     * to size. Kept so configurations that set it stay valid. */
-    FLAME_OPT_SCORE_CHUNK = 3,
     /* string: compute dtype on the GPU, "fp32" (default), "fp16" or "bf16". Weights are
      * converted once at engine creation; accumulation, LayerNorm, softmax and the residual
      * stream stay float32. In fp16/bf16, attention runs on tensor cores (FlashAttention-2
@@ -299,17 +301,14 @@ typedef struct flame_request {
     const flame_bags *history_side;
     const flame_bags *candidate_side;
     size_t num_side_features;       /* must equal flame_model_info.num_side_features */
-    /* Appended after the first version (read only when struct_size covers it; older callers
-     * get 0). 1: the history is user_id's record in the engine's user cache
+    /* 1: the history is user_id's record in the engine's user cache
      * (flame_engine_set_user_cache): the request gives none (history NULL, history_len 0,
      * history_side NULL). 0: the history is the one given. Other values are invalid. */
     int32_t history_from_user_cache;
 } flame_request;
 
-/* Scores the request's candidates.
- * Requests built against an older flame.h (struct_size at least the first version's size,
- * which ended at num_side_features, but below sizeof(flame_request)) keep working: the fields
- * they lack read as 0.
+/* Scores the request's candidates. The request is read by the struct_size rule (top of this
+ * header): the fields an older header's request lacks read as 0.
  * History from the user cache (history_from_user_cache = 1): the engine reads user_id's record
  * in its user cache (flame_engine_set_user_cache; record convention there) and scores as if
  * the record's history had been passed in `history`. A miss (no record, or an expired one)
@@ -329,7 +328,7 @@ typedef struct flame_request {
  * An empty candidate list returns FLAME_OK and writes nothing.
  * Thread-safe (see flame_engine_create).
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/request with work to do, struct_size
- * too small, NULL ids with a non-zero length, an item or side-feature id < 0 or >= its
+ * outside 8..4096, NULL ids with a non-zero length, an item or side-feature id < 0 or >= its
  * table's rows (the message names token, feature and id), bad CSR offsets, wrong
  * num_side_features; history_from_user_cache not 0 or 1, 1 with a history given, 1 on an
  * engine with no user cache, or an item id of the user's cached history out of range: the
@@ -344,14 +343,13 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
  * Every request is validated before any is computed, so on error nothing is written; the
  * message names the request index. Token-wise layers run over all requests' tokens as one
  * GEMM, and requests sharing one contiguous candidate range share one scoring GEMM.
- * `requests` is an array of the caller's flame_request, stepped through by its element size:
- * requests[0].struct_size when it is sizeof(flame_request) or larger (a newer flame.h: the
- * fields this library does not know are not read), the first version's sizeof when it is
- * smaller (an older flame.h), so every request of one call must come from the same header.
- * Any other requests[0].struct_size than the first version's sizeof (72 on LP64) or a
- * multiple of 8 from sizeof(flame_request) to 4096 is FLAME_ERR_INVALID_ARG.
- * Thread-safe. Returns the statuses of flame_score, and FLAME_ERR_INVALID_ARG for NULL
- * requests with num_requests > 0. */
+ * `requests` is an array of the caller's flame_request, stepped through by its element size,
+ * requests[0].struct_size (the sizeof of the caller's flame.h; each request is then read by
+ * the struct_size rule), so every request of one call comes from the same header.
+ * Thread-safe. Returns the statuses of flame_score; FLAME_ERR_INVALID_ARG for NULL requests
+ * with num_requests > 0, for requests[0].struct_size outside 8..4096 or not a multiple of 8
+ * (no sizeof(flame_request) is), and for a request whose struct_size differs from request 0's
+ * (the message names it and both sizes). */
 FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
                                          float *scores, size_t scores_len);
 
@@ -367,16 +365,15 @@ typedef struct flame_engine_stats {
                                       plus 8 bytes a row) */
     uint64_t graph_captures;       /* GPU passes captured as CUDA graphs (FLAME_OPT_CUDA_GRAPHS) */
     uint64_t graph_replays;        /* GPU passes run by replaying a captured graph */
-    /* appended: requests with history_from_user_cache = 1 of the calls that succeeded, whose
-     * user had a record in the user cache (hits) or not, or an expired one (misses) */
+    /* requests with history_from_user_cache = 1 of the calls that succeeded, whose user had
+     * a record in the user cache (hits) or not, or an expired one (misses) */
     uint64_t user_cache_hits;
     uint64_t user_cache_misses;
 } flame_engine_stats;
 
-/* Fills *stats up to stats->struct_size bytes (a caller built against an older header gets
- * the fields it knows). Thread-safe (counters are read atomically, not as one snapshot).
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, or struct_size smaller than the first
- * version of the struct, which ended at max_workspace_bytes). */
+/* Fills *stats up to stats->struct_size bytes. Thread-safe (counters are read atomically,
+ * not as one snapshot). Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside
+ * 8..4096). */
 FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine_stats *stats);
 
 /* ================================================================ batch-profile scheduler
@@ -430,7 +427,7 @@ typedef void (*flame_score_done_fn)(void *user, flame_status status, const char 
  * The engine must outlive the scheduler. Thread-safety: submit, score, get_stats and
  * reset_latency may be called concurrently from any threads; destroy must not run
  * concurrently with them.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/out, struct_size too small, a value
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/out, struct_size outside 8..4096, a value
  * out of its range above: the message names it); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a
  * thread could not be started). On failure *out is NULL. */
 FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_scheduler_params *params,
@@ -460,7 +457,7 @@ FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
  * request, so one bad request fails alone and the others succeed; any other failure
  * (FLAME_ERR_UNAVAILABLE of a feature store, FLAME_ERR_NOMEM) fails every request of the batch.
  * Thread-safe. Returns FLAME_OK (done will run exactly once); FLAME_ERR_INVALID_ARG (NULL
- * scheduler/request/done, NULL scores with candidates, struct_size below the first version's,
+ * scheduler/request/done, NULL scores with candidates, struct_size outside 8..4096,
  * more candidates than 2^24, broken candidate bags of a request to be split, more parts than
  * max_queue);
  * FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks); FLAME_ERR_UNAVAILABLE
@@ -500,7 +497,7 @@ typedef struct flame_scheduler_stats {
 } flame_scheduler_stats;
 
 /* Fills *stats (counters read one by one, not as one snapshot). Thread-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
 FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *scheduler, flame_scheduler_stats *stats);
 
 /* Empties the latency histograms (the percentiles then cover what completes from now on: a
@@ -574,7 +571,7 @@ typedef struct flame_pinned_pool_params {
 
 /* Creates a pool (params NULL = the defaults above). Ownership: *out is the caller's; free with
  * flame_pinned_pool_destroy. Thread-safety: every pool function except destroy may be called
- * concurrently. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, struct_size too small, a node
+ * concurrently. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, struct_size outside 8..4096, a node
  * this machine lacks, pin not 0/1); FLAME_ERR_NOMEM. *out is NULL on failure. */
 FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *params, flame_pinned_pool **out);
 /* Unregisters and unmaps every buffer of the pool, those still handed out included (a
@@ -607,7 +604,7 @@ typedef struct flame_pinned_pool_stats {
 } flame_pinned_pool_stats;
 
 /* Fills *stats as one consistent snapshot. Thread-safe. Returns FLAME_OK;
- * FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+ * FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
 FLAME_API flame_status flame_pinned_pool_get_stats(flame_pinned_pool *pool, flame_pinned_pool_stats *stats);
 
 /* ---------------------------------------------------------------- shared-memory user cache */
@@ -684,7 +681,7 @@ FLAME_API flame_status flame_user_cache_unlink(const char *name);
 
 /* Writes (inserts or replaces) the record of `user_id`. Any int64 is a valid user id.
  * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache/features,
- * struct_size too small, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
+ * struct_size outside 8..4096, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
  * max_dense, slot_lens not summing to num_ids: the message names the value and the limit). */
 FLAME_API flame_status flame_user_cache_put(flame_user_cache *cache, int64_t user_id, const flame_user_features *features);
 /* Reads the record of `user_id` into *features; *found is 1 on a hit, 0 on a miss (absent,
@@ -716,7 +713,7 @@ typedef struct flame_user_cache_stats {
 
 /* Fills *stats; `records` is counted over the buckets' counters (no lock, O(buckets)), the rest
  * are atomic counters, so the whole is not one snapshot. Thread- and process-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
 FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
 
 /* Fills *params with the table's layout as fixed by its creator: capacity (as asked at
@@ -724,7 +721,7 @@ FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame
  * its permission bits). A process that attached without params learns here what its
  * flame_user_cache_get buffers need (ids_capacity max_ids, slot_lens of num_slots, dense of
  * max_dense). The fields never change after creation. Thread- and process-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
 FLAME_API flame_status flame_user_cache_get_params(const flame_user_cache *cache, flame_user_cache_params *params);
 
 /* Attaches a user cache to an engine (NULL detaches), so that requests can give a user id and
@@ -846,7 +843,7 @@ typedef struct flame_redis_options {
  * until the backoff delay has passed. A fetch holds the source's connection for its
  * duration (concurrent fetches are serialized). A value that does not decode makes the
  * fetch fail with FLAME_ERR_FORMAT naming the key.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small, values out of
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096, values out of
  * range); FLAME_ERR_UNAVAILABLE (cannot connect: the message names host, port and the
  * reason); FLAME_ERR_NOMEM. On failure *out is NULL. */
 FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_options *options,
@@ -974,7 +971,7 @@ typedef struct flame_item_cache_stats {
 } flame_item_cache_stats;
 
 /* Fills *stats. Thread-safe (counters read one by one, not as one snapshot).
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
 FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *cache, flame_item_cache_stats *stats);
 
 /* Attaches an item cache to an engine (NULL detaches). Then a request that gives no side

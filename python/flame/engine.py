@@ -22,7 +22,7 @@ from .model import Model
 from .user_cache import UserCache
 
 # Engine options (flame_option): keyword -> (enum value, Python type).
-OPTIONS = {"device": (1, str), "max_batch": (2, int), "score_chunk": (3, int), "dtype": (4, str),
+OPTIONS = {"device": (1, str), "max_batch": (2, int), "dtype": (4, str),
            "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
@@ -69,7 +69,6 @@ class Engine(Handle):
     Options (keyword arguments; the library checks the values):
       device: "cpu" (default), "auto", "cuda", "cuda:N"
       max_batch: requests per pass in score_batch (1..65536, default 256)
-      score_chunk: accepted (16..1048576) but without effect, see FLAME_OPT_SCORE_CHUNK in flame.h
       dtype: GPU compute dtype "fp32" (default), "fp16", "bf16"
       device_memory_budget: most bytes of GPU memory the engine may hold (0 = no limit)
       cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0

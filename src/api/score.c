@@ -1,5 +1,6 @@
 /* flame_score / flame_score_batch: argument checks, validation of every request, then the
  * forward pass in slices of at most FLAME_OPT_MAX_BATCH requests. */
+#include "core/abi.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
@@ -81,21 +82,17 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
                                          float *scores, size_t scores_len)
 {
     fl_clear_error();
-    /* the array's element size is the caller's sizeof(flame_request): the first version's
-     * for an older header, a larger one for a newer header (its extra fields are not read) */
+    /* the array's element size is the caller's sizeof(flame_request), which requests[0]
+     * gives: another flame.h's is read by the rule of core/abi.h */
     size_t stride = sizeof(flame_request);
     if (num_requests && requests) {
-        const size_t s0 = requests->struct_size;
-        /* an element size some flame.h can have: the first version's, or this one's or a newer
-         * one's (a multiple of the struct's alignment, so every element is aligned) */
-        if (s0 != FL_REQUEST_V1_SIZE && (s0 < sizeof(flame_request) || s0 > FL_REQUEST_MAX_SIZE ||
-                                         s0 % _Alignof(flame_request) != 0))
+        stride = requests->struct_size;
+        flame_status st = fl_struct_size_check("flame_request", stride, sizeof(flame_request));
+        if (st) return st;
+        if (stride % _Alignof(flame_request) != 0) /* an element size no compiler gives: misaligned elements */
             return fl_error(FLAME_ERR_INVALID_ARG,
-                            "request 0: struct_size = %zu is not the size of a flame_request (%zu, or a multiple of "
-                            "%zu from %zu to %d)",
-                            s0, (size_t)FL_REQUEST_V1_SIZE, (size_t)_Alignof(flame_request), sizeof(flame_request),
-                            FL_REQUEST_MAX_SIZE);
-        stride = s0 < sizeof(flame_request) ? FL_REQUEST_V1_SIZE : s0;
+                            "request 0: struct_size = %zu is not a multiple of %zu, so it is no sizeof(flame_request)",
+                            stride, (size_t)_Alignof(flame_request));
     }
     return score(engine, requests, num_requests, stride, scores, scores_len);
 }
@@ -105,5 +102,7 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
 {
     fl_clear_error();
     if (!request) return fl_error(FLAME_ERR_INVALID_ARG, "request is NULL");
-    return score(engine, request, 1, sizeof(flame_request), scores, scores_len);
+    flame_status st = fl_struct_size_check("flame_request", request->struct_size, sizeof(flame_request));
+    if (st) return st;
+    return score(engine, request, 1, request->struct_size, scores, scores_len);
 }

@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "cache/icache.h"
+#include "core/abi.h"
 
 /* A coarse monotonic clock (a few ns to read, ~4 ms resolution): TTLs are seconds. */
 static uint64_t default_clock(void *user)
@@ -560,16 +561,13 @@ FLAME_API flame_status flame_item_cache_run_refresh(flame_item_cache *c, uint64_
     return FLAME_OK;
 }
 
-FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *c, flame_item_cache_stats *s)
+FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *c, flame_item_cache_stats *out)
 {
     fl_clear_error();
-    if (!c || !s) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_get_stats: NULL argument");
-    if (s->struct_size < sizeof(flame_item_cache_stats))
-        return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_stats.struct_size = %zu, expected at least %zu",
-                        s->struct_size, sizeof(flame_item_cache_stats));
-    size_t size = s->struct_size;
-    memset(s, 0, sizeof *s);
-    s->struct_size = size;
+    if (!c || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_get_stats: NULL argument");
+    flame_status st = fl_struct_size_check("flame_item_cache_stats", out->struct_size, sizeof *out);
+    if (st) return st;
+    flame_item_cache_stats v = {.struct_size = sizeof v}, *s = &v;
     for (uint32_t i = 0; i < c->nshards; i++) {
         fl_shard *sh = &c->shards[i];
         pthread_mutex_lock(&sh->lock);
@@ -583,5 +581,5 @@ FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *c, flame_ite
     s->refreshes = atomic_load(&c->refreshes);
     s->refresh_failures = atomic_load(&c->refresh_failures);
     s->fetches = atomic_load(&c->fetches);
-    return FLAME_OK;
+    return fl_struct_out("flame_item_cache_stats", out, &v, sizeof v);
 }

@@ -8,6 +8,7 @@
 #include <hiredis/hiredis.h>
 
 #include "cache/source.h"
+#include "core/abi.h"
 
 typedef struct redis_source {
     struct flame_feature_source base;
@@ -160,10 +161,6 @@ static const fl_source_ops redis_ops = {redis_fetch, redis_destroy};
 
 static flame_status check_options(const flame_redis_options *o)
 {
-    if (!o) return fl_error(FLAME_ERR_INVALID_ARG, "redis options are NULL");
-    if (o->struct_size < sizeof(flame_redis_options))
-        return fl_error(FLAME_ERR_INVALID_ARG, "flame_redis_options.struct_size = %zu, expected at least %zu",
-                        o->struct_size, sizeof(flame_redis_options));
     struct {
         const char *name;
         int64_t v, lo, hi;
@@ -184,9 +181,12 @@ static flame_status check_options(const flame_redis_options *o)
     return FLAME_OK;
 }
 
-static flame_status redis_open(const flame_redis_options *o, redis_source **out)
+static flame_status redis_open(const flame_redis_options *caller, redis_source **out)
 {
-    flame_status st = check_options(o);
+    if (!caller) return fl_error(FLAME_ERR_INVALID_ARG, "redis options are NULL");
+    flame_redis_options v = {0}, *o = &v; /* the caller's by the rule of core/abi.h */
+    flame_status st = fl_struct_in("flame_redis_options", &v, sizeof v, caller);
+    if (!st) st = check_options(o);
     if (st) return st;
     redis_source *r = calloc(1, sizeof *r);
     if (!r) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a redis source");
@@ -259,11 +259,13 @@ FLAME_API flame_status flame_redis_load_features(const flame_redis_options *opti
     fl_feature_table t;
     flame_status st = fl_feature_table_read(path, &t);
     if (st) return st;
-    if (options && options->struct_size >= sizeof *options && options->num_slots != t.num_slots) {
+    flame_redis_options o = {0};
+    if (options && fl_struct_in("flame_redis_options", &o, sizeof o, options) == FLAME_OK &&
+        o.num_slots != t.num_slots) {
         int32_t file_slots = t.num_slots;
         fl_feature_table_free(&t);
         return fl_error(FLAME_ERR_INVALID_ARG, "feature file '%s' has %d slots, the options say %d", path, file_slots,
-                        options->num_slots);
+                        o.num_slots);
     }
     redis_source *r = NULL;
     uint64_t n = 0;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cache/user_cache.h"
+#include "core/abi.h"
 
 static flame_status check_name(const char *name)
 {
@@ -23,8 +24,6 @@ static flame_status check_name(const char *name)
 
 static flame_status check_params(const flame_user_cache_params *p)
 {
-    if (p->struct_size < sizeof *p)
-        return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", p->struct_size, sizeof *p);
     if (p->capacity > (1ull << 32))
         return fl_error(FLAME_ERR_INVALID_ARG, "capacity %llu is outside 1..2^32", (unsigned long long)p->capacity);
     if (p->num_slots > 64)
@@ -189,10 +188,9 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
         return fl_error(FLAME_ERR_INVALID_ARG, "open_mode %d is not a flame_user_cache_open_mode", (int)open_mode);
     flame_user_cache_params p = {sizeof p, 500000, 1, 32, 0, 0600, 0};
     if (params) { /* a zero field takes the default: a zeroed struct is a valid request */
-        if (params->struct_size < sizeof p)
-            return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof p);
         const flame_user_cache_params d = p;
-        p = *params;
+        p = (flame_user_cache_params){0};
+        if ((st = fl_struct_in("flame_user_cache_params", &p, sizeof p, params)) != FLAME_OK) return st;
         if (!p.capacity) p.capacity = d.capacity;
         if (!p.num_slots) p.num_slots = d.num_slots;
         if (!p.max_ids) p.max_ids = d.max_ids;
@@ -226,16 +224,16 @@ FLAME_API flame_status flame_user_cache_get_params(const flame_user_cache *cache
 {
     fl_clear_error();
     if (!cache || !params) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", cache ? "params" : "cache");
-    if (params->struct_size < sizeof *params)
-        return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof *params);
+    flame_status st = fl_struct_size_check("flame_user_cache_params", params->struct_size, sizeof *params);
+    if (st) return st;
     const fl_uc_header *h = cache->hdr;
-    params->capacity = h->capacity;
-    params->num_slots = h->num_slots;
-    params->max_ids = h->max_ids;
-    params->max_dense = h->max_dense;
-    params->mode = 0; /* not kept in the table */
-    params->ttl_us = h->ttl_us;
-    return FLAME_OK;
+    flame_user_cache_params v = {.struct_size = sizeof v, .mode = 0 /* not kept in the table */};
+    v.capacity = h->capacity;
+    v.num_slots = h->num_slots;
+    v.max_ids = h->max_ids;
+    v.max_dense = h->max_dense;
+    v.ttl_us = h->ttl_us;
+    return fl_struct_out("flame_user_cache_params", params, &v, sizeof v);
 }
 
 void fl_uc_retain(flame_user_cache *c)

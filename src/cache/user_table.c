@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "cache/user_cache.h"
+#include "core/abi.h"
 
 /* Readers spin this many times on a record a writer is inside before they wait for (or
  * recover) the bucket's lock: a live writer holds a record for well under a microsecond. */
@@ -26,16 +27,12 @@ static void buckets_of(const flame_user_cache *c, int64_t user, uint64_t *b1, ui
 
 static flame_status check_features(const flame_user_features *f)
 {
-    if (!f) return fl_error(FLAME_ERR_INVALID_ARG, "features is NULL");
-    if (f->struct_size < sizeof *f)
-        return fl_error(FLAME_ERR_INVALID_ARG, "features->struct_size %zu < %zu", f->struct_size, sizeof *f);
     if (!f->slot_lens) return fl_error(FLAME_ERR_INVALID_ARG, "features->slot_lens is NULL");
     return FLAME_OK;
 }
 
-FLAME_API flame_status flame_user_cache_put(flame_user_cache *c, int64_t user, const flame_user_features *f)
+static flame_status put(flame_user_cache *c, int64_t user, const flame_user_features *f)
 {
-    fl_clear_error();
     if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "cache is NULL");
     flame_status st = check_features(f);
     if (st != FLAME_OK) return st;
@@ -120,10 +117,8 @@ static int find(flame_user_cache *c, fl_uc_bucket *b, int64_t user, flame_user_f
     return 0;
 }
 
-FLAME_API flame_status flame_user_cache_get(flame_user_cache *c, int64_t user, flame_user_features *f,
-                                            int32_t *found)
+static flame_status get(flame_user_cache *c, int64_t user, flame_user_features *f, int32_t *found)
 {
-    fl_clear_error();
     if (!c || !found) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", c ? "found" : "cache");
     flame_status st = check_features(f);
     if (st != FLAME_OK) return st;
@@ -184,12 +179,13 @@ FLAME_API flame_status flame_user_cache_remove(flame_user_cache *c, int64_t user
     return FLAME_OK;
 }
 
-FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *c, flame_user_cache_stats *s)
+FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *c, flame_user_cache_stats *out)
 {
     fl_clear_error();
-    if (!c || !s) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", c ? "stats" : "cache");
-    if (s->struct_size < sizeof *s)
-        return fl_error(FLAME_ERR_INVALID_ARG, "stats->struct_size %zu < %zu", s->struct_size, sizeof *s);
+    if (!c || !out) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", c ? "stats" : "cache");
+    flame_status st = fl_struct_size_check("flame_user_cache_stats", out->struct_size, sizeof *out);
+    if (st) return st;
+    flame_user_cache_stats v = {.struct_size = sizeof v}, *s = &v;
     const fl_uc_header *h = c->hdr;
     uint64_t records = 0;
     for (uint64_t i = 0; i < h->num_buckets; i++)
@@ -204,5 +200,29 @@ FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *c, flame_use
     s->puts = atomic_load(&c->hdr->puts);
     s->evictions = atomic_load(&c->hdr->evictions);
     s->recoveries = atomic_load(&c->hdr->recoveries);
-    return FLAME_OK;
+    return fl_struct_out("flame_user_cache_stats", out, &v, sizeof v);
+}
+
+/* The public entry points read the caller's flame_user_features by the rule of core/abi.h;
+ * get writes its counts back whatever it returns (BUFFER_TOO_SMALL reports them). */
+FLAME_API flame_status flame_user_cache_put(flame_user_cache *c, int64_t user, const flame_user_features *f)
+{
+    fl_clear_error();
+    if (!f) return fl_error(FLAME_ERR_INVALID_ARG, "features is NULL");
+    flame_user_features v = {0};
+    flame_status st = fl_struct_in("flame_user_features", &v, sizeof v, f);
+    return st ? st : put(c, user, &v);
+}
+
+FLAME_API flame_status flame_user_cache_get(flame_user_cache *c, int64_t user, flame_user_features *f,
+                                            int32_t *found)
+{
+    fl_clear_error();
+    if (!f) return fl_error(FLAME_ERR_INVALID_ARG, "features is NULL");
+    flame_user_features v = {0};
+    flame_status st = fl_struct_in("flame_user_features", &v, sizeof v, f);
+    if (st) return st;
+    st = get(c, user, &v, found);
+    fl_struct_out("flame_user_features", f, &v, sizeof v); /* (its size was checked above) */
+    return st;
 }

@@ -13,7 +13,6 @@ typedef struct int_option {
 
 static const int_option int_options[] = {
     {FLAME_OPT_MAX_BATCH, "FLAME_OPT_MAX_BATCH", 1, 65536, offsetof(struct flame_config, max_batch)},
-    {FLAME_OPT_SCORE_CHUNK, "FLAME_OPT_SCORE_CHUNK", 16, 1048576, offsetof(struct flame_config, score_chunk)},
     {FLAME_OPT_DEVICE_MEMORY_BUDGET, "FLAME_OPT_DEVICE_MEMORY_BUDGET", 0, (int64_t)1 << 50,
      offsetof(struct flame_config, device_memory_budget)},
     {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", 1, 16, offsetof(struct flame_config, cuda_executors)},
@@ -42,7 +41,6 @@ void fl_config_defaults(struct flame_config *c)
     strcpy(c->device, "cpu");
     strcpy(c->dtype, "fp32");
     c->max_batch = 256;
-    c->score_chunk = 512;
     c->cuda_executors = 2;
     c->cuda_graphs = 1;
     /* item cache (issue 4) */

@@ -9,7 +9,6 @@ typedef enum fl_dtype_opt { FL_COMPUTE_FP32 = 0, FL_COMPUTE_FP16 = 1, FL_COMPUTE
 struct flame_config {
     char device[32];              /* "cpu", "auto", "cuda", "cuda:N" */
     int64_t max_batch;            /* requests per pass */
-    int64_t score_chunk;          /* FLAME_OPT_SCORE_CHUNK: stored, no effect (flame.h) */
     char dtype[8];                /* "fp32", "fp16", "bf16" */
     int64_t device_memory_budget; /* bytes, 0 = no limit */
     void *cuda_stream;            /* the caller's cudaStream_t, or NULL for the engine's own */

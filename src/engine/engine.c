@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cache/icache.h"
+#include "core/abi.h"
 #include "cache/user_cache.h"
 #include "core/device.h"
 #include "cpu/kernels.h"
@@ -96,12 +97,8 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
 {
     fl_clear_error();
     if (!engine || !stats) return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_get_stats: NULL argument");
-    const size_t v1 = offsetof(flame_engine_stats, max_workspace_bytes) + sizeof(uint64_t);
-    if (stats->struct_size < v1)
-        return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_stats.struct_size = %zu, expected at least %zu",
-                        stats->struct_size, v1);
     flame_engine_stats v = {
-        .struct_size = stats->struct_size,
+        .struct_size = sizeof v,
         .calls = atomic_load(&engine->calls),
         .requests = atomic_load(&engine->requests),
         .workspaces = atomic_load(&engine->workspaces),
@@ -113,8 +110,7 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
         .user_cache_misses = atomic_load(&engine->user_cache_misses),
     };
     if (engine->gpu) fl_cuda_graph_counts(engine->gpu, &v.graph_captures, &v.graph_replays);
-    memcpy(stats, &v, stats->struct_size < sizeof v ? stats->struct_size : sizeof v);
-    return FLAME_OK;
+    return fl_struct_out("flame_engine_stats", stats, &v, sizeof v);
 }
 
 /* issue 4: the item cache that fills side features of id-only requests */

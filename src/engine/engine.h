@@ -39,17 +39,10 @@ struct flame_engine {
     atomic_bool warned_blas_threads; /* the oversubscription warning of fl_workspace_acquire, once */
 };
 
-/* The size of the first version of flame_request (it ended at num_side_features): the least
- * struct_size accepted, and the element size of arrays built against that header. */
-#define FL_REQUEST_V1_SIZE offsetof(flame_request, history_from_user_cache)
-/* the largest struct_size a batch is stepped through with (a future header's sizeof) */
-#define FL_REQUEST_MAX_SIZE 4096
-
-/* *out = *q in this header's layout: the fields q's header lacks read 0, a newer header's
- * extra fields are dropped. `avail` is how many bytes q's element holds (its struct_size, or
- * less in an array stepped through with an older layout's size); at least FL_REQUEST_V1_SIZE. */
+/* *out = *q in this header's layout (the rule of core/abi.h: the fields q's header lacks read
+ * 0, a newer header's extra fields are dropped). `avail` is q's struct_size, already checked. */
 static inline void fl_request_current(const flame_request *q, size_t avail, flame_request *out)
-{
+{ /* (as fl_struct_in with zero defaults, without its check: done once per array) */
     memset(out, 0, sizeof *out);
     memcpy(out, q, avail < sizeof *out ? avail : sizeof *out);
     out->struct_size = sizeof *out;

@@ -12,7 +12,7 @@ static bool wants_cache(const struct flame_engine *e, const flame_request *q)
     const fl_model_cfg *c = &e->model->cfg;
     bool sumi = c->head == FLAME_HEAD_SUMI;
     /* malformed requests are left for validation to name */
-    return c->num_side > 0 && q->struct_size >= sizeof(flame_request) && q->num_side_features == (size_t)c->num_side &&
+    return c->num_side > 0 && q->num_side_features == (size_t)c->num_side &&
            !q->history_side && (!sumi || !q->candidate_side) && (!q->history_len || q->history) &&
            (!sumi || !q->num_candidates || q->candidates);
 }

@@ -1,5 +1,5 @@
 /* Requests as the engine reads them: copies in this header's layout for callers built against
- * an older flame.h, and histories read from the shared-memory user cache for requests that
+ * another flame.h (core/abi.h), and histories read from the shared-memory user cache for requests that
  * give a user id only (history_from_user_cache). Record convention (flame.h,
  * flame_engine_set_user_cache): slot 0 = the user's item ids, oldest first. Everything goes
  * into the call's workspace, so concurrent calls share nothing but the (lock-free) table. */
@@ -15,19 +15,12 @@ static const flame_request *at(const void *reqs, size_t stride, size_t r)
     return (const flame_request *)((const unsigned char *)reqs + r * stride);
 }
 
-/* The flag, if the caller's struct covers it (0 otherwise). */
-static int32_t flag_of(const flame_request *q, size_t stride)
-{
-    size_t end = offsetof(flame_request, history_from_user_cache) + sizeof(int32_t);
-    return q->struct_size >= end && stride >= end ? q->history_from_user_cache : 0;
-}
-
 bool fl_requests_need_prepare(const void *reqs, size_t n, size_t stride)
 {
     if (stride != sizeof(flame_request)) return n > 0; /* another header's layout: copied into this one */
     for (size_t r = 0; r < n; r++) {
         const flame_request *q = at(reqs, stride, r);
-        if (q->struct_size < sizeof(flame_request) || q->history_from_user_cache) return true;
+        if (q->struct_size != stride || q->history_from_user_cache) return true;
     }
     return false;
 }
@@ -37,13 +30,18 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
 {
     *out = NULL;
     *hits = *misses = 0;
+    flame_request *copies = fl_workspace_grow(&ws->prep[0], &ws->prep_cap[0], n * sizeof(flame_request));
+    if (!copies) return fl_error(FLAME_ERR_NOMEM, "out of memory copying %zu request(s)", n);
     size_t users = 0;
     for (size_t r = 0; r < n; r++) {
-        const flame_request *q = at(reqs, stride, r);
-        if (q->struct_size < FL_REQUEST_V1_SIZE)
-            return BAD("request %zu: struct_size = %zu, expected at least %zu", r, q->struct_size,
-                       (size_t)FL_REQUEST_V1_SIZE);
-        int32_t flag = flag_of(q, stride);
+        /* an array's elements are stride bytes apart: each must be a struct of that size */
+        if (at(reqs, stride, r)->struct_size != stride)
+            return BAD("request %zu: struct_size = %zu, but the array's elements are %zu bytes apart (request 0's "
+                       "struct_size): every request of one call comes from one flame.h",
+                       r, at(reqs, stride, r)->struct_size, stride);
+        fl_request_current(at(reqs, stride, r), stride, &copies[r]);
+        const flame_request *q = &copies[r];
+        int32_t flag = q->history_from_user_cache;
         if (flag != 0 && flag != 1)
             return BAD("request %zu: history_from_user_cache = %d, expected 0 or 1", r, (int)flag);
         if (!flag) continue;
@@ -64,20 +62,18 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
     const size_t max_len = (size_t)e->model->cfg.max_len;
     size_t max_ids = users ? e->user_cache->hdr->max_ids : 0, slots = users ? e->user_cache->hdr->num_slots : 0;
     size_t window = max_len < max_ids ? max_len : max_ids;
-    flame_request *copies = fl_workspace_grow(&ws->prep[0], &ws->prep_cap[0], n * sizeof(flame_request));
     int64_t *hist = users ? fl_workspace_grow(&ws->prep[1], &ws->prep_cap[1],
                                               (users * window + max_ids) * sizeof(int64_t) + slots * sizeof(uint32_t))
                           : NULL;
-    if (!copies || (users && !hist))
-        return fl_error(FLAME_ERR_NOMEM, "out of memory copying %zu request(s) (%zu from the user cache)", n, users);
+    if (users && !hist)
+        return fl_error(FLAME_ERR_NOMEM, "out of memory reading %zu user(s)' histories from the user cache", users);
     int64_t *rec_ids = hist + users * window;
     uint32_t *rec_lens = (uint32_t *)(rec_ids + max_ids);
 
     const int64_t num_items = e->model->num_items;
     for (size_t r = 0; r < n; r++) {
-        const flame_request *q = at(reqs, stride, r);
         flame_request *c = &copies[r];
-        fl_request_current(q, q->struct_size < stride ? q->struct_size : stride, c);
+        const flame_request *q = c;
         if (!c->history_from_user_cache) continue; /* (the flag was checked to be 0 or 1 above) */
         flame_user_features f = {.struct_size = sizeof f, .ids = rec_ids, .slot_lens = rec_lens,
                                  .ids_capacity = max_ids};

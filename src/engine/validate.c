@@ -78,8 +78,6 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
                                   const flame_request *prev)
 {
     const fl_model_cfg *c = &m->cfg;
-    if (q->struct_size < sizeof(flame_request))
-        return BAD("request %zu: struct_size = %zu, expected at least %zu", r, q->struct_size, sizeof(flame_request));
     if (q->history_len && !q->history) return BAD("request %zu: history is NULL with history_len %zu", r, q->history_len);
     if (q->num_candidates && !q->candidates)
         return BAD("request %zu: candidates is NULL with num_candidates %zu", r, q->num_candidates);

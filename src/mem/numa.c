@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <sys/mman.h>
 
+#include "core/abi.h"
 #include "mem/numa.h"
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
@@ -84,19 +85,14 @@ FLAME_API flame_status flame_numa_get_info(flame_numa_info *info)
 {
     fl_clear_error();
     if (!info) return fl_error(FLAME_ERR_INVALID_ARG, "info is NULL");
-    if (info->struct_size < sizeof(flame_numa_info))
-        return fl_error(FLAME_ERR_INVALID_ARG, "info->struct_size %zu < %zu", info->struct_size,
-                        sizeof(flame_numa_info));
     flame_numa_mode m = fl_numa_mode();
-    info->mode = m;
-    info->num_nodes = fl_numa_num_nodes();
-    info->current_node = 0;
+    flame_numa_info v = {.struct_size = sizeof v, .mode = m, .num_nodes = fl_numa_num_nodes()};
     if (m == FLAME_NUMA_LIBNUMA) {
         int cpu = sched_getcpu();
         int node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
-        info->current_node = node >= 0 ? node : 0;
+        v.current_node = node >= 0 ? node : 0;
     }
-    return FLAME_OK;
+    return fl_struct_out("flame_numa_info", info, &v, sizeof v);
 }
 
 FLAME_API flame_status flame_numa_alloc(size_t bytes, int32_t node, void **out)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "core/abi.h"
 #include "core/device.h"
 #include "mem/numa.h"
 #include "mem/pinned_pool.h"
@@ -100,9 +101,8 @@ FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *
     *out = NULL;
     flame_pinned_pool_params p = {sizeof p, FLAME_NUMA_NODE_LOCAL, 1, 1ull << 30};
     if (params) {
-        if (params->struct_size < sizeof p)
-            return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof p);
-        p = *params;
+        flame_status st = fl_struct_in("flame_pinned_pool_params", &p, sizeof p, params);
+        if (st) return st;
     }
     flame_status st = fl_numa_check_node(p.numa_node);
     if (st != FLAME_OK) return st;
@@ -257,12 +257,11 @@ FLAME_API flame_status flame_pinned_pool_get_stats(flame_pinned_pool *pool, flam
 {
     fl_clear_error();
     if (!pool || !stats) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", pool ? "stats" : "pool");
-    if (stats->struct_size < sizeof *stats)
-        return fl_error(FLAME_ERR_INVALID_ARG, "stats->struct_size %zu < %zu", stats->struct_size, sizeof *stats);
+    flame_status st = fl_struct_size_check("flame_pinned_pool_stats", stats->struct_size, sizeof *stats);
+    if (st) return st;
     pthread_mutex_lock(&pool->mu);
     flame_pinned_pool_stats s = pool->st;
     pthread_mutex_unlock(&pool->mu);
-    s.struct_size = stats->struct_size;
-    *stats = s;
-    return FLAME_OK;
+    s.struct_size = sizeof s;
+    return fl_struct_out("flame_pinned_pool_stats", stats, &s, sizeof s);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "core/abi.h"
 #include "model/model.h"
 
 struct flame_model *fl_model_alloc(void)
@@ -168,12 +169,9 @@ FLAME_API flame_status flame_model_get_info(const flame_model *model, flame_mode
 {
     fl_clear_error();
     if (!model || !info) return fl_error(FLAME_ERR_INVALID_ARG, "flame_model_get_info: NULL argument");
-    if (info->struct_size < sizeof(flame_model_info))
-        return fl_error(FLAME_ERR_INVALID_ARG, "flame_model_info.struct_size = %zu, expected at least %zu",
-                        info->struct_size, sizeof(flame_model_info));
     const fl_model_cfg *c = &model->cfg;
     flame_model_info v = {
-        .struct_size = info->struct_size,
+        .struct_size = sizeof v,
         .d_model = c->d_model,
         .num_blocks = c->num_blocks,
         .num_heads = c->num_heads,
@@ -185,6 +183,5 @@ FLAME_API flame_status flame_model_get_info(const flame_model *model, flame_mode
         .num_items = model->num_items,
         .weight_bytes = model->weight_bytes,
     };
-    memcpy(info, &v, sizeof v);
-    return FLAME_OK;
+    return fl_struct_out("flame_model_info", info, &v, sizeof v);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/abi.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
 
@@ -253,9 +254,8 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     if (!engine || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_create: %s is NULL", engine ? "out" : "engine");
     flame_scheduler_params p = {.struct_size = sizeof p};
     if (params) {
-        if (params->struct_size < sizeof p)
-            return fl_error(FLAME_ERR_INVALID_ARG, "params->struct_size %zu < %zu", params->struct_size, sizeof p);
-        p = *params;
+        flame_status st = fl_struct_in("flame_scheduler_params", &p, sizeof p, params);
+        if (st) return st;
     }
     if (p.max_wait_us < 0 || p.max_wait_us > MAX_WAIT_US)
         return fl_error(FLAME_ERR_INVALID_ARG, "max_wait_us %lld is outside 0..%d", (long long)p.max_wait_us,
@@ -416,12 +416,9 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
     if (!s || !request || !done)
         return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_submit: %s is NULL",
                         !s ? "scheduler" : !request ? "request" : "done");
-    if (request->struct_size < FL_REQUEST_V1_SIZE)
-        return fl_error(FLAME_ERR_INVALID_ARG, "request: struct_size = %zu, expected at least %zu",
-                        request->struct_size, (size_t)FL_REQUEST_V1_SIZE);
-    flame_request q; /* as flame_score reads it: an older header's lacks the later fields */
-    fl_request_current(request, request->struct_size, &q);
-    flame_status st;
+    flame_request q = {0}; /* as flame_score reads it (core/abi.h) */
+    flame_status st = fl_struct_in("flame_request", &q, sizeof q, request);
+    if (st) return st;
     const int32_t slots = s->engine->model->cfg.num_side;
     if (q.num_side_features != (size_t)slots) /* checked before the bags are read for splitting */
         return fl_error(FLAME_ERR_INVALID_ARG, "request: num_side_features = %zu, the model has %d",
@@ -537,8 +534,10 @@ FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *s, flame_sched
 {
     fl_clear_error();
     if (!s || !stats) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", s ? "stats" : "scheduler");
-    if (stats->struct_size < sizeof *stats)
-        return fl_error(FLAME_ERR_INVALID_ARG, "stats->struct_size %zu < %zu", stats->struct_size, sizeof *stats);
+    flame_status st = fl_struct_size_check("flame_scheduler_stats", stats->struct_size, sizeof *stats);
+    if (st) return st;
+    flame_scheduler_stats v = {.struct_size = sizeof v}, *out = stats;
+    stats = &v;
     stats->submitted = atomic_load(&s->submitted);
     stats->completed = atomic_load(&s->completed);
     stats->failed = atomic_load(&s->failed);
@@ -556,7 +555,7 @@ FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *s, flame_sched
     stats->latency_max_us = fl_hist_max(&s->latency);
     stats->queue_wait_p50_us = fl_hist_quantile(&s->queue_wait, 0.50);
     stats->queue_wait_p99_us = fl_hist_quantile(&s->queue_wait, 0.99);
-    return FLAME_OK;
+    return fl_struct_out("flame_scheduler_stats", out, &v, sizeof v);
 }
 
 FLAME_API flame_status flame_scheduler_reset_latency(flame_scheduler *s)

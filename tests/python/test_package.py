@@ -156,7 +156,7 @@ def test_closed_engine_and_model(tmp_path, dot_engine):
 
 def test_engine_options(dot_engine):
     m = flame.Model.random(lib.CASES["iclrec_like"])
-    with flame.Engine(m, max_batch=2, score_chunk=16, device="cpu") as e:
+    with flame.Engine(m, max_batch=2, device="cpu") as e:
         assert [r.shape for r in e.score_batch([([1], [2])] * 5)] == [(1, 1)] * 5
     with pytest.raises(flame.InvalidArgumentError, match="1") as ei:
         flame.Engine(m, max_batch=0)
