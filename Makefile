@@ -208,3 +208,49 @@ uninstall:
 
 clean:
 	rm -rf build build-tsan build-asan lib/libflame* $(EXAMPLES) $(BENCHES)
+
+# ---- fuzzing (docs/security.md "Fuzzing"): one libFuzzer harness per parser in tests/fuzz/,
+# built with clang, ASan and UBSan into build-fuzz/ and run FUZZ_SECONDS each from the seed
+# corpus in tests/fuzz/corpus/<target>/ (new inputs go to build-fuzz/corpus/<target>/).
+# Any crash, leak, timeout or broken invariant fails the target and leaves its input in
+# build-fuzz/artifacts/<target>/. clang and its fuzzer runtime are installed only here.
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_DIR     := build-fuzz
+FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
+FUZZ_CFLAGS  := $(filter-out -Werror -DFLAME_WITH_CUDA,$(BASE_CFLAGS))
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_OBJ     := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(sort $(SRC) src/core/no_cuda.c))
+
+.PHONY: fuzz fuzz-build fuzz-deps
+fuzz: fuzz-build
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_DIR)/corpus/$$t $(FUZZ_DIR)/artifacts/$$t; \
+	    echo "fuzz $$t: $(FUZZ_SECONDS) s"; \
+	    ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    OPENBLAS_NUM_THREADS=1 $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=2048 \
+	        -max_len=65536 -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/artifacts/$$t/ \
+	        $(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t 2>$(FUZZ_DIR)/fuzz_$$t.log \
+	        || { tail -n 60 $(FUZZ_DIR)/fuzz_$$t.log; echo "fuzz $$t FAILED (log: $(FUZZ_DIR)/fuzz_$$t.log)"; exit 1; }; \
+	    grep -E '^stat::number_of_executed_units|^stat::new_units_added' $(FUZZ_DIR)/fuzz_$$t.log | tr '\n' ' '; echo; \
+	done
+
+fuzz-build: fuzz-deps $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
+
+# clang 14 (Debian 12) ships -fsanitize=fuzzer in libclang-rt-14-dev (package libclang-rt-dev)
+fuzz-deps:
+	@printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | \
+	    $(FUZZ_CC) -fsanitize=fuzzer,address -x c - -o /dev/null 2>/dev/null || \
+	    { echo "installing clang and its fuzzer runtime (apt-get)"; \
+	      apt-get install -y --no-install-recommends clang libclang-rt-dev; }
+
+$(FUZZ_DIR)/obj/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_DIR)/libflame.a: $(FUZZ_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_DIR)/libflame.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Werror -D_GNU_SOURCE $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_DIR)/libflame.a \
+	    -lcjson -lopenblas -lhiredis -lnuma -lpthread -lm

@@ -628,6 +628,57 @@ static void test_default_table_throughput(void **state)
     assert_true(u > 500000 * 65 / 100);
     flame_user_cache_destroy(c);
 }
+/* The written-at word of a record, as any process mapping the table may write it. */
+static void set_written_at(flame_user_cache *c, int64_t user, int64_t t)
+{
+    for (uint64_t b = 0; b < c->hdr->num_buckets; b++)
+        for (unsigned w = 0; w < FL_UC_WAYS; w++) {
+            _Atomic uint64_t *r = fl_uc_record(c, fl_uc_bucket_at(c, b), w);
+            if ((int64_t)atomic_load(&r[FL_UC_KEY]) == user && (atomic_load(&r[FL_UC_META]) & FL_UC_LIVE)) {
+                atomic_store(&r[FL_UC_TIME], (uint64_t)t);
+                return;
+            }
+        }
+    fail_msg("user %lld has no record", (long long)user);
+}
+
+/* Ages from written-at times anywhere in int64 saturate: never negative, never wrapped into
+ * a young age that would keep a record past its TTL. */
+static void test_written_at_times_of_any_value(void **state)
+{
+    fl_uc_set_clock(fake_clock);
+    fake_now = 5000000;
+    flame_user_cache_params p = params(16, 1, 4, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec r, out;
+    make_rec(&r, 5, 3, 1, 4, 0);
+    assert_int_equal(flame_user_cache_put(c, 5, &r.f), FLAME_OK);
+    struct {
+        int64_t t, age;
+    } cases[] = {{INT64_MIN, INT64_MAX}, {INT64_MIN + 5000000, INT64_MAX}, {-1, 5000001}, {INT64_MAX, 0},
+                 {5000001, 0}, {4000000, 1000000}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        set_written_at(c, 5, cases[i].t);
+        flame_user_features f = out_features(&out);
+        int32_t found = -1;
+        assert_int_equal(flame_user_cache_get(c, 5, &f, &found), FLAME_OK);
+        assert_int_equal(found, 1);
+        assert_true(f.age_us == cases[i].age);
+    }
+    flame_user_cache_destroy(c);
+    /* with a TTL the oldest possible record is expired, not young */
+    p.ttl_us = 1000;
+    flame_user_cache_unlink(name);
+    c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    assert_int_equal(flame_user_cache_put(c, 5, &r.f), FLAME_OK);
+    set_written_at(c, 5, INT64_MIN);
+    flame_user_features f = out_features(&out);
+    int32_t found = -1;
+    assert_int_equal(flame_user_cache_get(c, 5, &f, &found), FLAME_OK);
+    assert_int_equal(found, 0);
+    flame_user_cache_destroy(c);
+}
+
 
 int main(void)
 {
@@ -642,6 +693,7 @@ int main(void)
         T(test_full_table_evicts_least_recently_written),
         T(test_load_before_first_eviction),
         T(test_ttl),
+        T(test_written_at_times_of_any_value),
         T(test_argument_errors),
         T(test_zeroed_params_are_the_defaults),
         T(test_get_params),

@@ -6,6 +6,7 @@ here, values (id ranges, CSR offsets) by the library, whose messages name the to
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
 import weakref
 from dataclasses import dataclass
@@ -84,7 +85,8 @@ class Engine(Handle):
         self.head = info.head
         cfg = _config.build(OPTIONS, options, "engine") if options else C.c_void_p()
         try:
-            _lib.check(L.flame_engine_create(model.handle, cfg, C.byref(self._handle)))
+            with model._use() as mh:
+                _lib.check(L.flame_engine_create(mh, cfg, C.byref(self._handle)))
         finally:
             L.flame_config_destroy(cfg)
         self._item_cache: Optional[ItemCache] = None
@@ -111,7 +113,8 @@ class Engine(Handle):
         slot count than the model's side features."""
         if cache is not None and not isinstance(cache, ItemCache):
             raise TypeError(f"cache must be a flame.ItemCache or None, got {type(cache).__name__}")
-        _lib.check(_lib.lib().flame_engine_set_item_cache(self.handle, cache.handle if cache else None))
+        with self._use() as h, (cache._use() if cache else contextlib.nullcontext()) as ch:
+            _lib.check(_lib.lib().flame_engine_set_item_cache(h, ch))
         self._item_cache = cache
 
     def set_user_cache(self, cache: Optional[UserCache]) -> None:
@@ -120,7 +123,8 @@ class Engine(Handle):
         history; a miss scores an empty history. Not to be called while the engine scores."""
         if cache is not None and not isinstance(cache, UserCache):
             raise TypeError(f"cache must be a flame.UserCache or None, got {type(cache).__name__}")
-        _lib.check(_lib.lib().flame_engine_set_user_cache(self.handle, cache.handle if cache else None))
+        with self._use() as h, (cache._use() if cache else contextlib.nullcontext()) as ch:
+            _lib.check(_lib.lib().flame_engine_set_user_cache(h, ch))
         self._user_cache = cache
 
     def _check(self, status_fn) -> None:
@@ -187,7 +191,8 @@ class Engine(Handle):
         req = self._request(Request(history, candidates, history_side, candidate_side, user_id, from_user_cache),
                             keep)
         res = _arrays.scores_out(out, req.num_candidates, self.num_tasks)
-        self._check(lambda: _lib.lib().flame_score(self.handle, C.byref(req), res.ctypes.data_as(F32P), res.size))
+        with self._use() as h:
+            self._check(lambda: _lib.lib().flame_score(h, C.byref(req), res.ctypes.data_as(F32P), res.size))
         return res
 
     def score_batch(self, requests: Sequence[Union[Request, Sequence[Any], Dict[str, Any]]],
@@ -211,8 +216,9 @@ class Engine(Handle):
             reqs[r] = self._request(item, keep, f"request {r}: ")
             sizes.append(reqs[r].num_candidates)
         res = _arrays.scores_out(out, sum(sizes), self.num_tasks)
-        self._check(lambda: _lib.lib().flame_score_batch(self.handle, reqs, len(requests), res.ctypes.data_as(F32P),
-                                                         res.size))
+        with self._use() as h:
+            self._check(lambda: _lib.lib().flame_score_batch(h, reqs, len(requests), res.ctypes.data_as(F32P),
+                                                             res.size))
         return np.split(res, np.cumsum(sizes)[:-1]) if sizes else []
 
     # ------------------------------------------------------------ statistics
@@ -227,7 +233,8 @@ class Engine(Handle):
             if f is None:
                 continue
             raw = new(cls)
-            _lib.check(f(self.handle, C.byref(raw)))
+            with self._use() as h:
+                _lib.check(f(h, C.byref(raw)))
             out[group] = as_dict(raw)
         for group, cache in (("item_cache", self._item_cache), ("user_cache", self._user_cache)):
             if cache is not None and not cache.closed:

@@ -244,8 +244,9 @@ class FeatureSource(Handle):
         """The records of `ids` straight from the source (no cache)."""
         arr = _arrays.ids(ids, "ids")
         with _Batch(self.num_slots) as b:
-            call_with_cause([self._callback], lambda: _lib.lib().flame_feature_source_fetch(
-                self.handle, _p(arr, I64P), arr.size, b.h))
+            with self._use() as h:
+                call_with_cause([self._callback], lambda: _lib.lib().flame_feature_source_fetch(
+                    h, _p(arr, I64P), arr.size, b.h))
             return b.records()
 
     def __repr__(self) -> str:
@@ -317,7 +318,8 @@ class ItemCache(Handle):
         L = _lib.lib()
         cfg = _config.build(ITEM_CACHE_OPTIONS, options, "item cache") if options else C.c_void_p()
         try:
-            _lib.check(L.flame_item_cache_create(source.handle, cfg, C.byref(self._handle)))
+            with source._use() as sh:
+                _lib.check(L.flame_item_cache_create(sh, cfg, C.byref(self._handle)))
         finally:
             L.flame_config_destroy(cfg)
 
@@ -331,8 +333,9 @@ class ItemCache(Handle):
         (UnavailableError, FormatError) when a miss cannot be fetched."""
         arr = _arrays.ids(ids, "ids")
         with _Batch(self.num_slots) as b:
-            call_with_cause(self.callbacks, lambda: _lib.lib().flame_item_cache_get(self.handle, _p(arr, I64P),
-                                                                                     arr.size, b.h))
+            with self._use() as h:
+                call_with_cause(self.callbacks, lambda: _lib.lib().flame_item_cache_get(h, _p(arr, I64P), arr.size,
+                                                                                         b.h))
             return b.records()
 
     def put(self, item_id: int, record: RecordLike) -> None:
@@ -342,25 +345,30 @@ class ItemCache(Handle):
         if rec is None:
             raise ShapeError("put needs a record; invalidate(item_id) drops one")
         offsets, flat = _csr(rec)
-        _lib.check(_lib.lib().flame_item_cache_put(self.handle, _arrays.int64(item_id, "item_id"),
-                                                   _p(offsets, I64P), _p(flat, I64P), _p(rec.dense, F32P),
-                                                   rec.dense.size))
+        iid = _arrays.int64(item_id, "item_id")
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_item_cache_put(h, iid, _p(offsets, I64P), _p(flat, I64P), _p(rec.dense, F32P),
+                                                       rec.dense.size))
 
     def invalidate(self, item_id: int) -> None:
         """Drops `item_id`: the next get fetches it."""
-        _lib.check(_lib.lib().flame_item_cache_invalidate(self.handle, _arrays.int64(item_id, "item_id")))
+        iid = _arrays.int64(item_id, "item_id")
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_item_cache_invalidate(h, iid))
 
     def run_refresh(self) -> int:
         """Runs the refreshes due now on this thread (caches made with refresh_thread=False);
         returns how many ids were fetched."""
         n = C.c_uint64()
-        call_with_cause(self.callbacks, lambda: _lib.lib().flame_item_cache_run_refresh(self.handle, C.byref(n)))
+        with self._use() as h:
+            call_with_cause(self.callbacks, lambda: _lib.lib().flame_item_cache_run_refresh(h, C.byref(n)))
         return n.value
 
     def stats(self) -> dict:
         """hits, misses, stale_serves, refreshes, refresh_failures, evictions, fetches, entries, bytes."""
         raw = new(ItemCacheStats)
-        _lib.check(_lib.lib().flame_item_cache_get_stats(self.handle, C.byref(raw)))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_item_cache_get_stats(h, C.byref(raw)))
         return as_dict(raw)
 
     def __repr__(self) -> str:

@@ -40,6 +40,9 @@ class PinnedBuffer:
     are gone; the pool cannot be closed while it lives."""
 
     def __init__(self, pool: "PinnedPool", address: int, nbytes: int, pinned: bool):
+        # made inside the pool's alloc call, which holds a use: this one keeps the pool's C
+        # handle until the buffer goes, even past a concurrent close()
+        self._pool_handle = pool._retain_held()
         self._pool, self.address, self.nbytes, self.pinned = pool, address, nbytes, pinned
 
     def array(self, dtype: Any = np.uint8, shape: Optional[Union[int, Tuple[int, ...]]] = None) -> np.ndarray:
@@ -57,11 +60,15 @@ class PinnedBuffer:
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
-        if pool is not None and not pool.closed and pool._pid == os.getpid():
-            try:
-                _lib.lib().flame_pinned_free(pool.handle, C.c_void_p(self.address))
-            except Exception:  # interpreter shutdown
-                pass
+        if pool is None:
+            return
+        try:
+            if pool._pid == os.getpid():
+                _lib.lib().flame_pinned_free(self._pool_handle, C.c_void_p(self.address))
+        except Exception:  # interpreter shutdown
+            pass
+        finally:
+            pool._release()
 
     def __repr__(self) -> str:
         return f"<flame.PinnedBuffer {self.nbytes} bytes {'pinned' if self.pinned else 'pageable'}>"
@@ -96,16 +103,18 @@ class PinnedPool(Handle):
         if not 0 <= nbytes < 2**64:
             raise InvalidArgumentError(f"nbytes = {nbytes} is out of range")
         ptr, pinned = C.c_void_p(), C.c_int32()
-        _lib.check(_lib.lib().flame_pinned_alloc(self.handle, int(nbytes), C.byref(ptr), C.byref(pinned)))
-        buf = PinnedBuffer(self, ptr.value, int(nbytes), bool(pinned.value))
-        self._live.add(buf)
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_pinned_alloc(h, int(nbytes), C.byref(ptr), C.byref(pinned)))
+            buf = PinnedBuffer(self, ptr.value, int(nbytes), bool(pinned.value))
+            self._live.add(buf)
         return buf
 
     def stats(self) -> dict:
         """bytes_reserved, bytes_in_use, bytes_requested, bytes_pinned, bytes_pageable, hits,
         misses, pin_failures, releases, pinning."""
         raw = new(PinnedPoolStats)
-        _lib.check(_lib.lib().flame_pinned_pool_get_stats(self.handle, C.byref(raw)))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_pinned_pool_get_stats(h, C.byref(raw)))
         return as_dict(raw)
 
     def close(self) -> None:
@@ -115,8 +124,7 @@ class PinnedPool(Handle):
         if live and not self.closed:
             raise InvalidArgumentError(f"{live} buffer(s) of this pool are still alive (drop them and their arrays "
                                        "first)")
-        super().close()
-
+        super().close()  # a buffer an alloc in flight makes keeps the C pool until it goes
     def __del__(self) -> None:  # buffers hold the pool, so none is alive here
         try:
             super().close()

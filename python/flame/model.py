@@ -60,7 +60,8 @@ class Model(Handle):
     @property
     def info(self) -> ModelInfo:
         raw = new(_ModelInfo)
-        _lib.check(_lib.lib().flame_model_get_info(self.handle, C.byref(raw)))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_model_get_info(h, C.byref(raw)))
         d = as_dict(raw)
         d["head"] = "sumi" if d["head"] == HEAD_SUMI else "dot"
         return ModelInfo(**d)

@@ -59,9 +59,14 @@ class Scheduler(Handle):
         if not -2**63 <= max_wait_us < 2**63:
             raise errors.InvalidArgumentError(f"max_wait_us = {max_wait_us} does not fit int64")
         p.max_wait_us, p.workers, p.max_queue = int(max_wait_us), _u32(workers, "workers"), _u32(max_queue, "max_queue")
-        _lib.check(_lib.lib().flame_scheduler_create(engine.handle, C.byref(p), C.byref(self._handle)))
-        self.num_profiles = len(arr) if arr is not None else 4  # the library's defaults: the FLAME paper's four
         self.engine = engine
+        eh = engine._retain()  # the C scheduler uses the engine until it is destroyed (_destroyed gives it back)
+        try:
+            _lib.check(_lib.lib().flame_scheduler_create(eh, C.byref(p), C.byref(self._handle)))
+        except BaseException:
+            engine._release()
+            raise
+        self.num_profiles = len(arr) if arr is not None else 4  # the library's defaults: the FLAME paper's four
         engine._schedulers.add(self)
         # submitted requests by token: their C struct and arrays must live until done runs
         self._pending: Dict[int, Tuple[Future, List[Any], np.ndarray]] = {}
@@ -85,7 +90,8 @@ class Scheduler(Handle):
         (the GIL is released meanwhile, so other threads' requests join the batch)."""
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
                                        out)
-        _lib.check(_lib.lib().flame_scheduler_score(self.handle, C.byref(req), res.ctypes.data_as(F32P), res.size))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_scheduler_score(h, C.byref(req), res.ctypes.data_as(F32P), res.size))
         return res
 
     def submit(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
@@ -97,7 +103,7 @@ class Scheduler(Handle):
         closed scheduler. The Future completes on a scheduler worker, so callbacks added with
         add_done_callback run there: they may submit, but score() from them is refused (it
         would wait for the worker it runs on). The Future cannot be cancelled."""
-        handle = self.handle  # closed (or inherited through fork): raise before anything is kept
+        self._check_usable()  # closed (or inherited through fork): raise before anything is kept
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
                                        out)
         fut: "Future[np.ndarray]" = Future()
@@ -105,8 +111,14 @@ class Scheduler(Handle):
         token = next(self._tokens)
         with self._lock:
             self._pending[token] = (fut, keep, res)
-        st = _lib.lib().flame_scheduler_submit(handle, C.byref(req), res.ctypes.data_as(F32P), res.size,
-                                               self._done, C.c_void_p(token))
+        try:
+            with self._use() as h:
+                st = _lib.lib().flame_scheduler_submit(h, C.byref(req), res.ctypes.data_as(F32P), res.size,
+                                                       self._done, C.c_void_p(token))
+        except BaseException:
+            with self._lock:
+                self._pending.pop(token, None)
+            raise
         if st != errors.OK:
             with self._lock:
                 self._pending.pop(token, None)
@@ -118,14 +130,16 @@ class Scheduler(Handle):
         profile_batches (per profile, in the order given), latency_p50/p99/max_us and
         queue_wait_p50/p99_us (since creation or reset_latency)."""
         raw = new(SchedulerStats)
-        _lib.check(_lib.lib().flame_scheduler_get_stats(self.handle, C.byref(raw)))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_scheduler_get_stats(h, C.byref(raw)))
         d = {name: getattr(raw, name) for name, _ in raw._fields_ if name != "struct_size"}
         d["profile_batches"] = list(raw.profile_batches)[:self.num_profiles]
         return d
 
     def reset_latency(self) -> None:
         """Empties the latency histograms: the percentiles then cover what completes from now on."""
-        _lib.check(_lib.lib().flame_scheduler_reset_latency(self.handle))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_scheduler_reset_latency(h))
 
     def close(self) -> None:
         """Scores what is queued (every Future completes), stops the workers, and lets the
@@ -134,6 +148,11 @@ class Scheduler(Handle):
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine._schedulers.discard(self)
+
+    def _destroyed(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine._release()
 
     def __repr__(self) -> str:
         if self.closed:

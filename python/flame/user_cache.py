@@ -121,7 +121,8 @@ class UserCache(Handle):
         f.ids, f.num_ids = ids.ctypes.data_as(I64P), ids.size
         f.slot_lens = lens.ctypes.data_as(C.POINTER(C.c_uint32))
         f.dense, f.num_dense = d.ctypes.data_as(F32P), d.size
-        _lib.check(_lib.lib().flame_user_cache_put(self.handle, uid, C.byref(f)))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_user_cache_put(h, uid, C.byref(f)))
 
     def put_history(self, user_id: int, history: Any) -> None:
         """Writes `history` (item ids, oldest first) as slot 0 of the user's record, the other
@@ -140,7 +141,8 @@ class UserCache(Handle):
         f.slot_lens = lens.ctypes.data_as(C.POINTER(C.c_uint32))
         f.dense, f.dense_capacity = dense.ctypes.data_as(F32P), p["max_dense"]
         found = C.c_int32()
-        _lib.check(_lib.lib().flame_user_cache_get(self.handle, uid, C.byref(f), C.byref(found)))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_user_cache_get(h, uid, C.byref(f), C.byref(found)))
         if not found.value:
             return None
         ends = np.cumsum(lens[:p["num_slots"]], dtype=np.int64)
@@ -150,15 +152,17 @@ class UserCache(Handle):
     def remove(self, user_id: int) -> bool:
         """Removes the record of `user_id`; True if there was one."""
         removed = C.c_int32()
-        _lib.check(_lib.lib().flame_user_cache_remove(self.handle, _arrays.int64(user_id, "user_id"),
-                                                      C.byref(removed)))
+        uid = _arrays.int64(user_id, "user_id")
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_user_cache_remove(h, uid, C.byref(removed)))
         return bool(removed.value)
 
     def stats(self) -> dict:
         """capacity, records, table_bytes, record_bytes; this handle's hits, misses, expired;
         puts, evictions, recoveries of all processes."""
         raw = new(UserCacheStats)
-        _lib.check(_lib.lib().flame_user_cache_get_stats(self.handle, C.byref(raw)))
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_user_cache_get_stats(h, C.byref(raw)))
         return as_dict(raw)
 
     def __repr__(self) -> str:

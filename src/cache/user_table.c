@@ -130,7 +130,12 @@ static flame_status get(flame_user_cache *c, int64_t user, flame_user_features *
     buckets_of(c, user, &i1, &i2);
     int hit = find(c, fl_uc_bucket_at(c, i1), user, f, &meta, &time) ||
               find(c, fl_uc_bucket_at(c, i2), user, f, &meta, &time);
-    int64_t age = hit ? fl_uc_now_us() - time : 0;
+    /* the written-at time is another process's word: saturate instead of overflowing (a time
+     * ahead of this clock is age 0, one beyond the range of ages is the oldest) */
+    int64_t now = fl_uc_now_us();
+    int64_t age = !hit || time >= now                     ? 0
+                  : (uint64_t)now - (uint64_t)time > INT64_MAX ? INT64_MAX
+                                                               : (int64_t)((uint64_t)now - (uint64_t)time);
     if (hit && c->hdr->ttl_us > 0 && age > c->hdr->ttl_us) {
         atomic_fetch_add_explicit(&c->expired, 1, memory_order_relaxed);
         hit = 0;

@@ -43,6 +43,7 @@ static flame_status check_id(size_t r, const char *what, size_t token, const str
 static flame_status check_tokens(size_t r, const char *what, const struct flame_model *m, const int64_t *items,
                                  const flame_bags *side, size_t total, size_t first, size_t count)
 {
+    if (total == 0) return FLAME_OK; /* no tokens: side may be NULL, and &side[s] is then undefined */
     const fl_model_cfg *c = &m->cfg;
     for (int f = 0; f < c->num_features; f++) {
         int s = c->features[f].side_slot;
