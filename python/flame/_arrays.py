@@ -15,6 +15,8 @@ import numpy as np
 
 from .errors import DTypeError, InvalidArgumentError, ShapeError
 
+_BOOLS = {bool, np.bool_}
+
 Bag = Tuple[np.ndarray, np.ndarray]  # (offsets [num_tokens + 1], ids [offsets[-1]]), int64
 
 
@@ -33,8 +35,9 @@ def ids(value: Any, name: str) -> np.ndarray:
             raise DTypeError(f"{name} must hold integer ids, got booleans")
         if a.dtype.kind in "iu" and isinstance(value, abc.Sequence) and not isinstance(value, range):
             # numpy reads True as 1 beside ints; a bool among ids is a bug upstream, as a bool id is
-            at = next((i for i, x in enumerate(value) if isinstance(x, (bool, np.bool_))), None)
-            if at is not None:
+            # (the types are collected at C speed; the position is looked for only when one is there)
+            if not _BOOLS.isdisjoint(set(map(type, value))):
+                at = next(i for i, x in enumerate(value) if isinstance(x, (bool, np.bool_)))
                 raise DTypeError(f"{name}[{at}] is a bool ({value[at]!r}): ids must be ints")
         if a.size == 0:
             a = a.astype(np.int64)
@@ -43,7 +46,8 @@ def ids(value: Any, name: str) -> np.ndarray:
         a = a.astype(np.int64, copy=False)
     if a.ndim != 1:
         raise ShapeError(f"{name} must be 1-D, got shape {a.shape}")
-    return np.require(a, requirements=["C", "A"])  # strided or misaligned (a view into bytes): one copy
+    flags = a.flags
+    return a if flags.c_contiguous and flags.aligned else a.copy()  # strided or misaligned (a view into bytes)
 
 
 def int64(value: Any, name: str) -> int:
@@ -57,27 +61,22 @@ def int64(value: Any, name: str) -> int:
 
 
 def csr(off: np.ndarray, ii: np.ndarray, name: str) -> None:
-    """The CSR rules the library checks too, said in Python's terms: offsets start at 0, never
-    decrease and end at len(ids), so every id belongs to a bag and none lies past the array."""
-    if off.size == 0:
-        raise ShapeError(f"{name} offsets is empty: it has num_tokens + 1 entries")
-    if off[0] != 0:
-        raise InvalidArgumentError(f"{name} offsets[0] = {off[0]}, expected 0")
-    down = np.flatnonzero(off[1:] < off[:-1])
-    if down.size:
-        t = int(down[0])
-        raise InvalidArgumentError(f"{name} offsets[{t + 1}] = {off[t + 1]} < offsets[{t}] = {off[t]} "
-                                   f"(token {t}'s bag)")
-    if off[-1] != ii.size:
-        raise ShapeError(f"{name} offsets[{off.size - 1}] (the end of the last token's bag) = {off[-1]}, but ids "
+    """The two CSR rules said in Python's terms: offsets start at 0 and end at len(ids), so
+    every id belongs to a bag and none lies past the array. That they never decrease is
+    checked by the library, which reads every offset anyway (its message names the token)."""
+    first, last = int(off[0]), int(off[-1])  # off has num_tokens + 1 >= 1 entries
+    if first != 0:
+        raise InvalidArgumentError(f"{name} offsets[0] = {first}, expected 0")
+    if last != ii.size:
+        raise ShapeError(f"{name} offsets[{off.size - 1}] (the end of the last token's bag) = {last}, but ids "
                          f"has {ii.size} entries: every id must belong to a bag")
 
 
 def bags(side: Optional[Sequence[Any]], num_tokens: int, num_slots: int, name: str) -> List[Bag]:
     """Validates one token list's side features: `num_slots` (offsets, ids) pairs in CSR form
-    over `num_tokens` tokens (offsets[0] == 0, non-decreasing, offsets[-1] == len(ids)); the
-    library gets len(ids) as the bag's num_ids and checks the id ranges, its message naming
-    the token and the id."""
+    over `num_tokens` tokens (offsets[0] == 0 and offsets[-1] == len(ids) checked here); the
+    library gets len(ids) as the bag's num_ids and checks that the offsets never decrease and
+    the id ranges, its message naming the token and the id."""
     if side is None:
         if num_slots:
             raise ShapeError(f"{name} is missing: the model has {num_slots} side-feature slot(s), "

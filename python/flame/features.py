@@ -46,7 +46,7 @@ class FeatureRecord:
         d = self.dense
         try:
             d = np.zeros(0, np.float32) if d is None else np.ascontiguousarray(d, dtype=np.float32)
-            d = np.require(d, requirements=["A"])  # a misaligned view (into bytes) is copied
+            d = d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
         except (TypeError, ValueError) as e:
             raise errors.DTypeError(f"dense must hold numbers: {e}") from None
         if d.ndim != 1:

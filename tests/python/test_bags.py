@@ -41,6 +41,9 @@ def test_offsets_must_end_at_the_number_of_ids(side_engine):
         e.score_batch([(h, c, hs, cs), (h, c, hs, [shorter, cs[1]])])
     with pytest.raises(flame.InvalidArgumentError, match=r"candidate_side\[0\] offsets\[0\] = 1, expected 0"):
         e.score(h, c, hs, [(off + 1, np.concatenate([[0], ids]).astype(np.int64)), cs[1]])
+    with pytest.raises(flame.InvalidArgumentError, match=r"history side feature 'cat' \(slot 0\): offsets\[2\] = 1 < "
+                                                        r"offsets\[1\] = 2 \(token 1's bag\)"):
+        e.score(h, c, [(np.array([0, 2, 1, 3, 3]), np.array([0, 1, 2])), hs[1]], cs)  # decreasing: the library says
     with flame.Scheduler(e) as s:
         with pytest.raises(flame.ShapeError, match="but ids has"):
             s.score(h, c, [hs[0], longer], cs)
@@ -106,3 +109,17 @@ def test_refused_request_fetches_nothing(side_engine):
         assert fetched == [] and cache.stats()["entries"] == 0
         engine.score([1, 2], [3])
         assert [f.tolist() for f in fetched] == [[1, 2, 3]]
+
+
+def test_misaligned_arrays_are_copied_or_refused(side_engine):
+    """C reads aligned int64 ids and writes aligned floats: a misaligned view (into a byte
+    buffer) is copied on its way in, and refused as the output."""
+    cfg, _, e = side_engine
+    h, c, hs, cs = _request(cfg)
+    mis = np.zeros(h.size * 8 + 1, np.uint8)[1:].view(np.int64)
+    mis[:] = h
+    assert not mis.flags.aligned and mis.flags.c_contiguous
+    np.testing.assert_array_equal(e.score(mis, c, hs, cs), e.score(h, c, hs, cs))
+    out = np.zeros(c.size * 3 * 4 + 1, np.uint8)[1:].view(np.float32).reshape(c.size, 3)
+    with pytest.raises(flame.ShapeError, match="aligned"):
+        e.score(h, c, hs, cs, out=out)
