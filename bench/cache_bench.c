@@ -181,7 +181,7 @@ static flame_status tiny_fetch(void *user, const int64_t *ids, size_t n, flame_f
     (void)user;
     for (size_t i = 0; i < n; i++) {
         int64_t offs[2] = {0, 1}, v = ids[i];
-        flame_status st = flame_feature_batch_set(out, i, offs, &v, NULL, 0);
+        flame_status st = flame_feature_batch_set(out, i, offs, &v, 1, NULL, 0);
         if (st) return st;
     }
     return FLAME_OK;
@@ -343,7 +343,7 @@ static void bags_from(bags3 *g, const flame_feature_batch *fb, size_t first, siz
             for (size_t i = 0; i < cnt; i++) g->ids[s][k++] = ids[i];
             g->off[s][t + 1] = k;
         }
-        g->b[s] = (flame_bags){g->off[s], g->ids[s]};
+        g->b[s] = (flame_bags){g->off[s], g->ids[s], (size_t)k};
     }
 }
 

@@ -237,7 +237,7 @@ static void tokens_fill(tokens *t, const int64_t *items, size_t n, int slots, co
             uint64_t h = (uint64_t)items[i] * 0x9e3779b97f4a7c15ull + (uint64_t)s * 0xd1b54a32d192ed03ull;
             for (size_t k = 0; k < bag; k++) t->ids[s][i * bag + k] = (int64_t)(next_u64(&h) % (uint64_t)rows[s]);
         }
-        t->bags[s] = (flame_bags){t->off[s], t->ids[s]};
+        t->bags[s] = (flame_bags){t->off[s], t->ids[s], n * bag};
     }
 }
 

@@ -87,7 +87,7 @@ static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_featur
         float dense[8];
         size_t nd;
         encode(ids[i], atomic_load(&store[ids[i]]), rec, offs, dense, &nd);
-        flame_status st = flame_feature_batch_set(out, i, offs, rec, dense, nd);
+        flame_status st = flame_feature_batch_set(out, i, offs, rec, (size_t)offs[1], dense, nd);
         if (st) return st;
     }
     return FLAME_OK;
@@ -174,7 +174,7 @@ static void *writer(void *p)
             float dense[8];
             size_t nd;
             encode(key, v, ids, offs, dense, &nd);
-            if (flame_item_cache_put(w->cache, key, offs, ids, dense, nd)) atomic_fetch_add(&violations, 1);
+            if (flame_item_cache_put(w->cache, key, offs, ids, (size_t)offs[1], dense, nd)) atomic_fetch_add(&violations, 1);
         } else {
             flame_item_cache_invalidate(w->cache, key);
         }
@@ -288,7 +288,7 @@ static void test_held_entry_survives_replacement(void **state)
         float dense[8];
         size_t nd;
         encode(key, v, ids, offs, dense, &nd);
-        assert_int_equal(flame_item_cache_put(c, key, offs, ids, dense, nd), FLAME_OK);
+        assert_int_equal(flame_item_cache_put(c, key, offs, ids, (size_t)offs[1], dense, nd), FLAME_OK);
     }
     assert_int_equal(held->key, key);
     assert_memory_equal(fl_entry_blob(held), copy, len);
@@ -373,9 +373,9 @@ static void test_hit_count_for_ttl(void **state)
     encode(key, 0, ids, offs, dense, &nd);
     const uint64_t rounds[] = {FL_HITS_EXACT - 1, FL_HITS_EXACT, 300000};
     for (int r = 0; r < 3; r++) {
-        assert_int_equal(flame_item_cache_put(c, key, offs, ids, dense, nd), FLAME_OK);
+        assert_int_equal(flame_item_cache_put(c, key, offs, ids, (size_t)offs[1], dense, nd), FLAME_OK);
         for (uint64_t i = 0; i < rounds[r]; i++) assert_int_equal(flame_item_cache_get(c, &key, 1, b), FLAME_OK);
-        assert_int_equal(flame_item_cache_put(c, key, offs, ids, dense, nd), FLAME_OK);
+        assert_int_equal(flame_item_cache_put(c, key, offs, ids, (size_t)offs[1], dense, nd), FLAME_OK);
         if (rounds[r] <= FL_HITS_EXACT) {
             assert_int_equal(seen_hits, rounds[r]);
         } else { /* counted in steps of up to 256 at this count */

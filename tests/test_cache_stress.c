@@ -33,7 +33,7 @@ static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_featur
         return FLAME_ERR_UNAVAILABLE;
     for (size_t i = 0; i < n; i++) {
         int64_t offs[2] = {0, 2}, v[2] = {ids[i], atomic_load(&store[ids[i]])};
-        flame_feature_batch_set(out, i, offs, v, NULL, 0);
+        flame_feature_batch_set(out, i, offs, v, 2, NULL, 0);
     }
     return FLAME_OK;
 }
@@ -67,7 +67,7 @@ static void *run(void *p)
             atomic_store(&store[key], v);
             int64_t offs[2] = {0, 2}, ids[2] = {key, v};
             if (kind < 7)
-                flame_item_cache_put(w->cache, key, offs, ids, NULL, 0);
+                flame_item_cache_put(w->cache, key, offs, ids, 2, NULL, 0);
             else
                 flame_item_cache_invalidate(w->cache, key);
             atomic_store(&done_ver[key], v);

@@ -105,7 +105,7 @@ static void make_batch(batch *b, flame_model *m, size_t nreq)
                     for (int64_t i = 0; i < k; i++) ids[off[t] + i] = tu_below(side_rows[s]);
                     off[t + 1] = off[t] + k;
                 }
-                b->bags[r][part][s] = (flame_bags){off, ids};
+                b->bags[r][part][s] = (flame_bags){off, ids, (size_t)off[count]};
             }
             if (part) q->candidate_side = b->bags[r][1];
             else q->history_side = b->bags[r][0];
@@ -316,8 +316,8 @@ static void test_graph_replay_matches_cpu(void **state)
                 for (int i = 0; i <= M; i++) coff[r][s2][i] = i;
                 for (int i = 0; i < N; i++) hids[r][s2][i] = tu_below(9);
                 for (int i = 0; i < M; i++) cids[r][s2][i] = tu_below(9);
-                hb[r][s2] = (flame_bags){hoff[r][s2], hids[r][s2]};
-                cb[r][s2] = (flame_bags){coff[r][s2], cids[r][s2]};
+                hb[r][s2] = (flame_bags){hoff[r][s2], hids[r][s2], N};
+                cb[r][s2] = (flame_bags){coff[r][s2], cids[r][s2], M};
             }
             req[r] = (flame_request){.struct_size = sizeof req[r], .history = hist[r], .history_len = N,
                                      .candidates = cand[r], .num_candidates = M, .history_side = hb[r],
@@ -336,6 +336,43 @@ static void test_graph_replay_matches_cpu(void **state)
             (unsigned long long)st.graph_replays);
     assert_int_equal(st.graph_captures, 1); /* round 1 runs eagerly, round 2 captures */
     assert_int_equal(st.graph_replays, 3);
+    flame_engine_destroy(gpu);
+    flame_engine_destroy(cpu);
+    flame_model_destroy(m);
+}
+
+/* A bag whose final offset contradicts its id count is refused by the GPU engine as by the
+ * CPU one (validation is host-side and shared): same status, same message, nothing written. */
+static void test_bag_count_refused_like_cpu(void **state)
+{
+    TU_NEED_GPU();
+    flame_model *m = NULL;
+    flame_engine *cpu = NULL;
+    assert_int_equal(flame_model_create_random(configs[1], 7, &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &cpu), FLAME_OK);
+    flame_engine *gpu = gpu_engine(m, "fp32");
+    enum { N = 6, M = 4, K = 5 };
+    int64_t hist[N] = {1, 2, 3, 4, 5, 6}, cand[M] = {7, 8, 9, 10}, hoff[N + 1], coff[M + 1], ids[N] = {0};
+    for (int i = 0; i <= N; i++) hoff[i] = i;
+    for (int i = 0; i <= M; i++) coff[i] = i;
+    flame_bags hb[2] = {{hoff, ids, N}, {hoff, ids, N}}, cb[2] = {{coff, ids, M}, {coff, ids, M}};
+    flame_request r = {.struct_size = sizeof r, .history = hist, .history_len = N, .candidates = cand,
+                       .num_candidates = M, .history_side = hb, .candidate_side = cb, .num_side_features = 2};
+    float a[M * K], b[M * K];
+    assert_int_equal(flame_score(cpu, &r, a, M * K), FLAME_OK);
+    assert_int_equal(flame_score(gpu, &r, b, M * K), FLAME_OK);
+    for (int part = 0; part < 2; part++)
+        for (int delta = -1; delta <= 1; delta += 2) {
+            flame_bags *bag = part ? &cb[1] : &hb[1];
+            bag->num_ids += (size_t)delta;
+            assert_int_equal(flame_score(cpu, &r, a, M * K), FLAME_ERR_INVALID_ARG);
+            char want[256];
+            snprintf(want, sizeof want, "%s", flame_last_error());
+            tu_poison(b, M * K);
+            assert_status_msg(flame_score(gpu, &r, b, M * K), FLAME_ERR_INVALID_ARG, want);
+            for (int i = 0; i < M * K; i++) assert_true(isnan(b[i]));
+            bag->num_ids -= (size_t)delta;
+        }
     flame_engine_destroy(gpu);
     flame_engine_destroy(cpu);
     flame_model_destroy(m);
@@ -425,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_matrix_bf16),
         cmocka_unit_test(test_int8_tables_match_cpu),
         cmocka_unit_test(test_graph_replay_matches_cpu),
+        cmocka_unit_test(test_bag_count_refused_like_cpu),
         cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_memory_budget_and_devices),
     };

@@ -86,8 +86,8 @@ static void make_sumi(sreq *q, size_t n, size_t m)
             for (int64_t i = 0; i < k; i++) q->cids[s][q->coff[s][t] + i] = tu_below(rows[s]);
             q->coff[s][t + 1] = q->coff[s][t] + k;
         }
-        q->hs[s] = (flame_bags){q->hoff[s], q->hids[s]};
-        q->cs[s] = (flame_bags){q->coff[s], q->cids[s]};
+        q->hs[s] = (flame_bags){q->hoff[s], q->hids[s], (size_t)q->hoff[s][n]};
+        q->cs[s] = (flame_bags){q->coff[s], q->cids[s], (size_t)q->coff[s][m]};
     }
     q->r = (flame_request){.struct_size = sizeof(flame_request), .history = q->hist, .history_len = n,
                            .candidates = q->cand, .num_candidates = m, .history_side = q->hs,
@@ -180,7 +180,7 @@ static void test_bad_side_features(void **state)
                       "history token 3, feature 'artist' (table 'artist'): id 20 out of range [0, 20)");
     make_sumi(&q, 5, 4);
     q.coff[1][0] = 1;
-    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "candidate side feature 'genre': offsets[0] = 1");
+    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "candidate side feature 'genre' (slot 1): offsets[0] = 1");
     make_sumi(&q, 5, 4);
     q.hoff[1][3] = q.hoff[1][2] + 100;
     q.hoff[1][4] = q.hoff[1][2];
@@ -191,6 +191,53 @@ static void test_bad_side_features(void **state)
     q.r.num_side_features = 2;
     q.r.history_side = NULL;
     assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "history_side is NULL");
+    assert_true(all_nan(s, 16));
+}
+
+/* A bag's ids are exactly ids[0..num_ids): a final offset beyond the array (which would be
+ * read past its end) or short of it (which would drop ids) is refused, naming the list, the
+ * feature, the token and both numbers, with nothing written; so are ids with no tokens. */
+static void test_bag_num_ids_must_match_final_offset(void **state)
+{
+    fixture *f = *state;
+    static sreq q;
+    float s[16];
+    tu_poison(s, 16);
+    for (int list = 0; list < 2; list++) {
+        make_sumi(&q, 5, 4);
+        int64_t *off = list ? q.coff[1] : q.hoff[1];
+        flame_bags *b = list ? &q.cs[1] : &q.hs[1];
+        const size_t n = list ? 4 : 5;
+        /* the array the caller owns holds 2 ids fewer than the offsets address: on the heap, so
+         * reading past it is caught */
+        off[n] = off[n - 1] + 3;
+        int64_t *ids = malloc((size_t)(off[n] - 2) * sizeof *ids);
+        for (int64_t i = 0; i < off[n] - 2; i++) ids[i] = i % 5;
+        b->ids = ids, b->num_ids = (size_t)(off[n] - 2);
+        char want[160];
+        snprintf(want, sizeof want, "%s side feature 'genre' (slot 1): offsets[%zu] (the end of token %zu's bag) = "
+                 "%lld, but num_ids = %lld", list ? "candidate" : "history", n, n - 1, (long long)off[n],
+                 (long long)(off[n] - 2));
+        assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, want);
+        assert_status_msg(flame_score_batch(f->es, &q.r, 1, s, 16), FLAME_ERR_INVALID_ARG, want);
+        /* ids beyond the last bag */
+        off[n] -= 3;
+        b->num_ids = (size_t)off[n] + 1;
+        snprintf(want, sizeof want, "= %lld, but num_ids = %lld", (long long)off[n], (long long)off[n] + 1);
+        assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, want);
+        b->num_ids = (size_t)off[n];
+        assert_int_equal(flame_score(f->es, &q.r, s, 16), FLAME_OK); /* consistent again */
+        tu_poison(s, 16);
+        b->ids = NULL;
+        if (off[n]) assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG, "ids is NULL with num_ids");
+        free(ids);
+    }
+    /* no tokens, yet ids */
+    make_sumi(&q, 0, 4);
+    q.r.history = NULL;
+    q.hs[0].num_ids = 3;
+    assert_status_msg(flame_score(f->es, &q.r, s, 16), FLAME_ERR_INVALID_ARG,
+                      "history side feature 'artist' (slot 0): num_ids = 3, but there are no history tokens");
     assert_true(all_nan(s, 16));
 }
 
@@ -298,8 +345,8 @@ static void test_long_history_keeps_most_recent(void **state)
         int64_t base = q.hoff[s][28];
         for (int t = 0; t <= 12; t++) w.hoff[s][t] = q.hoff[s][28 + t] - base;
         memcpy(w.hids[s], q.hids[s] + base, (size_t)(q.hoff[s][40] - base) * sizeof(int64_t));
-        w.hs[s] = (flame_bags){w.hoff[s], w.hids[s]};
-        w.cs[s] = (flame_bags){w.coff[s], w.cids[s]};
+        w.hs[s] = (flame_bags){w.hoff[s], w.hids[s], (size_t)w.hoff[s][12]};
+        w.cs[s] = (flame_bags){w.coff[s], w.cids[s], (size_t)w.coff[s][5]};
     }
     memcpy(w.hist, q.hist + 28, 12 * sizeof(int64_t));
     w.r.history = w.hist;
@@ -322,11 +369,13 @@ static void test_empty_bag_equals_zero_row(void **state)
     sreq q;
     make_sumi(&q, 6, 3);
     for (int t = 0; t <= 6; t++) q.hoff[1][t] = 0; /* every history genre bag empty */
+    q.hs[1].num_ids = 0;
     float a[6], b[6];
     assert_int_equal(flame_score(e, &q.r, a, 6), FLAME_OK);
     int64_t zero_ids[6] = {4, 4, 4, 4, 4, 4};
     for (int t = 0; t <= 6; t++) q.hoff[1][t] = t;
     q.hs[1].ids = zero_ids;
+    q.hs[1].num_ids = 6;
     assert_int_equal(flame_score(e, &q.r, b, 6), FLAME_OK);
     for (int i = 0; i < 6; i++) assert_float_equal(a[i], b[i], 1e-6);
     flame_engine_destroy(e);
@@ -348,8 +397,8 @@ static void test_sumi_candidates_independent(void **state)
             s1.coff[k][0] = 0;
             s1.coff[k][1] = q.coff[k][c + 1] - q.coff[k][c];
             memcpy(s1.cids[k], q.cids[k] + q.coff[k][c], (size_t)s1.coff[k][1] * sizeof(int64_t));
-            s1.hs[k] = (flame_bags){s1.hoff[k], s1.hids[k]};
-            s1.cs[k] = (flame_bags){s1.coff[k], s1.cids[k]};
+            s1.hs[k] = (flame_bags){s1.hoff[k], s1.hids[k], q.hs[k].num_ids};
+            s1.cs[k] = (flame_bags){s1.coff[k], s1.cids[k], (size_t)s1.coff[k][1]};
         }
         s1.r.history = s1.hist;
         s1.r.candidates = s1.cand;
@@ -731,6 +780,7 @@ int main(void)
         cmocka_unit_test(test_bad_item_ids),
         cmocka_unit_test(test_item_ids_fit_every_item_table),
         cmocka_unit_test(test_bad_side_features),
+        cmocka_unit_test(test_bag_num_ids_must_match_final_offset),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_empty_candidates),
         cmocka_unit_test(test_short_histories),

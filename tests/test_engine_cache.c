@@ -49,7 +49,7 @@ static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_featur
         int64_t offs[3], v[3];
         rec_offs(ids[i], offs, v);
         if (atomic_load(&bad_artist) && ids[i] == 7) v[0] = 25;
-        flame_feature_batch_set(out, i, offs, v, NULL, 0);
+        flame_feature_batch_set(out, i, offs, v, (size_t)offs[2], NULL, 0);
     }
     return FLAME_OK;
 }
@@ -108,7 +108,7 @@ static void build(bags2 *g, const int64_t *items, size_t n)
             g->off[s][t + 1] = k;
         }
     }
-    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s]};
+    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s], (size_t)g->off[s][n]};
 }
 
 static flame_request req(const int64_t *h, size_t n, const int64_t *c, size_t m, const bags2 *hb, const bags2 *cb)
@@ -195,12 +195,63 @@ static void test_failures_write_nothing(void **state)
     assert_int_equal(flame_engine_set_item_cache(f->plain, NULL), FLAME_OK);
 }
 
+/* A call refused for its ids, lengths or buffer never reaches the feature source: nothing is
+ * fetched and nothing cached (no negative entries for bad ids pushing valid ones out). */
+static void test_refused_requests_fetch_nothing(void **state)
+{
+    fixture *f = *state;
+    int64_t h[20], c[3] = {4, 5, 6};
+    for (int i = 0; i < 20; i++) h[i] = i + 1;
+    float s[6];
+    tu_poison(s, 6);
+    h[19] = 100; /* the model has 100 items */
+    flame_request r = req(h, 20, c, 3, NULL, NULL);
+    assert_status_msg(flame_score(f->cached, &r, s, 6), FLAME_ERR_INVALID_ARG,
+                      "history token 19, feature 'item' (table 'item'): id 100 out of range [0, 100)");
+    h[19] = 20;
+    h[2] = -1; /* outside the window of 12: not fetched, still refused */
+    assert_status_msg(flame_score(f->cached, &r, s, 6), FLAME_ERR_INVALID_ARG, "history token 2");
+    h[2] = 3;
+    c[1] = 1000;
+    assert_status_msg(flame_score(f->cached, &r, s, 6), FLAME_ERR_INVALID_ARG, "candidate token 1");
+    c[1] = 5;
+    assert_status_msg(flame_score(f->cached, &r, s, 5), FLAME_ERR_BUFFER_TOO_SMALL, "room for 5 floats");
+    /* a valid id-only request beside a bad one: the call is refused before either is fetched */
+    static bags2 hb, cb;
+    int64_t h2[2] = {7, 8}, c2[1] = {9};
+    build(&hb, h2, 2);
+    build(&cb, c2, 1);
+    hb.ids[0][1] = 20; /* artist table has 20 rows */
+    flame_request two[2] = {r, req(h2, 2, c2, 1, &hb, &cb)};
+    float s2[8];
+    tu_poison(s2, 8);
+    assert_status_msg(flame_score_batch(f->cached, two, 2, s2, 8), FLAME_ERR_INVALID_ARG,
+                      "request 1: history token 1, feature 'artist' (table 'artist'): id 20 out of range");
+    hb.ids[0][1] = 8;
+    hb.b[1].num_ids = (size_t)hb.off[1][2] + 1;
+    assert_status_msg(flame_score_batch(f->cached, two, 2, s2, 8), FLAME_ERR_INVALID_ARG, "request 1: history side");
+    for (int i = 0; i < 6; i++) assert_true(isnan(s[i]));
+    for (int i = 0; i < 8; i++) assert_true(isnan(s2[i]));
+    assert_int_equal(atomic_load(&calls), 0);
+    flame_item_cache_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_item_cache_get_stats(f->cache, &st), FLAME_OK);
+    assert_int_equal(st.fetches, 0);
+    assert_int_equal(st.misses, 0);
+    assert_int_equal(st.entries, 0);
+    /* once valid, one fetch for the window and the candidates */
+    assert_int_equal(flame_score(f->cached, &r, s, 6), FLAME_OK);
+    assert_int_equal(atomic_load(&calls), 1);
+    assert_int_equal(flame_item_cache_get_stats(f->cache, &st), FLAME_OK);
+    assert_int_equal(st.entries, 12 + 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_id_only_matches_explicit_bags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batch_mixed_and_one_fetch_per_call, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failures_write_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refused_requests_fetch_nothing, setup, teardown),
     };
     return cmocka_run_group_tests_name("engine_cache", tests, NULL, NULL);
 }

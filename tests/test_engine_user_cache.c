@@ -68,7 +68,7 @@ static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_featur
     for (size_t i = 0; i < n; i++) {
         int64_t offs[3], v[3];
         rec_offs(ids[i], offs, v);
-        flame_feature_batch_set(out, i, offs, v, NULL, 0);
+        flame_feature_batch_set(out, i, offs, v, (size_t)offs[2], NULL, 0);
     }
     return FLAME_OK;
 }
@@ -214,7 +214,7 @@ static void build(bags2 *g, const int64_t *items, size_t n)
             g->off[s][t + 1] = k;
         }
     }
-    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s]};
+    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s], (size_t)g->off[s][n]};
 }
 
 /* Sumi model with side features: the history's bags (and the candidates') come through the
@@ -251,7 +251,7 @@ static void test_side_features_through_item_cache(void **state)
     assert_non_null(strstr(flame_last_error(), "flame_engine_set_item_cache")); /* says what would help */
     /* candidate bags given with a cached history: the message blames the pair, not the flag */
     int64_t offs[3] = {0, 1, 2}, ids[2] = {1, 2};
-    flame_bags cb[2] = {{offs, ids}, {offs, ids}};
+    flame_bags cb[2] = {{offs, ids, 2}, {offs, ids, 2}};
     r.candidate_side = cb;
     assert_status_msg(flame_score(f->sumi_uc, &r, s, 4), FLAME_ERR_INVALID_ARG,
                       "history_side is NULL but candidate_side is not: give the bags of both, or of neither");

@@ -78,7 +78,7 @@ static void test_batch_api(void **state)
     assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
     assert_int_equal(flame_feature_batch_size(b), 0);
     int64_t offs[3] = {0, 2, 1}, ids[2] = {1, 2};
-    assert_status_msg(flame_feature_batch_set(b, 0, offs, ids, NULL, 0), FLAME_ERR_INVALID_ARG,
+    assert_status_msg(flame_feature_batch_set(b, 0, offs, ids, 2, NULL, 0), FLAME_ERR_INVALID_ARG,
                       "record index 0 is out of range [0, 0)");
     flame_feature_batch_destroy(b);
     flame_feature_batch_destroy(NULL);
@@ -133,7 +133,7 @@ static void *complete_later(void *p)
         if (j->ids[i] < 0)
             flame_feature_batch_set_missing(j->out, i);
         else
-            flame_feature_batch_set(j->out, i, offs, &v, NULL, 0);
+            flame_feature_batch_set(j->out, i, offs, &v, 1, NULL, 0);
     }
     flame_feature_batch_complete(j->out, j->n == 3 ? FLAME_ERR_UNAVAILABLE : FLAME_OK);
     free(j);

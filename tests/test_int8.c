@@ -101,7 +101,7 @@ static void make_batch(batch *b, const struct flame_model *m, size_t nreq)
                     for (int64_t i = 0; i < k; i++) ids[off[t] + i] = tu_below(c->tables[c->features[f].table].rows);
                     off[t + 1] = off[t] + k;
                 }
-                b->bags[r][part][s] = (flame_bags){off, ids};
+                b->bags[r][part][s] = (flame_bags){off, ids, (size_t)off[count]};
             }
             if (part)
                 q->candidate_side = b->bags[r][1];

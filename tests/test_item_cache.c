@@ -53,7 +53,7 @@ static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_featur
             continue;
         }
         int64_t offs[3] = {0, 1, 2}, v[2] = {ids[i] * 100 + src.version[ids[i]], ids[i]};
-        st = flame_feature_batch_set(out, i, offs, v, NULL, 0);
+        st = flame_feature_batch_set(out, i, offs, v, 2, NULL, 0);
     }
     pthread_mutex_unlock(&src.mu);
     return st;
@@ -523,7 +523,7 @@ static void test_put_beats_inflight_fetch(void **state)
         usleep(20000);
         if (variant == 0) {
             int64_t offs[3] = {0, 1, 2}, v[2] = {key * 100 + 7, key};
-            assert_int_equal(flame_item_cache_put(f->cache, key, offs, v, NULL, 0), FLAME_OK);
+            assert_int_equal(flame_item_cache_put(f->cache, key, offs, v, 2, NULL, 0), FLAME_OK);
         } else {
             set_version(key, 5);
             assert_int_equal(flame_item_cache_invalidate(f->cache, key), FLAME_OK);
@@ -534,6 +534,54 @@ static void test_put_beats_inflight_fetch(void **state)
         /* the stale fetch result was not installed over the newer write */
         assert_int_equal(served(f, key), variant ? 5 : 7);
     }
+}
+
+/* A record's ids are exactly ids[0..num_ids): slot offsets ending past the array (read past
+ * its end when encoded) or short of it (ids dropped) are refused, naming the record, the slot
+ * and both numbers, and nothing is written: the batch's record and the cache's value stay. */
+static void test_record_ids_must_match_final_offset(void **state)
+{
+    fixture *f = *state;
+    make_cache(f);
+    const int64_t key = 5;
+    assert_int_equal(served(f, key), 0); /* f->out now holds key's record, version 0 */
+    int64_t offs[3] = {0, 1, 3};
+    int64_t *ids = malloc(2 * sizeof *ids); /* 2 ids, on the heap so a read past them is caught */
+    ids[0] = key * 100 + 9, ids[1] = key;
+    assert_status_msg(flame_feature_batch_set(f->out, 0, offs, ids, 2, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "record 0: slot_offsets[2] (the end of slot 1's bag) = 3, but num_ids = 2");
+    int found;
+    const int64_t *got;
+    size_t n;
+    assert_int_equal(flame_feature_batch_get_slot(f->out, 0, 0, &found, &got, &n), FLAME_OK);
+    assert_true(found);
+    assert_int_equal(n, 1);
+    assert_int_equal(got[0], key * 100); /* the record as it was */
+    assert_status_msg(flame_item_cache_put(f->cache, key, offs, ids, 2, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "slot_offsets[2] (the end of slot 1's bag) = 3, but num_ids = 2");
+    offs[2] = 1; /* the offsets address 1 id of the 2 given */
+    assert_status_msg(flame_feature_batch_set(f->out, 0, offs, ids, 2, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "slot_offsets[2] (the end of slot 1's bag) = 1, but num_ids = 2");
+    assert_status_msg(flame_item_cache_put(f->cache, key, offs, ids, 2, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "= 1, but num_ids = 2");
+    assert_status_msg(flame_item_cache_put(f->cache, key, offs, NULL, 1, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "ids is NULL with num_ids 1");
+    assert_int_equal(served(f, key), 0); /* the cache kept its value */
+    assert_int_equal(src.calls, 1);
+    offs[2] = 2;
+    assert_int_equal(flame_item_cache_put(f->cache, key, offs, ids, 2, NULL, 0), FLAME_OK);
+    assert_int_equal(served(f, key), 9);
+    /* records without slots have no ids */
+    flame_feature_source *s0;
+    flame_item_cache *c0;
+    assert_int_equal(flame_feature_source_create_callback(0, fetch, NULL, NULL, &s0), FLAME_OK);
+    assert_int_equal(flame_item_cache_create(s0, f->cfg, &c0), FLAME_OK);
+    assert_status_msg(flame_item_cache_put(c0, key, NULL, ids, 1, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "record 0: num_ids = 1, but the records have no slots");
+    assert_int_equal(flame_item_cache_put(c0, key, NULL, NULL, 0, NULL, 0), FLAME_OK);
+    flame_item_cache_destroy(c0);
+    flame_feature_source_destroy(s0);
+    free(ids);
 }
 
 static void test_arguments_and_options(void **state)
@@ -573,6 +621,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bound_with_hot_small_and_ghost_return, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_beats_inflight_fetch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_record_ids_must_match_final_offset, setup, teardown),
         cmocka_unit_test_setup_teardown(test_arguments_and_options, setup, teardown),
     };
     return cmocka_run_group_tests_name("item_cache", tests, NULL, NULL);

@@ -72,8 +72,8 @@ static void make_req(req *q, size_t h, size_t m, bool sides)
     for (int s = 0; sides && s < SLOTS; s++) {
         random_bags(q->hoff[s], q->hids[s], h, rows[s]);
         random_bags(q->coff[s], q->cids[s], m, rows[s]);
-        q->hs[s] = (flame_bags){q->hoff[s], q->hids[s]};
-        q->cs[s] = (flame_bags){q->coff[s], q->cids[s]};
+        q->hs[s] = (flame_bags){q->hoff[s], q->hids[s], (size_t)q->hoff[s][h]};
+        q->cs[s] = (flame_bags){q->coff[s], q->cids[s], (size_t)q->coff[s][m]};
     }
     q->r = (flame_request){.struct_size = sizeof(flame_request), .history = h ? q->hist : NULL, .history_len = h,
                            .candidates = m ? q->cand : NULL, .num_candidates = m,
@@ -388,6 +388,7 @@ static void test_split_request_failing_writes_nothing(void **state)
     flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 2, 0);
     q.cids[1][q.coff[1][299]] = 9; /* genre 9 of 5, in the last part (if its bag is not empty) */
     q.coff[1][300] = q.coff[1][299] + 1;
+    q.cs[1].num_ids = (size_t)q.coff[1][300];
     assert_status_msg(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_ERR_INVALID_ARG, "id 9 out of range");
     for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(q.scores[j]));
     flame_scheduler_destroy(s);
@@ -404,7 +405,7 @@ static void test_split_request_with_broken_bags_is_refused(void **state)
     for (int t = 0; t <= 300; t++) q.coff[0][t] += 2; /* offsets[0] = 2 */
     assert_status_msg(flame_score(f->se, &q.r, q.scores, MAXC * 2), FLAME_ERR_INVALID_ARG, "offsets[0] = 2, expected 0");
     assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
-                      "candidate side feature 'artist': offsets[0] = 2, expected 0");
+                      "candidate side feature 'artist' (slot 0): offsets[0] = 2, expected 0");
     for (int t = 0; t <= 300; t++) q.coff[0][t] -= 5; /* negative offsets */
     assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
                       "offsets[0] = -3, expected 0");
@@ -418,6 +419,39 @@ static void test_split_request_with_broken_bags_is_refused(void **state)
     assert_int_equal(atomic_load(&q.calls), 0);
     assert_int_equal(stats_of(s).submitted, 0);
     flame_scheduler_destroy(s);
+}
+
+/* A request to be split whose candidate bags address more ids than its array holds is
+ * refused at submit, before its bags are cut (each part would read past the array), and one
+ * whose bags address fewer is refused too (the parts would drop ids). */
+static void test_split_request_bag_count_is_checked(void **state)
+{
+    fixture *f = *state;
+    static req q;
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    make_req(&q, 3, 300, true);
+    const size_t n = (size_t)q.coff[1][300];
+    int64_t *ids = malloc((n + 1) * sizeof *ids); /* on the heap, so a read past it is caught */
+    memcpy(ids, q.cids[1], n * sizeof *ids);
+    ids[n] = 0;
+    q.cs[1].ids = ids;
+    for (int t = 150; t <= 300; t++) q.coff[1][t] += 4; /* 4 ids more than the array holds, in the later parts */
+    q.cs[1].num_ids = n;
+    char want[160];
+    snprintf(want, sizeof want, "candidate side feature 'genre' (slot 1): offsets[300] (the end of token 299's bag) = "
+             "%zu, but num_ids = %zu", n + 4, n);
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG, want);
+    assert_status_msg(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_ERR_INVALID_ARG, want);
+    for (int t = 150; t <= 300; t++) q.coff[1][t] -= 4;
+    q.cs[1].num_ids = n + 1; /* one id beyond the last bag */
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "but num_ids = ");
+    assert_int_equal(atomic_load(&q.calls), 0);
+    assert_int_equal(stats_of(s).submitted, 0);
+    q.cs[1].num_ids = n;
+    assert_int_equal(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_OK);
+    flame_scheduler_destroy(s);
+    free(ids);
 }
 
 /* ------------------------------------------------------------------ load and lifetime */
@@ -693,15 +727,25 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
                       "candidates is NULL with num_candidates 10");
     assert_int_equal(atomic_load(&q.calls), 0); /* none of these called done */
-    /* no candidates: validated and done before submit returns */
+    /* no candidates: validated and done before submit returns; candidate bags holding ids
+     * over no candidates contradict themselves, refused as flame_score refuses them */
     r = q.r;
     r.num_candidates = 0, r.candidates = NULL;
+    flame_bags held[SLOTS] = {q.cs[0], q.cs[1]};
+    held[0].num_ids = 1, held[1].num_ids = 0;
+    r.candidate_side = held;
     assert_int_equal(flame_scheduler_submit(s, &r, NULL, 0, on_done, &q), FLAME_OK);
     assert_int_equal(atomic_load(&q.calls), 1);
+    assert_int_equal(q.status, FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(q.message, "candidate side feature 'artist' (slot 0): num_ids = 1, but there are no "
+                                      "candidate tokens"));
+    r.candidate_side = NULL;
+    assert_int_equal(flame_scheduler_submit(s, &r, NULL, 0, on_done, &q), FLAME_OK);
+    assert_int_equal(atomic_load(&q.calls), 2);
     assert_int_equal(q.status, FLAME_OK);
     q.hist[1] = -5;
     assert_int_equal(flame_scheduler_submit(s, &r, NULL, 0, on_done, &q), FLAME_OK);
-    assert_int_equal(atomic_load(&q.calls), 2);
+    assert_int_equal(atomic_load(&q.calls), 3);
     assert_int_equal(q.status, FLAME_ERR_INVALID_ARG);
     assert_non_null(strstr(q.message, "id -5 out of range"));
     flame_scheduler_stats st = {.struct_size = 0};
@@ -709,9 +753,9 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_scheduler_get_stats(NULL, &st), FLAME_ERR_INVALID_ARG, "scheduler is NULL");
     assert_status_msg(flame_scheduler_reset_latency(NULL), FLAME_ERR_INVALID_ARG, "scheduler is NULL");
     st = stats_of(s);
-    assert_int_equal(st.submitted, 2);
+    assert_int_equal(st.submitted, 3);
     assert_int_equal(st.completed, 1);
-    assert_int_equal(st.failed, 1);
+    assert_int_equal(st.failed, 2);
     flame_scheduler_destroy(s);
     flame_scheduler_destroy(NULL);
 }
@@ -761,6 +805,7 @@ int main(void)
         T(test_bad_request_fails_alone),
         T(test_split_request_failing_writes_nothing),
         T(test_split_request_with_broken_bags_is_refused),
+        T(test_split_request_bag_count_is_checked),
         T(test_queue_full_sheds_load),
         T(test_destroy_drains_the_queue),
         T(test_destroy_from_a_done_callback),

@@ -82,7 +82,7 @@ static int tokens_fill(token_list *t, const int64_t *items, size_t n)
         for (int g = 0; g < ng; g++) t->ids[2][o2[i] + g] = (int64_t)(((h >> 8) + 37u * (unsigned)g) % GENRES);
         o2[i + 1] = o2[i] + ng;
     }
-    for (int s = 0; s < SIDE; s++) t->bags[s] = (flame_bags){t->off[s], t->ids[s]};
+    for (int s = 0; s < SIDE; s++) t->bags[s] = (flame_bags){t->off[s], t->ids[s], (size_t)t->off[s][n]};
     return 0;
 }
 

@@ -278,10 +278,15 @@ FLAME_API void flame_engine_destroy(flame_engine *engine);
 
 /* Side-feature bags of one slot for a list of tokens, in CSR form: token t's ids are
  * ids[offsets[t] .. offsets[t+1]-1]. offsets has num_tokens + 1 entries, offsets[0] == 0,
- * non-decreasing. An empty bag pools to a zero vector (sum and mean alike). */
+ * non-decreasing, and offsets[num_tokens] == num_ids, the length of ids: every id belongs to
+ * a bag and no bag reads past the array. A contradiction (or num_ids != 0 for a token list
+ * of length 0) is FLAME_ERR_INVALID_ARG naming the request, the token list, the feature, the
+ * token and both numbers. offsets and ids may be NULL when there are no tokens, ids also
+ * when num_ids is 0. An empty bag pools to a zero vector (sum and mean alike). */
 typedef struct flame_bags {
-    const int64_t *offsets;
-    const int64_t *ids;
+    const int64_t *offsets;         /* [num_tokens + 1] */
+    const int64_t *ids;             /* [num_ids] */
+    size_t num_ids;
 } flame_bags;
 
 /* One scoring request: one user, their history and the candidates to score. */
@@ -329,7 +334,8 @@ typedef struct flame_request {
  * Thread-safe (see flame_engine_create).
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/request with work to do, struct_size
  * outside 8..4096, NULL ids with a non-zero length, an item or side-feature id < 0 or >= its
- * table's rows (the message names token, feature and id), bad CSR offsets, wrong
+ * table's rows (the message names token, feature and id), bad CSR offsets (flame_bags:
+ * offsets[0] != 0, decreasing, or a final offset other than num_ids), wrong
  * num_side_features; history_from_user_cache not 0 or 1, 1 with a history given, 1 on an
  * engine with no user cache, or an item id of the user's cached history out of range: the
  * message names the request, the user, the position in the record and the id);
@@ -767,12 +773,16 @@ FLAME_API size_t flame_feature_batch_size(const flame_feature_batch *batch);
 
 /* Writes record `index` (< size): its bags in CSR form over the slots (slot s's ids are
  * ids[slot_offsets[s] .. slot_offsets[s+1]-1]; slot_offsets has num_slots + 1 entries,
- * slot_offsets[0] == 0, non-decreasing; ids may be NULL when all bags are empty) and
- * num_dense floats (dense may be NULL when 0; at most 65536). The data is copied.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (index out of range, bad offsets, NULL arrays
- * with content); FLAME_ERR_NOMEM. */
+ * slot_offsets[0] == 0, non-decreasing, slot_offsets[num_slots] == num_ids, the length of
+ * ids; slot_offsets may be NULL when num_slots is 0, ids when num_ids is 0; a slot holds at
+ * most 2^32 - 1 ids) and num_dense floats (dense may be NULL when 0; at most 65536). The data
+ * is copied. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch, index out of range,
+ * offsets that break a rule above or contradict num_ids: the message names the record, the
+ * slot and both numbers; NULL arrays with content; a record above 4 GiB); FLAME_ERR_NOMEM.
+ * On failure the record is left as it was. */
 FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *batch, size_t index, const int64_t *slot_offsets,
-                                               const int64_t *ids, const float *dense, size_t num_dense);
+                                               const int64_t *ids, size_t num_ids, const float *dense,
+                                               size_t num_dense);
 /* Marks record `index` as missing: the source does not know the id. FLAME_ERR_INVALID_ARG
  * for an index out of range. */
 FLAME_API flame_status flame_feature_batch_set_missing(flame_feature_batch *batch, size_t index);
@@ -941,12 +951,16 @@ FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *cache, flam
 FLAME_API flame_status flame_item_cache_get(flame_item_cache *cache, const int64_t *ids, size_t n,
                                             flame_feature_batch *out);
 
-/* Writes a record (as flame_feature_batch_set; NULL slot_offsets with num_slots 0) for `id`,
- * replacing any value and cancelling the installation of fetches already in flight for it.
- * Its TTL comes from the TTL function. Returns FLAME_OK; FLAME_ERR_INVALID_ARG;
- * FLAME_ERR_NOMEM. */
+/* Writes a record for `id`, replacing any value and cancelling the installation of fetches
+ * already in flight for it: its bags as flame_feature_batch_set takes them (slot_offsets
+ * [num_slots + 1] with slot_offsets[num_slots] == num_ids, ids [num_ids]; NULL slot_offsets
+ * with num_slots 0) and dense [num_dense]. Its TTL comes from the TTL function.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache, and the checks of
+ * flame_feature_batch_set: the message names the slot and both numbers); FLAME_ERR_NOMEM.
+ * On failure the cache is unchanged. */
 FLAME_API flame_status flame_item_cache_put(flame_item_cache *cache, int64_t id, const int64_t *slot_offsets,
-                                            const int64_t *ids, const float *dense, size_t num_dense);
+                                            const int64_t *ids, size_t num_ids, const float *dense,
+                                            size_t num_dense);
 
 /* Drops `id` (the next get fetches it); fetches in flight for it are not installed.
  * Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
@@ -979,7 +993,10 @@ FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *cache, flame
  * side features gets them from the cache: one flame_item_cache_get per call for all the
  * distinct item ids of the call's requests (history tokens inside the window, and the
  * candidates under the sumi head); a missing record gives empty bags (zero vectors).
- * Requests that give their side features are scored from them as before. The engine holds a
+ * Requests that give their side features are scored from them as before. Everything the
+ * cache does not give (item ids, lengths, the bags given, the scores buffer) is checked before
+ * the cache is asked, so a call refused for it fetches nothing and caches nothing; the bags
+ * from the cache are checked after (their side ids must fit their tables). The engine holds a
  * reference to the cache. Not to be called concurrently with scoring on the engine.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine, or the cache's records have a slot
  * count different from the model's num_side_features). flame_score then also returns the

@@ -2,16 +2,20 @@
 
 numpy arrays must already be int64: converting another dtype silently would copy (and float
 ids are a bug upstream), so they are refused with a message saying how to convert. Python
-lists and tuples of ints are converted. A C-contiguous int64 array is passed by pointer
-with no copy; a strided one is copied once (C needs contiguous ids).
+lists and tuples of ints are converted (booleans among them refused). A C-contiguous, aligned
+int64 array is passed by pointer with no copy; a strided or misaligned one is copied once (C
+reads contiguous, aligned ids).
 """
 from __future__ import annotations
 
+from collections import abc
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .errors import DTypeError, InvalidArgumentError, ShapeError
+
+_BOOLS = {bool, np.bool_}
 
 Bag = Tuple[np.ndarray, np.ndarray]  # (offsets [num_tokens + 1], ids [offsets[-1]]), int64
 
@@ -24,7 +28,17 @@ def ids(value: Any, name: str) -> np.ndarray:
                              f"(convert with .astype(np.int64))")
         a = value
     else:
+        if isinstance(value, (bool, np.bool_)):
+            raise DTypeError(f"{name} must be a sequence of integer ids, got a bool")
         a = np.asarray(value)
+        if a.dtype == np.bool_:
+            raise DTypeError(f"{name} must hold integer ids, got booleans")
+        if a.dtype.kind in "iu" and isinstance(value, abc.Sequence) and not isinstance(value, range):
+            # numpy reads True as 1 beside ints; a bool among ids is a bug upstream, as a bool id is
+            # (the types are collected at C speed; the position is looked for only when one is there)
+            if not _BOOLS.isdisjoint(set(map(type, value))):
+                at = next(i for i, x in enumerate(value) if isinstance(x, (bool, np.bool_)))
+                raise DTypeError(f"{name}[{at}] is a bool ({value[at]!r}): ids must be ints")
         if a.size == 0:
             a = a.astype(np.int64)
         elif a.dtype.kind not in "iu" or a.dtype == np.uint64:
@@ -32,7 +46,8 @@ def ids(value: Any, name: str) -> np.ndarray:
         a = a.astype(np.int64, copy=False)
     if a.ndim != 1:
         raise ShapeError(f"{name} must be 1-D, got shape {a.shape}")
-    return np.ascontiguousarray(a)
+    flags = a.flags
+    return a if flags.c_contiguous and flags.aligned else a.copy()  # strided or misaligned (a view into bytes)
 
 
 def int64(value: Any, name: str) -> int:
@@ -45,10 +60,23 @@ def int64(value: Any, name: str) -> int:
     return v
 
 
+def csr(off: np.ndarray, ii: np.ndarray, name: str) -> None:
+    """The two CSR rules said in Python's terms: offsets start at 0 and end at len(ids), so
+    every id belongs to a bag and none lies past the array. That they never decrease is
+    checked by the library, which reads every offset anyway (its message names the token)."""
+    first, last = int(off[0]), int(off[-1])  # off has num_tokens + 1 >= 1 entries
+    if first != 0:
+        raise InvalidArgumentError(f"{name} offsets[0] = {first}, expected 0")
+    if last != ii.size:
+        raise ShapeError(f"{name} offsets[{off.size - 1}] (the end of the last token's bag) = {last}, but ids "
+                         f"has {ii.size} entries: every id must belong to a bag")
+
+
 def bags(side: Optional[Sequence[Any]], num_tokens: int, num_slots: int, name: str) -> List[Bag]:
     """Validates one token list's side features: `num_slots` (offsets, ids) pairs in CSR form
-    over `num_tokens` tokens. Contents (monotonic offsets, id ranges) are checked by the
-    library, whose message names the token and the id."""
+    over `num_tokens` tokens (offsets[0] == 0 and offsets[-1] == len(ids) checked here); the
+    library gets len(ids) as the bag's num_ids and checks that the offsets never decrease and
+    the id ranges, its message naming the token and the id."""
     if side is None:
         if num_slots:
             raise ShapeError(f"{name} is missing: the model has {num_slots} side-feature slot(s), "
@@ -65,6 +93,7 @@ def bags(side: Optional[Sequence[Any]], num_tokens: int, num_slots: int, name: s
         if off.size != num_tokens + 1:
             raise ShapeError(f"{name}[{s}] offsets has {off.size} entries, expected num_tokens + 1 = "
                              f"{num_tokens + 1}")
+        csr(off, ii, f"{name}[{s}]")
         out.append((off, ii))
     return out
 
@@ -77,8 +106,8 @@ def scores_out(out: Optional[np.ndarray], rows: int, cols: int) -> np.ndarray:
         raise DTypeError(f"out must be a float32 array, got {getattr(out, 'dtype', type(out).__name__)}")
     if out.shape != (rows, cols):
         raise ShapeError(f"out has shape {out.shape}, expected (num_candidates, num_tasks) = {(rows, cols)}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ShapeError("out must be C-contiguous and writeable")
+    if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
+        raise ShapeError("out must be C-contiguous, aligned and writeable")
     return out
 
 

@@ -22,7 +22,7 @@ class ModelInfo(C.Structure):
 
 
 class Bags(C.Structure):
-    _fields_ = [("offsets", I64P), ("ids", I64P)]
+    _fields_ = [("offsets", I64P), ("ids", I64P), ("num_ids", C.c_size_t)]
 
 
 class Request(C.Structure):

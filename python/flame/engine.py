@@ -162,7 +162,7 @@ class Engine(Handle):
             if not bags:
                 sides.append(None)
                 continue
-            arr = (Bags * len(bags))(*[Bags(o.ctypes.data_as(I64P), i.ctypes.data_as(I64P)) for o, i in bags])
+            arr = (Bags * len(bags))(*[Bags(o.ctypes.data_as(I64P), i.ctypes.data_as(I64P), i.size) for o, i in bags])
             keep += [arr, bags]
             sides.append(C.cast(arr, C.POINTER(Bags)))
         uid = 0 if r.user_id is None else _arrays.int64(r.user_id, where + "user_id")

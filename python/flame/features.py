@@ -46,6 +46,7 @@ class FeatureRecord:
         d = self.dense
         try:
             d = np.zeros(0, np.float32) if d is None else np.ascontiguousarray(d, dtype=np.float32)
+            d = d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
         except (TypeError, ValueError) as e:
             raise errors.DTypeError(f"dense must hold numbers: {e}") from None
         if d.ndim != 1:
@@ -129,8 +130,8 @@ def _write(batch: C.c_void_p, index: int, rec: Optional[FeatureRecord]) -> None:
         _lib.check(L.flame_feature_batch_set_missing(batch, index))
         return
     offsets, flat = _csr(rec)
-    _lib.check(L.flame_feature_batch_set(batch, index, _p(offsets, I64P), _p(flat, I64P), _p(rec.dense, F32P),
-                                         rec.dense.size))
+    _lib.check(L.flame_feature_batch_set(batch, index, _p(offsets, I64P), _p(flat, I64P), flat.size,
+                                         _p(rec.dense, F32P), rec.dense.size))
 
 
 class _Callback:
@@ -347,8 +348,8 @@ class ItemCache(Handle):
         offsets, flat = _csr(rec)
         iid = _arrays.int64(item_id, "item_id")
         with self._use() as h:
-            _lib.check(_lib.lib().flame_item_cache_put(h, iid, _p(offsets, I64P), _p(flat, I64P), _p(rec.dense, F32P),
-                                                       rec.dense.size))
+            _lib.check(_lib.lib().flame_item_cache_put(h, iid, _p(offsets, I64P), _p(flat, I64P), flat.size,
+                                                       _p(rec.dense, F32P), rec.dense.size))
 
     def invalidate(self, item_id: int) -> None:
         """Drops `item_id`: the next get fetches it."""

@@ -184,7 +184,7 @@ def _bags(cfg, side, n_tokens, first, what):
     for s, (offsets, ids) in enumerate(side):
         offsets, ids = np.asarray(offsets, dtype=np.int64), np.asarray(ids, dtype=np.int64)
         if len(offsets) != n_tokens + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0) \
-                or offsets[-1] > len(ids):
+                or offsets[-1] != len(ids):  # as the library: every id in a bag, none past the array
             raise ValueError(f"{what} side slot {s}: bad CSR offsets")
         _check_ids(cfg, ids[:offsets[-1]], [tabs[s]], f"{what} side slot {s}: bag entry")
         out.append([ids[offsets[j]:offsets[j + 1]] for j in range(first, n_tokens)])

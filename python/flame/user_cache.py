@@ -115,6 +115,7 @@ class UserCache(Handle):
         ids = np.ascontiguousarray(np.concatenate(arrs) if arrs else np.zeros(0, np.int64))
         lens = np.array([a.size for a in arrs], dtype=np.uint32)
         d = np.zeros(0, np.float32) if dense is None else np.ascontiguousarray(dense, dtype=np.float32)
+        d = d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
         if d.ndim != 1:
             raise ShapeError(f"dense must be 1-D, got shape {d.shape}")
         f = new(UserFeatures)

@@ -29,17 +29,23 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
         st = fl_prepare_requests(engine, ws, requests, num_requests, stride, &reqs, &uc_hits, &uc_misses);
     }
-    if (!st && engine->item_cache && num_requests) { /* side features of id-only requests, from the cache */
-        if (!ws) ws = fl_workspace_acquire(engine);
-        if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
-        st = fl_resolve_features(engine, ws, reqs, num_requests, &reqs);
-    }
+    /* every check but those of the bags the item cache gives comes first, so a refused call
+     * fetches nothing from the feature source (and caches nothing) */
     uint64_t total = 0;
-    if (!st) st = fl_validate_requests(engine->model, reqs, num_requests, &total);
+    const bool resolve = engine->item_cache && num_requests;
+    if (!st) st = fl_validate_requests(engine->model, reqs, num_requests, &total,
+                                       resolve ? FL_CHECK_DEFER_BAGS : FL_CHECK_ALL);
     if (!st && total > scores_len)
         st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, %zu request(s) need %llu",
                       scores_len, num_requests, (unsigned long long)total);
     if (!st && total && !scores) st = fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
+    if (!st && resolve) { /* side features of id-only requests, from the cache */
+        if (!ws) ws = fl_workspace_acquire(engine);
+        if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
+        const flame_request *given = reqs;
+        st = fl_resolve_features(engine, ws, reqs, num_requests, &reqs);
+        if (!st && reqs != given) st = fl_validate_resolved(engine->model, given, reqs, num_requests);
+    }
     if (st || total == 0) { /* an error, or nothing to write: no work */
         if (ws) fl_workspace_release(engine, ws);
         if (st) return st;

@@ -517,7 +517,8 @@ static void supersede(fl_shard *sh, int64_t key)
 }
 
 FLAME_API flame_status flame_item_cache_put(flame_item_cache *c, int64_t id, const int64_t *slot_offsets,
-                                            const int64_t *ids, const float *dense, size_t num_dense)
+                                            const int64_t *ids, size_t num_ids, const float *dense,
+                                            size_t num_dense)
 {
     fl_clear_error();
     if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_put: cache is NULL");
@@ -525,7 +526,7 @@ FLAME_API flame_status flame_item_cache_put(flame_item_cache *c, int64_t id, con
     flame_feature_batch *b;
     flame_status st = flame_feature_batch_create(c->num_slots, &b);
     if (!st) st = fl_batch_reset(b, 1);
-    if (!st) st = flame_feature_batch_set(b, 0, slot_offsets, ids, dense, num_dense);
+    if (!st) st = flame_feature_batch_set(b, 0, slot_offsets, ids, num_ids, dense, num_dense);
     if (!st) {
         uint64_t h;
         fl_shard *sh = fl_shard_of(c, id, &h);

@@ -111,7 +111,8 @@ flame_status fl_batch_put_blob(flame_feature_batch *b, size_t i, const uint8_t *
 }
 
 FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t index, const int64_t *slot_offsets,
-                                               const int64_t *ids, const float *dense, size_t num_dense)
+                                               const int64_t *ids, size_t num_ids, const float *dense,
+                                               size_t num_dense)
 {
     fl_clear_error();
     if (!b) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_set: batch is NULL");
@@ -123,12 +124,27 @@ FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t in
     if (b->num_slots && slot_offsets[0] != 0)
         return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot_offsets[0] = %lld, expected 0", index,
                         (long long)slot_offsets[0]);
-    for (int32_t s = 0; s < b->num_slots; s++)
-        if (slot_offsets[s + 1] < slot_offsets[s] || slot_offsets[s + 1] - slot_offsets[s] > UINT32_MAX)
+    for (int32_t s = 0; s < b->num_slots; s++) {
+        if (slot_offsets[s + 1] < slot_offsets[s])
             return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot_offsets[%d] = %lld is below slot_offsets[%d] = %lld",
                             index, s + 1, (long long)slot_offsets[s + 1], s, (long long)slot_offsets[s]);
-    uint64_t nids = b->num_slots ? (uint64_t)slot_offsets[b->num_slots] : 0;
-    if (nids && !ids) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: ids is NULL", index);
+        if (slot_offsets[s + 1] - slot_offsets[s] > UINT32_MAX)
+            return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot %d holds %lld ids, more than %u", index, s,
+                            (long long)(slot_offsets[s + 1] - slot_offsets[s]), UINT32_MAX);
+    }
+    /* the ids the offsets address must be exactly the array given: fewer would drop ids
+     * silently, more would be read past its end */
+    const uint64_t end = b->num_slots ? (uint64_t)slot_offsets[b->num_slots] : 0;
+    if (end != num_ids) {
+        if (b->num_slots)
+            return fl_error(FLAME_ERR_INVALID_ARG,
+                            "record %zu: slot_offsets[%d] (the end of slot %d's bag) = %llu, but num_ids = %zu", index,
+                            b->num_slots, b->num_slots - 1, (unsigned long long)end, num_ids);
+        return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: num_ids = %zu, but the records have no slots", index,
+                        num_ids);
+    }
+    const uint64_t nids = end;
+    if (nids && !ids) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: ids is NULL with num_ids %zu", index, num_ids);
     size_t len = fl_rec_bytes(b->num_slots, nids, num_dense);
     if (len > UINT32_MAX) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: %zu bytes is too large", index, len);
     uint64_t off = arena_take(b, len);

@@ -61,14 +61,27 @@ static inline size_t fl_ws_round(size_t bytes)
     return (bytes + 63) & ~(size_t)63;
 }
 
+typedef enum fl_check_mode {
+    FL_CHECK_ALL = 0,
+    /* everything but the bags of id-only requests (no history_side, and under the sumi head no
+     * candidate_side), which the item cache fills: run before the cache is asked, so a request
+     * refused for its ids or lengths never reaches the feature source */
+    FL_CHECK_DEFER_BAGS = 1
+} fl_check_mode;
+
 /* Checks every request against the model before anything is computed; on success
  * *total_scores = sum of num_candidates * num_tasks. FLAME_ERR_INVALID_ARG naming the
  * request, token, feature and id. */
 flame_status fl_validate_requests(const struct flame_model *m, const flame_request *reqs, size_t n,
-                                  uint64_t *total_scores);
-/* The CSR structure (offsets[0] == 0, non-decreasing, ids set) of one token list's side bags
- * (`side` has the model's side slots, `n` tokens), as validation checks it: for callers that
- * cut bags before validation (the scheduler's split requests). */
+                                  uint64_t *total_scores, fl_check_mode mode);
+/* After FL_CHECK_DEFER_BAGS and fl_resolve_features: the bags resolved[r] got from the item
+ * cache for the id-only requests of `given` (their structure, and the side ids' ranges: a
+ * source's records are data like any other). */
+flame_status fl_validate_resolved(const struct flame_model *m, const flame_request *given,
+                                  const flame_request *resolved, size_t n);
+/* The CSR structure (offsets[0] == 0, non-decreasing, offsets[n] == num_ids, ids set) of one
+ * token list's side bags (`side` has the model's side slots, `n` tokens), as validation checks
+ * it: for callers that cut bags before validation (the scheduler's split requests). */
 flame_status fl_check_side_bags(const struct flame_model *m, size_t r, const char *what, const flame_bags *side,
                                 size_t n);
 /* Candidates of one request at most (GEMM dimensions go to CBLAS as 32-bit ints). */

@@ -147,9 +147,9 @@ flame_status fl_resolve_features(struct flame_engine *e, fl_workspace *ws, const
                         hoff[i + 1] = k;
                 }
                 if (part)
-                    cs[s].ids = ids;
+                    cs[s].ids = ids, cs[s].num_ids = (size_t)k;
                 else
-                    hs[s].ids = ids;
+                    hs[s].ids = ids, hs[s].num_ids = (size_t)k;
                 p = (uint8_t *)(ids + k);
             }
         }

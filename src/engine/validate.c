@@ -9,18 +9,35 @@
 /* GEMM dimensions go to CBLAS as 32-bit ints; a pass's token count is bounded again in
  * fl_forward_bytes' caller. */
 
-static flame_status check_csr(size_t r, const char *what, const char *feature, const flame_bags *b, size_t n)
+/* A slot's bags over n tokens: offsets[0] == 0, non-decreasing, and offsets[n] == num_ids,
+ * so the ids read are exactly the array the caller described (none dropped, none past it). */
+static flame_status check_csr(size_t r, const char *what, const char *feature, int slot, const flame_bags *side,
+                              size_t n)
 {
-    if (n == 0) return FLAME_OK;
-    if (!b->offsets) return BAD("request %zu: %s side feature '%s': offsets is NULL", r, what, feature);
+    if (!side) return FLAME_OK; /* no bags: allowed only without tokens (checked by the caller) */
+    const flame_bags *b = &side[slot];
+    if (n == 0) {
+        if (b->num_ids)
+            return BAD("request %zu: %s side feature '%s' (slot %d): num_ids = %zu, but there are no %s tokens", r,
+                       what, feature, slot, b->num_ids, what);
+        return FLAME_OK;
+    }
+    if (!b->offsets) return BAD("request %zu: %s side feature '%s' (slot %d): offsets is NULL", r, what, feature, slot);
     if (b->offsets[0] != 0)
-        return BAD("request %zu: %s side feature '%s': offsets[0] = %lld, expected 0", r, what, feature,
+        return BAD("request %zu: %s side feature '%s' (slot %d): offsets[0] = %lld, expected 0", r, what, feature, slot,
                    (long long)b->offsets[0]);
     for (size_t t = 0; t < n; t++)
         if (b->offsets[t + 1] < b->offsets[t])
-            return BAD("request %zu: %s side feature '%s': offsets[%zu] = %lld < offsets[%zu] = %lld", r, what,
-                       feature, t + 1, (long long)b->offsets[t + 1], t, (long long)b->offsets[t]);
-    if (b->offsets[n] > 0 && !b->ids) return BAD("request %zu: %s side feature '%s': ids is NULL", r, what, feature);
+            return BAD("request %zu: %s side feature '%s' (slot %d): offsets[%zu] = %lld < offsets[%zu] = %lld (token "
+                       "%zu's bag)",
+                       r, what, feature, slot, t + 1, (long long)b->offsets[t + 1], t, (long long)b->offsets[t], t);
+    if ((uint64_t)b->offsets[n] != b->num_ids)
+        return BAD("request %zu: %s side feature '%s' (slot %d): offsets[%zu] (the end of token %zu's bag) = %lld, "
+                   "but num_ids = %zu",
+                   r, what, feature, slot, n, n - 1, (long long)b->offsets[n], b->num_ids);
+    if (b->num_ids && !b->ids)
+        return BAD("request %zu: %s side feature '%s' (slot %d): ids is NULL with num_ids %zu", r, what, feature, slot,
+                   b->num_ids);
     return FLAME_OK;
 }
 
@@ -39,16 +56,20 @@ static flame_status check_id(size_t r, const char *what, size_t token, const str
     return FLAME_OK;
 }
 
+/* What check_tokens checks: the tokens' item ids, their side bags, or both. */
+enum { ITEMS = 1, BAGS = 2 };
+
 /* Checks the features of tokens [first, first + count) of one token list (history or candidates). */
 static flame_status check_tokens(size_t r, const char *what, const struct flame_model *m, const int64_t *items,
-                                 const flame_bags *side, size_t total, size_t first, size_t count)
+                                 const flame_bags *side, size_t total, size_t first, size_t count, int parts)
 {
     if (total == 0) return FLAME_OK; /* no tokens: side may be NULL, and &side[s] is then undefined */
     const fl_model_cfg *c = &m->cfg;
     for (int f = 0; f < c->num_features; f++) {
         int s = c->features[f].side_slot;
+        if ((s < 0 && !(parts & ITEMS)) || (s >= 0 && !(parts & BAGS))) continue;
         if (s >= 0) {
-            flame_status st = check_csr(r, what, c->features[f].name, &side[s], total);
+            flame_status st = check_csr(r, what, c->features[f].name, s, side, total);
             if (st) return st;
         }
         for (size_t t = first; t < first + count; t++) {
@@ -66,6 +87,12 @@ static flame_status check_tokens(size_t r, const char *what, const struct flame_
     return FLAME_OK;
 }
 
+/* A request that gives item ids only, for the engine's item cache to fill its bags. */
+static bool ids_only(const fl_model_cfg *c, const flame_request *q)
+{
+    return c->num_side > 0 && !q->history_side && (c->head != FLAME_HEAD_SUMI || !q->candidate_side);
+}
+
 /* True when q scores the same candidate array (same memory, same length, same bags) as the
  * request before it, which was validated already: batches of users scoring one catalogue
  * share it, and checking 12k ids per user would be most of a batch's serial time. */
@@ -75,8 +102,9 @@ static bool same_candidates(const flame_request *q, const flame_request *prev)
            q->candidate_side == prev->candidate_side;
 }
 
+/* mode FL_CHECK_DEFER_BAGS: the bags of an id-only request are left for fl_validate_resolved. */
 static flame_status check_request(const struct flame_model *m, size_t r, const flame_request *q,
-                                  const flame_request *prev)
+                                  const flame_request *prev, fl_check_mode mode)
 {
     const fl_model_cfg *c = &m->cfg;
     if (q->history_len && !q->history) return BAD("request %zu: history is NULL with history_len %zu", r, q->history_len);
@@ -87,26 +115,28 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
     if (q->num_side_features != (size_t)c->num_side)
         return BAD("request %zu: num_side_features = %zu, the model has %d", r, q->num_side_features, c->num_side);
     bool sumi = c->head == FLAME_HEAD_SUMI;
+    const int parts = mode == FL_CHECK_DEFER_BAGS && ids_only(c, q) ? ITEMS : ITEMS | BAGS;
     if (c->num_side && sumi && q->history_len && q->num_candidates && !q->history_side != !q->candidate_side)
         return BAD("request %zu: %s is NULL but %s is not: give the bags of both, or of neither to send item ids "
                    "only (resolved by the engine's item cache, flame_engine_set_item_cache)",
                    r, q->history_side ? "candidate_side" : "history_side", q->history_side ? "history_side" : "candidate_side");
-    if (c->num_side && q->history_len && !q->history_side)
+    if (c->num_side && q->history_len && !q->history_side && (parts & BAGS))
         return BAD("request %zu: history_side is NULL, the model needs %d side features (give the bags, or attach an "
                    "item cache with flame_engine_set_item_cache to send item ids only)",
                    r, c->num_side);
-    if (c->num_side && sumi && q->num_candidates && !q->candidate_side)
+    if (c->num_side && sumi && q->num_candidates && !q->candidate_side && (parts & BAGS))
         return BAD("request %zu: candidate_side is NULL, the model needs %d side features (give the bags, or attach an "
                    "item cache with flame_engine_set_item_cache to send item ids only)",
                    r, c->num_side);
     /* the whole history, not only the window: ids that fall out of it are not read, but a bad
      * one still says the caller's data is wrong */
-    flame_status st = check_tokens(r, "history", m, q->history, q->history_side, q->history_len, 0, q->history_len);
+    flame_status st =
+        check_tokens(r, "history", m, q->history, q->history_side, q->history_len, 0, q->history_len, parts);
     if (st) return st;
     if (same_candidates(q, prev) && prev->num_side_features == q->num_side_features) return FLAME_OK;
     if (sumi)
         return check_tokens(r, "candidate", m, q->candidates, q->candidate_side, q->num_candidates, 0,
-                            q->num_candidates);
+                            q->num_candidates, parts);
     const fl_table_cfg *t = &c->tables[m->num_items_table];
     for (size_t i = 0; i < q->num_candidates; i++)
         if (q->candidates[i] < 0 || q->candidates[i] >= m->num_items)
@@ -121,18 +151,18 @@ flame_status fl_check_side_bags(const struct flame_model *m, size_t r, const cha
     const fl_model_cfg *c = &m->cfg;
     for (int f = 0; f < c->num_features; f++)
         if (c->features[f].side_slot >= 0) {
-            flame_status st = check_csr(r, what, c->features[f].name, &side[c->features[f].side_slot], n);
+            flame_status st = check_csr(r, what, c->features[f].name, c->features[f].side_slot, side, n);
             if (st) return st;
         }
     return FLAME_OK;
 }
 
 flame_status fl_validate_requests(const struct flame_model *m, const flame_request *reqs, size_t n,
-                                  uint64_t *total_scores)
+                                  uint64_t *total_scores, fl_check_mode mode)
 {
     uint64_t total = 0;
     for (size_t r = 0; r < n; r++) {
-        flame_status st = check_request(m, r, &reqs[r], r > 0 ? &reqs[r - 1] : NULL);
+        flame_status st = check_request(m, r, &reqs[r], r > 0 ? &reqs[r - 1] : NULL, mode);
         if (st) return st;
         uint64_t block;
         if (!fl_mul_u64(reqs[r].num_candidates, (uint64_t)m->cfg.num_tasks, &block) ||
@@ -140,5 +170,22 @@ flame_status fl_validate_requests(const struct flame_model *m, const flame_reque
             return BAD("request %zu: the number of scores overflows 64 bits", r);
     }
     *total_scores = total;
+    return FLAME_OK;
+}
+
+flame_status fl_validate_resolved(const struct flame_model *m, const flame_request *given,
+                                  const flame_request *resolved, size_t n)
+{
+    const fl_model_cfg *c = &m->cfg;
+    for (size_t r = 0; r < n; r++) {
+        if (!ids_only(c, &given[r])) continue;
+        const flame_request *q = &resolved[r];
+        flame_status st =
+            check_tokens(r, "history", m, q->history, q->history_side, q->history_len, 0, q->history_len, BAGS);
+        if (!st && c->head == FLAME_HEAD_SUMI)
+            st = check_tokens(r, "candidate", m, q->candidates, q->candidate_side, q->num_candidates, 0,
+                              q->num_candidates, BAGS);
+        if (st) return st;
+    }
     return FLAME_OK;
 }

@@ -397,7 +397,8 @@ static fl_job *make_job(const flame_scheduler *s, const flame_request *q, size_t
                 const flame_bags *b = &q->candidate_side[sl];
                 const int64_t first = b->offsets ? b->offsets[at] : 0;
                 for (size_t t = 0; t <= p->cand_n; t++) offs[t] = b->offsets ? b->offsets[at + t] - first : 0;
-                bags[sl] = (flame_bags){b->offsets ? offs : NULL, b->ids ? b->ids + first : NULL};
+                bags[sl] = (flame_bags){b->offsets ? offs : NULL, b->ids ? b->ids + first : NULL,
+                                        b->offsets ? (size_t)offs[p->cand_n] : 0};
                 offs += p->cand_n + 1;
             }
             p->cand_side = bags;

@@ -130,10 +130,11 @@ def test_wrong_shape_is_rejected_before_c(dot_engine, side_engine):
 def test_values_are_checked_by_the_library(side_engine):
     cfg, _, e = side_engine
     h, c, hs, cs = lib.random_request(cfg, np.random.default_rng(0), 3, 2)
-    bad = [(np.array([0, 2, 1, 3]), np.array([0, 1, 2])), hs[1]]
-    with pytest.raises(flame.InvalidArgumentError) as ei:  # decreasing offsets: only C reads values
+    bad = [(np.array([0, 1, 2, 3]), np.array([0, 1, 7])), hs[1]]
+    with pytest.raises(flame.InvalidArgumentError) as ei:  # a side id past its table: only C knows the rows
         e.score(h, c, bad, cs)
-    assert type(ei.value) is flame.InvalidArgumentError and "offset" in ei.value.message
+    assert type(ei.value) is flame.InvalidArgumentError
+    assert "history token 2, feature 'cat' (table 'cat'): id 7 out of range [0, 7)" in ei.value.message
 
 
 def test_closed_engine_and_model(tmp_path, dot_engine):

@@ -56,7 +56,7 @@ def test_history_truncation_keeps_most_recent():
     h, c, hs, cs = lib.random_request(cfg, rng, 9, 5)
     kept = [(o[5:] - o[5], ids[o[5]:]) for o, ids in hs]
     np.testing.assert_array_equal(reference.score(cfg, t, h, c, hs, cs), reference.score(cfg, t, h[5:], c, kept, cs))
-    assert not np.allclose(reference.score(cfg, t, h[:8], c, [(o[:9], ids) for o, ids in hs], cs),
+    assert not np.allclose(reference.score(cfg, t, h[:8], c, [(o[:9], ids[:o[8]]) for o, ids in hs], cs),
                            reference.score(cfg, t, h, c, hs, cs))
 
 
