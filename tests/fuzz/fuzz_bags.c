@@ -69,7 +69,8 @@ static int64_t value(reader *r)
 
 typedef struct bag {
     int64_t offsets[MAX_TOK + 1];
-    int64_t *ids; /* exactly offsets[tokens] of them */
+    int64_t *ids; /* exactly len of them: the array num_ids describes (the caller's lengths are trusted) */
+    size_t len;
 } bag;
 
 static void make_bag(reader *r, size_t tokens, bag *b)
@@ -79,7 +80,8 @@ static void make_bag(reader *r, size_t tokens, bag *b)
     for (size_t t = 0; t <= tokens; t++)
         b->offsets[t] = mode & 1 ? value(r) : (int64_t)(len * t / (tokens ? tokens : 1)); /* fuzzed or a valid CSR */
     b->offsets[0] = mode & 2 ? b->offsets[0] : 0;
-    b->offsets[tokens] = len;
+    b->offsets[tokens] = mode & 4 ? b->offsets[tokens] : len; /* a final offset that may contradict num_ids */
+    b->len = (size_t)len;
     b->ids = malloc((size_t)len * sizeof *b->ids + 1);
     for (int64_t i = 0; i < len; i++) b->ids[i] = value(r);
 }
@@ -103,8 +105,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int side = 0; side < 2; side++)
             for (size_t s = 0; s < slots; s++) {
                 make_bag(r, side ? nc : nh, &bags[q][side][s]);
-                /* once flame_bags carries its id count, it is offsets[tokens] here too */
-                fb[q][side][s] = (flame_bags){.offsets = bags[q][side][s].offsets, .ids = bags[q][side][s].ids};
+                fb[q][side][s] = (flame_bags){.offsets = bags[q][side][s].offsets, .ids = bags[q][side][s].ids,
+                                              .num_ids = bags[q][side][s].len};
             }
         req[q] = (flame_request){.struct_size = sizeof req[q], .user_id = value(r), .history = nh ? hist[q] : NULL,
                                  .history_len = nh, .candidates = nc ? cand[q] : NULL, .num_candidates = nc,
