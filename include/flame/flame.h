@@ -926,7 +926,10 @@ typedef uint64_t (*flame_clock_fn)(void *user);
 FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
 
 /* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
- * hits the id's entry had during its previous lifetime (0 for a first insert). Hits are
+ * hits the id's entry had during its previous lifetime (0 for a first insert). Any value up
+ * to UINT64_MAX is valid: the expiry (now + TTL) and the refresh-ahead point (now +
+ * REFRESH_PERCENT of the TTL) saturate at UINT64_MAX, so UINT64_MAX, or any TTL reaching past
+ * the clock's range, means "never expires" (refresh-ahead still applies). Hits are
  * counted one by one up to 1024, then sampled (an unbiased estimate, within a few percent) so
  * that hot entries are not written on every hit; two threads hitting one entry at the same
  * instant may count once. Called with a shard lock held: it must be fast and must not call
