@@ -833,7 +833,9 @@ typedef struct flame_redis_options {
     const char *key_prefix;      /* NULL = "flame:item:"; key = prefix + decimal id (copied) */
     int32_t num_slots;           /* slots per record, 0..64 */
     int32_t connect_timeout_ms;  /* 0 = 200 */
-    int32_t read_timeout_ms;     /* per reply; 0 = 200 */
+    int32_t read_timeout_ms;     /* per fetch: all its replies are in within this of its sending (however
+                                    slowly a server trickles bytes), and it waits no longer for the
+                                    connection; 0 = 200 */
     int32_t keys_per_command;    /* keys per MGET; the MGETs of one fetch are pipelined. 0 = 256 */
     int32_t backoff_min_ms;      /* first delay before reconnecting after a failure; 0 = 10 */
     int32_t backoff_max_ms;      /* the delay doubles per failure up to this; 0 = 2000 */
@@ -841,10 +843,15 @@ typedef struct flame_redis_options {
 
 /* Creates a source reading records from a Redis server through hiredis (encoding:
  * docs/features.md). The connection is made at creation (a failure is reported then) and
- * remade on demand: after an I/O error or timeout the fetch is retried once on a fresh
- * connection; after a failed connect, fetches fail at once with FLAME_ERR_UNAVAILABLE
- * until the backoff delay has passed. A fetch holds the source's connection for its
- * duration (concurrent fetches are serialized). A value that does not decode makes the
+ * remade on demand: a fetch whose connection broke since the last one is retried once on a
+ * fresh connection, within the same read deadline; after a failed connect, fetches fail at
+ * once with FLAME_ERR_UNAVAILABLE until the backoff delay has passed. A fetch holds the
+ * source's connection for its duration (concurrent fetches are serialized): a fetch waits at
+ * most read_timeout_ms for it, then connects if needed (connect_timeout_ms) and reads its
+ * replies within read_timeout_ms, so it returns within about connect_timeout_ms + 2 x
+ * read_timeout_ms whatever the server does (FLAME_ERR_UNAVAILABLE on a timeout, naming it;
+ * an MGET reply of the wrong length or type too, naming both lengths or the type). A value
+ * that does not decode makes the
  * fetch fail with FLAME_ERR_FORMAT naming the key.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small, values out of
  * range); FLAME_ERR_UNAVAILABLE (cannot connect: the message names host, port and the
