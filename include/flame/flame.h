@@ -712,6 +712,10 @@ typedef struct flame_user_cache_stats {
     uint64_t puts;             /* all processes, since creation */
     uint64_t evictions;        /* puts that overwrote another user's live record (all processes) */
     uint64_t recoveries;       /* bucket locks recovered from a dead owner (all processes) */
+    /* this handle's gets that found the user's record malformed (bounds, slot lengths not
+     * summing to the ids: only another process overwriting the table makes one) and read it
+     * as a miss; counted in misses too. Written only when struct_size covers it. */
+    uint64_t corrupt;
 } flame_user_cache_stats;
 
 /* Fills *stats; `records` is counted over the buckets' counters (no lock, O(buckets)), the rest
