@@ -107,8 +107,10 @@ typedef struct flame_model flame_model;
  * model hold a reference, so the caller may destroy the model before its engines.
  * Thread-safety: a loaded model is immutable and may be shared by any number of threads.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path or out); FLAME_ERR_IO (cannot open,
- * stat or map); FLAME_ERR_FORMAT (any check of docs/model-format.md fails; the message names
- * the tensor or config key and the limit); FLAME_ERR_NOMEM. On failure *out is set to NULL. */
+ * stat or map); FLAME_ERR_FORMAT (any check of docs/model-format.md fails, among them bytes of
+ * the data buffer outside every tensor, duplicate JSON keys and NaN or Inf weights; the message
+ * names the tensor or config key and the limit or offending value); FLAME_ERR_NOMEM. On failure
+ * *out is set to NULL. */
 FLAME_API flame_status flame_model_load(const char *path, flame_model **out);
 
 /* Creates a model from a flame.config JSON document (docs/model-format.md) with random
@@ -685,19 +687,23 @@ FLAME_API flame_status flame_user_cache_unlink(const char *name);
 /* Writes (inserts or replaces) the record of `user_id`. Any int64 is a valid user id.
  * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache/features,
  * struct_size too small, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
- * max_dense, slot_lens not summing to num_ids: the message names the value and the limit). */
+ * max_dense, slot_lens not summing to num_ids: the message names the value and the limit);
+ * FLAME_ERR_IO (another process truncated the shared object or overwrote a bucket lock:
+ * docs/memory.md, "Another process of the same user"). */
 FLAME_API flame_status flame_user_cache_put(flame_user_cache *cache, int64_t user_id, const flame_user_features *features);
 /* Reads the record of `user_id` into *features; *found is 1 on a hit, 0 on a miss (absent,
- * expired, or dropped by crash recovery; *features untouched then). Lock-free unless a writer
+ * expired, malformed (counted in stats.corrupt) or dropped by crash recovery; num_ids,
+ * num_dense and age_us untouched then, the arrays unspecified). Lock-free unless a writer
  * holds the record for long (then the reader waits for, or recovers, the bucket's lock).
  * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL argument, struct_size
  * too small, NULL arrays with non-zero capacity, NULL slot_lens); FLAME_ERR_BUFFER_TOO_SMALL
  * (ids_capacity or dense_capacity below the record's counts: num_ids and num_dense are set to
- * the counts needed, the arrays are unspecified, *found is 1). */
+ * the counts needed, the arrays are unspecified, *found is 1); FLAME_ERR_IO (the shared object
+ * was truncated by another process). */
 FLAME_API flame_status flame_user_cache_get(flame_user_cache *cache, int64_t user_id, flame_user_features *features,
                                             int32_t *found);
 /* Removes the record of `user_id`; *removed (may be NULL) is 1 if there was one. Thread- and
- * process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
+ * process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache); FLAME_ERR_IO (as put). */
 FLAME_API flame_status flame_user_cache_remove(flame_user_cache *cache, int64_t user_id, int32_t *removed);
 
 typedef struct flame_user_cache_stats {
@@ -720,7 +726,8 @@ typedef struct flame_user_cache_stats {
 
 /* Fills *stats; `records` is counted over the buckets' counters (no lock, O(buckets)), the rest
  * are atomic counters, so the whole is not one snapshot. Thread- and process-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too small). */
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size not covering `recoveries`);
+ * FLAME_ERR_IO (the shared object was truncated by another process). */
 FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
 
 /* Fills *params with the table's layout as fixed by its creator: capacity (as asked at
