@@ -255,7 +255,7 @@ static void test_user_cache(void **state)
                       "flame_user_features.struct_size = 2");
 
     check_out("flame_user_cache_stats", get_user_cache_stats, c, sizeof(flame_user_cache_stats),
-              END(flame_user_cache_stats, recoveries), offsetof(flame_user_cache_stats, puts));
+              END(flame_user_cache_stats, corrupt), offsetof(flame_user_cache_stats, puts));
     flame_user_cache_destroy(c);
     assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
 }

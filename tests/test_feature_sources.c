@@ -4,7 +4,10 @@
  * reconnect after the server drops the connection, backoff after a refused connect. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -321,6 +324,149 @@ static void test_redis_timeout_and_backoff(void **state)
     assert_null(s);
 }
 
+/* ---- a fake Redis on 127.0.0.1: on each connection, every request read is answered with
+ * `reply`, sent one byte every gap_ms (at once with 0), until the client goes or stop is set. */
+typedef struct fake_redis {
+    int ls, port, gap_ms;
+    const char *reply;
+    atomic_bool stop;
+    pthread_t th;
+} fake_redis;
+
+static bool readable(int fd, const fake_redis *f)
+{
+    while (!atomic_load(&f->stop)) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 20) > 0) return true;
+    }
+    return false;
+}
+
+static void *fake_redis_run(void *p)
+{
+    fake_redis *f = p;
+    while (readable(f->ls, f)) {
+        int c = accept(f->ls, NULL, NULL);
+        if (c < 0) continue;
+        char buf[4096];
+        bool ok = true;
+        while (ok && readable(c, f) && recv(c, buf, sizeof buf, 0) > 0) {
+            size_t n = strlen(f->reply), step = f->gap_ms ? 1 : n;
+            for (size_t i = 0; ok && i < n && !atomic_load(&f->stop); i += step) {
+                ok = send(c, f->reply + i, step, MSG_NOSIGNAL) == (ssize_t)step;
+                if (f->gap_ms) usleep((useconds_t)f->gap_ms * 1000);
+            }
+        }
+        close(c);
+    }
+    return NULL;
+}
+
+static void fake_redis_start(fake_redis *f, const char *reply, int gap_ms)
+{
+    *f = (fake_redis){.reply = reply, .gap_ms = gap_ms};
+    f->ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(f->ls, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(f->ls, 8), 0);
+    getsockname(f->ls, (struct sockaddr *)&sa, &len);
+    f->port = ntohs(sa.sin_port);
+    assert_int_equal(pthread_create(&f->th, NULL, fake_redis_run, f), 0);
+}
+
+static flame_redis_options fake_opts(const fake_redis *f)
+{
+    return (flame_redis_options){.struct_size = sizeof(flame_redis_options), .port = f->port, .key_prefix = "x:",
+                                 .num_slots = 2, .read_timeout_ms = 500, .backoff_min_ms = 1};
+}
+
+static void fake_redis_stop(fake_redis *f)
+{
+    atomic_store(&f->stop, true);
+    pthread_join(f->th, NULL);
+    close(f->ls);
+}
+
+typedef struct slow_fetch {
+    flame_feature_source *s;
+    int delay_ms;
+    flame_status st;
+    char msg[512];
+    double ms;
+} slow_fetch;
+
+static void *slow_fetch_run(void *p)
+{
+    slow_fetch *x = p;
+    usleep((useconds_t)x->delay_ms * 1000);
+    flame_feature_batch *b;
+    if (flame_feature_batch_create(2, &b)) abort();
+    int64_t id = 1;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    x->st = flame_feature_source_fetch(x->s, &id, 1, b);
+    x->ms = ms_since(&t0);
+    snprintf(x->msg, sizeof x->msg, "%s", flame_last_error());
+    flame_feature_batch_destroy(b);
+    return NULL;
+}
+
+/* A server trickling one byte every 150 ms: the read timeout (200 ms) bounds the whole reply,
+ * not each read, and a second fetch queued behind the stuck one gives up at its own deadline
+ * instead of waiting for it (a 35-byte reply would hold both for over 5 s). */
+static void test_redis_trickling_server_is_bounded(void **state)
+{
+    (void)state;
+    fake_redis f;
+    fake_redis_start(&f, "*1\r\n$24\r\nxxxxxxxxxxxxxxxxxxxxxxxx\r\n", 150);
+    flame_redis_options o = fake_opts(&f);
+    o.read_timeout_ms = 200;
+    flame_feature_source *s;
+    assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+    slow_fetch a = {.s = s}, b = {.s = s, .delay_ms = 50};
+    pthread_t ta, tb;
+    assert_int_equal(pthread_create(&ta, NULL, slow_fetch_run, &a), 0);
+    assert_int_equal(pthread_create(&tb, NULL, slow_fetch_run, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_int_equal(a.st, FLAME_ERR_UNAVAILABLE);
+    assert_non_null(strstr(a.msg, "no complete reply within the read timeout (200 ms)"));
+    assert_true(a.ms >= 190 && a.ms < 1500);
+    /* b waited for the connection (at most 200 ms), then had its own 200 ms with the server */
+    assert_int_equal(b.st, FLAME_ERR_UNAVAILABLE);
+    assert_true(b.ms < 1500);
+    flame_feature_source_destroy(s);
+    fake_redis_stop(&f);
+}
+
+/* Replies of the wrong shape name what came back. */
+static void test_redis_mget_reply_shapes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *reply, *want;
+    } cases[] = {{"*2\r\n$-1\r\n$-1\r\n", "MGET of 1 keys answered an array of 2 elements, expected 1"},
+                 {"*0\r\n", "MGET of 1 keys answered an array of 0 elements, expected 1"},
+                 {"+OK\r\n", "MGET of 1 keys answered a status, not an array"},
+                 {":7\r\n", "MGET of 1 keys answered an integer, not an array"},
+                 {"-ERR no\r\n", "MGET of 1 keys answered an error: ERR no"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fake_redis f;
+        fake_redis_start(&f, cases[i].reply, 0);
+        flame_redis_options o = fake_opts(&f);
+        flame_feature_source *s;
+        assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+        flame_feature_batch *b;
+        assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+        int64_t id = 1;
+        assert_status_msg(flame_feature_source_fetch(s, &id, 1, b), FLAME_ERR_UNAVAILABLE, cases[i].want);
+        flame_feature_batch_destroy(b);
+        flame_feature_source_destroy(s);
+        fake_redis_stop(&f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -330,6 +476,8 @@ int main(void)
         cmocka_unit_test(test_redis_load_and_fetch),
         cmocka_unit_test(test_redis_reconnect),
         cmocka_unit_test(test_redis_timeout_and_backoff),
+        cmocka_unit_test(test_redis_trickling_server_is_bounded),
+        cmocka_unit_test(test_redis_mget_reply_shapes),
     };
     return cmocka_run_group_tests_name("feature_sources", tests, NULL, NULL);
 }

@@ -227,6 +227,37 @@ static void test_custom_ttl_fn(void **state)
     assert_int_equal(fetched(6), 1);
 }
 
+static uint64_t huge_ttl_fn(int64_t id, uint64_t previous_hits, void *user)
+{
+    (void)previous_hits, (void)user;
+    return id == 1 ? UINT64_MAX : id == 2 ? 1ull << 62 : UINT64_MAX - 1000 * SEC;
+}
+
+/* TTLs past the clock's range (UINT64_MAX = never) saturate: the entries are served from the
+ * cache for any time to come, and the refresh point (80% of the TTL) lies in the future too,
+ * so hits schedule no refresh. A wrapped expiry sends every get to the source; a wrapped
+ * refresh point refreshes on every hit. */
+static void test_huge_ttls_saturate(void **state)
+{
+    fixture *f = *state;
+    make_cache(f);
+    assert_int_equal(flame_item_cache_set_ttl_fn(f->cache, huge_ttl_fn, NULL), FLAME_OK);
+    atomic_store(&now_us, 3ull << 62); /* a late clock: now + 2^62 ... UINT64_MAX all overflow */
+    for (int64_t id = 1; id <= 3; id++) assert_int_equal(served(f, id), 0);
+    for (int round = 0; round < 5; round++) {
+        atomic_fetch_add(&now_us, 1000000 * SEC);
+        for (int64_t id = 1; id <= 3; id++) assert_int_equal(served(f, id), 0);
+    }
+    uint64_t n = 99;
+    assert_int_equal(flame_item_cache_run_refresh(f->cache, &n), FLAME_OK);
+    assert_int_equal(n, 0);
+    for (int64_t id = 1; id <= 3; id++) assert_int_equal(fetched(id), 1);
+    flame_item_cache_stats s = stats(f);
+    assert_int_equal(s.misses, 3);
+    assert_int_equal(s.hits, 15);
+    assert_int_equal(s.refreshes, 0);
+}
+
 static void test_refresh_ahead_manual(void **state)
 {
     fixture *f = *state;
@@ -611,6 +642,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batch_hits_misses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ttl_from_popularity, setup, teardown),
         cmocka_unit_test_setup_teardown(test_custom_ttl_fn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_huge_ttls_saturate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refresh_ahead_manual, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refresh_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_last_reference_dropped_on_the_refresh_thread, setup, teardown),

@@ -1,7 +1,9 @@
 /* Model loader: one test per malformed-file class of docs/model-format.md, each asserting
  * the status and the message; plus the dtypes that load. */
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "testutil.h"
 #include "model/model.h"
@@ -255,6 +257,132 @@ static void test_half_dtypes_convert(void **state)
     }
 }
 
+/* The data buffer is the tensors' ranges and nothing else: unindexed bytes before, between
+ * or after them are refused, naming the gap. */
+static void test_unindexed_bytes(void **state)
+{
+    const char *p = tu_write_st("gap_end.st", header(tiny_config, tiny_tensor), 0, data, 200);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "bytes [160, 200) of the data buffer belong to no tensor (after the last, 'tables.item.weight')");
+    p = tu_write_st("gap_start.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
+                                                        "\"data_offsets\":[40,200]}"),
+                    0, data, 200);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "bytes [0, 40) of the data buffer belong to no tensor (a gap before 'tables.item.weight')");
+    p = tu_write_st("gap_mid.st",
+                    header(tiny_config, "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                                        "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":"
+                                        "[32,192]}"),
+                    0, data, 192);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "bytes [16, 32) of the data buffer belong to no tensor (a gap between 'a' and 'tables.item.weight')");
+    p = tu_write_st("gap_all.st", header(tiny_config, ""), 0, data, 16);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "the data buffer has 16 bytes but the header lists no tensor");
+    p = tu_write_st("gap_empty.st",
+                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":"
+                                        "[0,160]},\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[80,80]}"),
+                    0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "empty tensor 'e' at byte 80 lies inside 'tables.item.weight' [0, 160)");
+    /* an empty tensor where the covered bytes end is laid out right (and then refused as extra) */
+    p = tu_write_st("empty_end.st",
+                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":"
+                                        "[0,160]},\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[160,160]}"),
+                    0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "unexpected tensor 'e'");
+}
+
+/* Duplicate keys are found by sorting: a header of 100,000 metadata keys (1.5 MB) loads in
+ * well under a second (pairwise comparison took about 45 s), and a duplicate among them, or
+ * nested in a tensor entry or in flame.config, is still found. */
+static void test_large_header_is_not_quadratic(void **state)
+{
+    const int keys = 100000;
+    size_t cap = (size_t)keys * 16 + 8192;
+    char *h = malloc(cap);
+    size_t len = (size_t)snprintf(h, cap, "%s", header(tiny_config, tiny_tensor));
+    /* reopen __metadata__: the keys go before its '}', then the tensor part is put back */
+    char *tail = strstr(h, "},\"tables.item.weight\"");
+    assert_non_null(tail);
+    char rest[512];
+    snprintf(rest, sizeof rest, "%s", tail);
+    len = (size_t)(tail - h);
+    for (int i = 0; i < keys; i++) len += (size_t)snprintf(h + len, cap - len, ",\"k%07d\":\"\"", i);
+    snprintf(h + len, cap - len, "%s", rest);
+    const char *p = tu_write_st("many_keys.st", h, 0, data, 160);
+    /* loaded in a child, so that a quadratic check fails at the bound instead of running on */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(load(p) == FLAME_OK ? 0 : 1);
+    int status = 0;
+    double s = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        struct timespec t1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        if (s > 10) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fail_msg("a header of %d metadata keys did not load within 10 s", keys);
+        }
+        usleep(10000);
+    }
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    fprintf(stderr, "# a header of %d metadata keys loaded in %.2f s\n", keys, s);
+    /* the last key repeats the first */
+    char *last = strstr(h, ",\"k0099999\"");
+    assert_non_null(last);
+    memcpy(last, ",\"k0000000\"", 11);
+    p = tu_write_st("many_keys_dup.st", h, 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "key 'k0000000' appears twice in __metadata__");
+    free(h);
+    p = tu_write_st("dup_entry.st",
+                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"dtype\":\"F16\","
+                                        "\"data_offsets\":[0,160]}"),
+                    0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "key 'dtype' appears twice in the entry of tensor 'tables.item.weight'");
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg, "%s", tiny_config);
+    memcpy(strstr(cfg, "\"d_model\":4"), "\"max_len\":4", 11); /* max_len twice */
+    p = tu_write_st("dup_cfg.st", header(cfg, tiny_tensor), 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "config: key 'max_len' appears twice in an object of flame.config");
+}
+
+/* A NaN or Inf weight would make every score NaN: refused, naming the tensor and the first bad
+ * value, in each float dtype. */
+static void test_non_finite_weights(void **state)
+{
+    float w[40];
+    for (int i = 0; i < 40; i++) w[i] = (float)i / 8;
+    w[13] = NAN;
+    w[30] = INFINITY;
+    const char *p = tu_write_st("nan.st", header(tiny_config, tiny_tensor), 0, w, sizeof w);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "tensor 'tables.item.weight' (F32): value 13 (row 3, column 1) is nan; weights must be finite");
+    w[13] = 0;
+    p = tu_write_st("inf.st", header(tiny_config, tiny_tensor), 0, w, sizeof w);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.weight' (F32): value 30 (row 7, column 2) is inf");
+    static const struct {
+        const char *dtype, *want;
+        uint16_t bad;
+    } half[] = {{"F16", "tensor 'tables.item.weight' (F16): value 39 (row 9, column 3) is inf", 0x7c00},
+                {"F16", "tensor 'tables.item.weight' (F16): value 39 (row 9, column 3) is nan", 0x7e00},
+                {"BF16", "tensor 'tables.item.weight' (BF16): value 39 (row 9, column 3) is -inf", 0xff80},
+                {"BF16", "tensor 'tables.item.weight' (BF16): value 39 (row 9, column 3) is nan", 0x7fc1}};
+    for (size_t k = 0; k < sizeof half / sizeof half[0]; k++) {
+        uint16_t raw[40];
+        for (int i = 0; i < 40; i++) raw[i] = 0x3c00; /* 1.0 in F16; 1.875 in BF16 */
+        raw[39] = half[k].bad;
+        char tensors[256];
+        snprintf(tensors, sizeof tensors,
+                 "\"tables.item.weight\":{\"dtype\":\"%s\",\"shape\":[10,4],\"data_offsets\":[0,80]}", half[k].dtype);
+        p = tu_write_st("half_bad.st", header(tiny_config, tensors), 0, raw, sizeof raw);
+        assert_status_msg(load(p), FLAME_ERR_FORMAT, half[k].want);
+    }
+}
+
 /* ---- int8 tables: "tables.{name}.weight" I8 [rows, dim] + "tables.{name}.qparams" F32 [rows, 2] */
 
 static const char *q8_tensors(const char *qp_dtype, const char *qp_shape, uint64_t qp_begin, uint64_t qp_end)
@@ -280,12 +408,14 @@ static void test_int8_table_loads_and_scores(void **state)
             qp[2 * r] = 0.01f * (float)(r + 1) * (r % 3 ? 1.0f : -1.0f); /* negative scales are allowed */
             qp[2 * r + 1] = 0.25f * (float)(r - 5);
         }
-        const uint64_t qb = misaligned ? 41 : 40; /* a hole before qparams: libflame does not require a dense buffer */
+        const uint64_t qb = 40;
         memcpy(raw, q, 40);
-        raw[40] = 0;
         memcpy(raw + qb, qp, 80);
-        const char *p = tu_write_st("q8.st", header(tiny_config, q8_tensors("F32", "[10,2]", qb, qb + 80)), 0, raw,
-                                    qb + 80);
+        /* misaligned: a header of 8k + 1 bytes puts the data buffer, and so qparams, off by one */
+        char h[8192];
+        snprintf(h, sizeof h, "%s", header(tiny_config, q8_tensors("F32", "[10,2]", qb, qb + 80)));
+        while (misaligned && strlen(h) % 8 != 1) strcat(h, " ");
+        const char *p = tu_write_st("q8.st", h, misaligned ? strlen(h) : 0, raw, qb + 80);
         flame_model *m = NULL;
         assert_int_equal(flame_model_load(p, &m), FLAME_OK);
         assert_null(m->w.tables[0]);
@@ -355,8 +485,8 @@ static void test_int8_rejections(void **state)
     p = tu_write_st("q8tshape.st",
                     header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"I8\",\"shape\":[10,5],\"data_offsets\":"
                                         "[0,50]},\"tables.item.qparams\":{\"dtype\":\"F32\",\"shape\":[10,2],"
-                                        "\"data_offsets\":[52,132]}"),
-                    0, raw, 132);
+                                        "\"data_offsets\":[50,130]}"),
+                    0, raw, 130);
     assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.weight' has shape [10, 5], expected [10, 4]");
     /* qparams beside a float table */
     p = tu_write_st("q8f32.st",
@@ -523,6 +653,9 @@ int main(void)
         cmocka_unit_test(test_ambiguous_headers),
         cmocka_unit_test(test_fifo_is_refused_not_waited_on),
         cmocka_unit_test(test_half_dtypes_convert),
+        cmocka_unit_test(test_unindexed_bytes),
+        cmocka_unit_test(test_large_header_is_not_quadratic),
+        cmocka_unit_test(test_non_finite_weights),
         cmocka_unit_test(test_int8_table_loads_and_scores),
         cmocka_unit_test(test_int8_rejections),
         cmocka_unit_test(test_model_memory_is_weights_plus_10_percent),

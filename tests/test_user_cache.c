@@ -496,6 +496,183 @@ static void test_ttl(void **state)
     flame_user_cache_destroy(c);
 }
 
+/* ---- another process of the same user overwriting the table (here: a second mapping of it) */
+typedef struct hostile {
+    int fd;
+    unsigned char *base;
+    size_t bytes;
+} hostile;
+
+static hostile map_again(size_t bytes)
+{
+    hostile h = {.fd = shm_open(name, O_RDWR, 0), .bytes = bytes};
+    assert_true(h.fd >= 0);
+    h.base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, h.fd, 0);
+    assert_true(h.base != MAP_FAILED);
+    return h;
+}
+
+/* The record words of `user` in the other mapping (found through the victim's layout). */
+static _Atomic uint64_t *record_of(flame_user_cache *c, const hostile *h, int64_t user)
+{
+    for (uint64_t i = 0; i < c->lay.num_buckets; i++)
+        for (unsigned w = 0; w < FL_UC_WAYS; w++) {
+            _Atomic uint64_t *r = fl_uc_record(c, fl_uc_bucket_at(c, i), w);
+            if ((atomic_load(&r[FL_UC_META]) & FL_UC_LIVE) && (int64_t)atomic_load(&r[FL_UC_KEY]) == user)
+                return (_Atomic uint64_t *)(h->base + ((unsigned char *)r - c->base));
+        }
+    fail_msg("no record of user %lld", (long long)user);
+    return NULL;
+}
+
+static int32_t get_found(flame_user_cache *c, int64_t user, rec *out, flame_status want)
+{
+    flame_user_features f = out_features(out);
+    int32_t found = -1;
+    flame_status st = flame_user_cache_get(c, user, &f, &found);
+    if (st != want) fail_msg("get(%lld): %s (%s)", (long long)user, flame_status_string(st), flame_last_error());
+    if (st == FLAME_OK && found) assert_true(consistent(&f, user, 2, 8, 2));
+    return found;
+}
+
+/* Layout fields overwritten after attach change nothing: the handle uses its own validated
+ * copy (before, a bucket count of 2^40 sent every call far outside the mapping). */
+static void test_hostile_header_is_ignored_after_attach(void **state)
+{
+    flame_user_cache_params p = params(100, 2, 8, 2);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec in, out;
+    for (int64_t u = 1; u <= 20; u++) {
+        make_rec(&in, u, 5 + (uint64_t)u, 2, 8, 2);
+        assert_int_equal(flame_user_cache_put(c, u, &in.f), FLAME_OK);
+    }
+    hostile h = map_again(c->bytes);
+    fl_uc_header *hh = (fl_uc_header *)h.base;
+    hh->num_buckets = 1ull << 40;
+    hh->bucket_bytes = 1ull << 40;
+    hh->record_bytes = 1ull << 40;
+    hh->total_bytes = 1ull << 50;
+    hh->num_slots = 64;
+    hh->max_ids = 0xffffffffu;
+    hh->max_dense = 0xffffffffu;
+    hh->ttl_us = 1;
+    for (int64_t u = 1; u <= 20; u++) assert_int_equal(get_found(c, u, &out, FLAME_OK), 1);
+    make_rec(&in, 21, 7, 2, 8, 2);
+    assert_int_equal(flame_user_cache_put(c, 21, &in.f), FLAME_OK);
+    assert_int_equal(get_found(c, 21, &out, FLAME_OK), 1);
+    int32_t removed = 0;
+    assert_int_equal(flame_user_cache_remove(c, 21, &removed), FLAME_OK);
+    assert_int_equal(removed, 1);
+    flame_user_cache_params got = {.struct_size = sizeof got};
+    assert_int_equal(flame_user_cache_get_params(c, &got), FLAME_OK);
+    assert_int_equal(got.max_ids, 8);
+    assert_int_equal(got.num_slots, 2);
+    assert_int_equal(got.ttl_us, 0);
+    flame_user_cache_stats s = stats_of(c);
+    assert_int_equal(s.capacity, 104);
+    assert_int_equal(s.records, 20);
+    flame_user_cache *d = NULL; /* a new attach sees the header as it is now, and refuses it */
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
+                      "header is out of range");
+    munmap(h.base, h.bytes);
+    close(h.fd);
+    flame_user_cache_destroy(c);
+}
+
+/* Records no writer makes read as misses counted in stats.corrupt, never as hits with counts
+ * the buffers do not hold (before, slot lengths not summing to the ids came back as a hit). */
+static void test_hostile_records_are_misses(void **state)
+{
+    fl_uc_set_clock(fake_clock);
+    fake_now = 1000000000;
+    flame_user_cache_params p = params(100, 2, 8, 2);
+    p.ttl_us = 60000000;
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec in, out;
+    for (int64_t u = 1; u <= 6; u++) {
+        make_rec(&in, u, 4 + (uint64_t)u, 2, 8, 2); /* 5..8 ids (v mod 9), so slot 0 is never empty */
+        assert_int_equal(flame_user_cache_put(c, u, &in.f), FLAME_OK);
+    }
+    hostile h = map_again(c->bytes);
+    /* 1: slot lengths that do not sum to the ids */
+    record_of(c, &h, 1)[FL_UC_SLOTS] = 1000ull | 7ull << 32;
+    assert_int_equal(get_found(c, 1, &out, FLAME_OK), 0);
+    assert_int_equal(stats_of(c).corrupt, 1);
+    /* 2: an id count beyond max_ids */
+    _Atomic uint64_t *r = record_of(c, &h, 2);
+    r[FL_UC_META] = fl_uc_meta(0xffffff, 1);
+    assert_int_equal(get_found(c, 2, &out, FLAME_OK), 0);
+    /* 3: a seq left odd (as if a writer were inside for ever, its lock free) */
+    r = record_of(c, &h, 3);
+    r[FL_UC_SEQ] = r[FL_UC_SEQ] + 1;
+    assert_int_equal(get_found(c, 3, &out, FLAME_OK), 0);
+    flame_user_cache_stats s = stats_of(c);
+    assert_int_equal(s.corrupt, 3);
+    assert_int_equal(s.misses, 3);
+    assert_int_equal(s.hits, 0);
+    /* 4, 5: written-at times far in the past (the age saturates: expired) and in the future */
+    record_of(c, &h, 4)[FL_UC_TIME] = (uint64_t)INT64_MIN;
+    assert_int_equal(get_found(c, 4, &out, FLAME_OK), 0);
+    assert_int_equal(stats_of(c).expired, 1);
+    record_of(c, &h, 5)[FL_UC_TIME] = (uint64_t)INT64_MAX;
+    flame_user_features f = out_features(&out);
+    int32_t found = 0;
+    assert_int_equal(flame_user_cache_get(c, 5, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(f.age_us, 0);
+    /* a put over the odd-seq record and with expired neighbours still works */
+    make_rec(&in, 3, 6, 2, 8, 2);
+    assert_int_equal(flame_user_cache_put(c, 3, &in.f), FLAME_OK);
+    assert_int_equal(get_found(c, 6, &out, FLAME_OK), 1);
+    /* an older caller's stats struct (without `corrupt`) is still filled */
+    flame_user_cache_stats old = {.struct_size = offsetof(flame_user_cache_stats, corrupt), .corrupt = 77};
+    assert_int_equal(flame_user_cache_get_stats(c, &old), FLAME_OK);
+    assert_int_equal(old.corrupt, 77);
+    assert_int_equal(old.misses, 4);
+    munmap(h.base, h.bytes);
+    close(h.fd);
+    flame_user_cache_destroy(c);
+}
+
+/* A truncated object is an error for every call, not SIGBUS; so for an engine scoring from it. */
+static void test_hostile_truncation_is_an_error(void **state)
+{
+    flame_user_cache_params p = params(1000, 2, 8, 2);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    rec in, out;
+    make_rec(&in, 9, 7, 2, 8, 2);
+    assert_int_equal(flame_user_cache_put(c, 9, &in.f), FLAME_OK);
+    hostile h = map_again(4096);
+    assert_int_equal(ftruncate(h.fd, 4096), 0);
+    char want[160];
+    snprintf(want, sizeof want, "shm '%s' is 4096 bytes, its layout needs %llu: another process truncated it", name,
+             (unsigned long long)c->lay.total_bytes);
+    flame_user_features f = out_features(&out);
+    int32_t found = -1, removed = -1;
+    assert_status_msg(flame_user_cache_get(c, 9, &f, &found), FLAME_ERR_IO, want);
+    assert_status_msg(flame_user_cache_put(c, 9, &in.f), FLAME_ERR_IO, want);
+    assert_status_msg(flame_user_cache_remove(c, 9, &removed), FLAME_ERR_IO, want);
+    flame_user_cache_stats s = {.struct_size = sizeof s};
+    assert_status_msg(flame_user_cache_get_stats(c, &s), FLAME_ERR_IO, want);
+    flame_model *m = NULL;
+    flame_engine *e = NULL;
+    assert_int_equal(flame_model_create_random(flame_default_model_config(), 1, &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &e), FLAME_OK);
+    assert_int_equal(flame_engine_set_user_cache(e, c), FLAME_OK);
+    flame_model_info info = {.struct_size = sizeof info};
+    assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+    int64_t cand[2] = {1, 2};
+    float scores[64];
+    flame_request q = {.struct_size = sizeof q, .user_id = 9, .candidates = cand, .num_candidates = 2,
+                       .history_from_user_cache = 1};
+    assert_status_msg(flame_score(e, &q, scores, 2 * (size_t)info.num_tasks), FLAME_ERR_IO, want);
+    flame_engine_destroy(e);
+    flame_model_destroy(m);
+    munmap(h.base, h.bytes);
+    close(h.fd);
+    flame_user_cache_destroy(c);
+}
+
 static void test_argument_errors(void **state)
 {
     flame_user_cache *c = NULL;
@@ -694,6 +871,9 @@ int main(void)
         T(test_load_before_first_eviction),
         T(test_ttl),
         T(test_written_at_times_of_any_value),
+        T(test_hostile_header_is_ignored_after_attach),
+        T(test_hostile_records_are_misses),
+        T(test_hostile_truncation_is_an_error),
         T(test_argument_errors),
         T(test_zeroed_params_are_the_defaults),
         T(test_get_params),

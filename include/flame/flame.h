@@ -113,8 +113,10 @@ typedef struct flame_model flame_model;
  * model hold a reference, so the caller may destroy the model before its engines.
  * Thread-safety: a loaded model is immutable and may be shared by any number of threads.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path or out); FLAME_ERR_IO (cannot open,
- * stat or map); FLAME_ERR_FORMAT (any check of docs/model-format.md fails; the message names
- * the tensor or config key and the limit); FLAME_ERR_NOMEM. On failure *out is set to NULL. */
+ * stat or map); FLAME_ERR_FORMAT (any check of docs/model-format.md fails, among them bytes of
+ * the data buffer outside every tensor, duplicate JSON keys and NaN or Inf weights; the message
+ * names the tensor or config key and the limit or offending value); FLAME_ERR_NOMEM. On failure
+ * *out is set to NULL. */
 FLAME_API flame_status flame_model_load(const char *path, flame_model **out);
 
 /* Creates a model from a flame.config JSON document (docs/model-format.md) with random
@@ -688,19 +690,23 @@ FLAME_API flame_status flame_user_cache_unlink(const char *name);
 /* Writes (inserts or replaces) the record of `user_id`. Any int64 is a valid user id.
  * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache/features,
  * struct_size outside 8..4096, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
- * max_dense, slot_lens not summing to num_ids: the message names the value and the limit). */
+ * max_dense, slot_lens not summing to num_ids: the message names the value and the limit);
+ * FLAME_ERR_IO (another process truncated the shared object or overwrote a bucket lock:
+ * docs/memory.md, "Another process of the same user"). */
 FLAME_API flame_status flame_user_cache_put(flame_user_cache *cache, int64_t user_id, const flame_user_features *features);
 /* Reads the record of `user_id` into *features; *found is 1 on a hit, 0 on a miss (absent,
- * expired, or dropped by crash recovery; *features untouched then). Lock-free unless a writer
+ * expired, malformed (counted in stats.corrupt) or dropped by crash recovery; num_ids,
+ * num_dense and age_us untouched then, the arrays unspecified). Lock-free unless a writer
  * holds the record for long (then the reader waits for, or recovers, the bucket's lock).
  * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL argument, struct_size
  * too small, NULL arrays with non-zero capacity, NULL slot_lens); FLAME_ERR_BUFFER_TOO_SMALL
  * (ids_capacity or dense_capacity below the record's counts: num_ids and num_dense are set to
- * the counts needed, the arrays are unspecified, *found is 1). */
+ * the counts needed, the arrays are unspecified, *found is 1); FLAME_ERR_IO (the shared object
+ * was truncated by another process). */
 FLAME_API flame_status flame_user_cache_get(flame_user_cache *cache, int64_t user_id, flame_user_features *features,
                                             int32_t *found);
 /* Removes the record of `user_id`; *removed (may be NULL) is 1 if there was one. Thread- and
- * process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
+ * process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache); FLAME_ERR_IO (as put). */
 FLAME_API flame_status flame_user_cache_remove(flame_user_cache *cache, int64_t user_id, int32_t *removed);
 
 typedef struct flame_user_cache_stats {
@@ -715,11 +721,16 @@ typedef struct flame_user_cache_stats {
     uint64_t puts;             /* all processes, since creation */
     uint64_t evictions;        /* puts that overwrote another user's live record (all processes) */
     uint64_t recoveries;       /* bucket locks recovered from a dead owner (all processes) */
+    /* this handle's gets that found the user's record malformed (bounds, slot lengths not
+     * summing to the ids: only another process overwriting the table makes one) and read it
+     * as a miss; counted in misses too. Written only when struct_size covers it. */
+    uint64_t corrupt;
 } flame_user_cache_stats;
 
 /* Fills *stats; `records` is counted over the buckets' counters (no lock, O(buckets)), the rest
  * are atomic counters, so the whole is not one snapshot. Thread- and process-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096);
+ * FLAME_ERR_IO (the shared object was truncated by another process). */
 FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
 
 /* Fills *params with the table's layout as fixed by its creator: capacity (as asked at
@@ -840,7 +851,9 @@ typedef struct flame_redis_options {
     const char *key_prefix;      /* NULL = "flame:item:"; key = prefix + decimal id (copied) */
     int32_t num_slots;           /* slots per record, 0..64 */
     int32_t connect_timeout_ms;  /* 0 = 200 */
-    int32_t read_timeout_ms;     /* per reply; 0 = 200 */
+    int32_t read_timeout_ms;     /* per fetch: all its replies are in within this of its sending (however
+                                    slowly a server trickles bytes), and it waits no longer for the
+                                    connection; 0 = 200 */
     int32_t keys_per_command;    /* keys per MGET; the MGETs of one fetch are pipelined. 0 = 256 */
     int32_t backoff_min_ms;      /* first delay before reconnecting after a failure; 0 = 10 */
     int32_t backoff_max_ms;      /* the delay doubles per failure up to this; 0 = 2000 */
@@ -848,10 +861,15 @@ typedef struct flame_redis_options {
 
 /* Creates a source reading records from a Redis server through hiredis (encoding:
  * docs/features.md). The connection is made at creation (a failure is reported then) and
- * remade on demand: after an I/O error or timeout the fetch is retried once on a fresh
- * connection; after a failed connect, fetches fail at once with FLAME_ERR_UNAVAILABLE
- * until the backoff delay has passed. A fetch holds the source's connection for its
- * duration (concurrent fetches are serialized). A value that does not decode makes the
+ * remade on demand: a fetch whose connection broke since the last one is retried once on a
+ * fresh connection, within the same read deadline; after a failed connect, fetches fail at
+ * once with FLAME_ERR_UNAVAILABLE until the backoff delay has passed. A fetch holds the
+ * source's connection for its duration (concurrent fetches are serialized): a fetch waits at
+ * most read_timeout_ms for it, then connects if needed (connect_timeout_ms) and reads its
+ * replies within read_timeout_ms, so it returns within about connect_timeout_ms + 2 x
+ * read_timeout_ms whatever the server does (FLAME_ERR_UNAVAILABLE on a timeout, naming it;
+ * an MGET reply of the wrong length or type too, naming both lengths or the type). A value
+ * that does not decode makes the
  * fetch fail with FLAME_ERR_FORMAT naming the key.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096, values out of
  * range); FLAME_ERR_UNAVAILABLE (cannot connect: the message names host, port and the
@@ -933,7 +951,10 @@ typedef uint64_t (*flame_clock_fn)(void *user);
 FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
 
 /* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
- * hits the id's entry had during its previous lifetime (0 for a first insert). Hits are
+ * hits the id's entry had during its previous lifetime (0 for a first insert). Any value up
+ * to UINT64_MAX is valid: the expiry (now + TTL) and the refresh-ahead point (now +
+ * REFRESH_PERCENT of the TTL) saturate at UINT64_MAX, so UINT64_MAX, or any TTL reaching past
+ * the clock's range, means "never expires" (refresh-ahead still applies). Hits are
  * counted one by one up to 1024, then sampled (an unbiased estimate, within a few percent) so
  * that hot entries are not written on every hit; two threads hitting one entry at the same
  * instant may count once. Called with a shard lock held: it must be fast and must not call

@@ -75,7 +75,7 @@ class UserCacheStats(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("capacity", C.c_uint64), ("records", C.c_uint64),
                 ("table_bytes", C.c_uint64), ("record_bytes", C.c_uint64), ("hits", C.c_uint64),
                 ("misses", C.c_uint64), ("expired", C.c_uint64), ("puts", C.c_uint64),
-                ("evictions", C.c_uint64), ("recoveries", C.c_uint64)]
+                ("evictions", C.c_uint64), ("recoveries", C.c_uint64), ("corrupt", C.c_uint64)]
 
 
 class RedisOptions(C.Structure):

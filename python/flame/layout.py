@@ -17,7 +17,11 @@ def _choice(key, value, allowed):
 
 
 def parse(text_or_dict):
-    cfg = json.loads(text_or_dict) if isinstance(text_or_dict, (str, bytes)) else text_or_dict
+    if isinstance(text_or_dict, (str, bytes)):
+        from .st_io import unique_keys  # duplicate keys are refused, as libflame does
+        cfg = json.loads(text_or_dict, object_pairs_hook=unique_keys)
+    else:
+        cfg = text_or_dict
     check(cfg)
     return cfg
 

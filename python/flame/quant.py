@@ -78,12 +78,24 @@ def pack(cfg, tensors, int8_tables, dtype="F32"):
     return out, dtypes
 
 
+def check_finite(name, dt, a):
+    """ValueError naming the tensor and its first NaN or Inf (flat index, and [row, column] of
+    a matrix), as libflame's loader refuses them: one makes every score NaN."""
+    a = np.asarray(a)
+    bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
+    if not bad.size:
+        return
+    i = int(bad[0])
+    at = f" (row {i // a.shape[1]}, column {i % a.shape[1]})" if a.ndim == 2 and a.shape[1] > 0 else ""
+    raise ValueError(f"tensor '{name}' ({dt}): value {i}{at} is {float(a.reshape(-1)[i]):g}; weights must be finite")
+
+
 def unpack(cfg, tensors, dtypes, dtype=np.float64):
     """{name: float array} from what a file holds ({name: array}, {name: dtype string}): I8
     tables dequantized (dequantize_rows, in `dtype`) and their qparams consumed, everything
     else cast to `dtype`. Raises ValueError for what libflame's loader refuses (an I8 tensor
     that is not a table, missing or misshapen or non-F32 qparams, a non-finite scale or bias,
-    qparams beside a float table), with its message."""
+    qparams beside a float table, a NaN or Inf float weight), with its message."""
     tables = _table_names(cfg)
     out = {}
     for name, a in tensors.items():
@@ -94,6 +106,7 @@ def unpack(cfg, tensors, dtypes, dtype=np.float64):
                                  f"(only int8 tables have qparams)")
             continue
         if dtypes[name] != "I8":
+            check_finite(name, dtypes[name], a)
             out[name] = np.asarray(a).astype(dtype)
             continue
         if name not in tables:

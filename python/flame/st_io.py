@@ -29,11 +29,23 @@ def f32_to_bf16_bits(x):
     return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
 
 
+def unique_keys(pairs):
+    """json object_pairs_hook refusing a key that appears twice in one object, as libflame's
+    loader does (readers disagree on which copy wins)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key '{k[:60]}' appears twice in a JSON object")
+        out[k] = v
+    return out
+
+
 def read_header(path):
-    """(metadata dict, {name: entry}) straight from the file's JSON header."""
+    """(metadata dict, {name: entry}) straight from the file's JSON header (duplicate keys
+    refused)."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        header = json.loads(f.read(n), object_pairs_hook=unique_keys)
     meta = header.pop("__metadata__", None) or {}
     return meta, header
 

@@ -159,8 +159,8 @@ class UserCache(Handle):
         return bool(removed.value)
 
     def stats(self) -> dict:
-        """capacity, records, table_bytes, record_bytes; this handle's hits, misses, expired;
-        puts, evictions, recoveries of all processes."""
+        """capacity, records, table_bytes, record_bytes; this handle's hits, misses, expired,
+        corrupt (malformed records read as misses); puts, evictions, recoveries of all processes."""
         raw = new(UserCacheStats)
         with self._use() as h:
             _lib.check(_lib.lib().flame_user_cache_get_stats(h, C.byref(raw)))

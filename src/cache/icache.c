@@ -64,8 +64,11 @@ static flame_status install(struct flame_item_cache *c, fl_shard *sh, int64_t ke
     e->key = key;
     e->len = len;
     e->negative = !blob;
-    e->expires = now + ttl;
-    e->refresh_at = blob && c->refresh_pct ? now + ttl * c->refresh_pct / 100 : UINT64_MAX;
+    /* saturated: a TTL past the clock's range (UINT64_MAX: never) must not wrap to the past */
+    e->expires = fl_sat_add_u64(now, ttl);
+    e->refresh_at = blob && c->refresh_pct
+                        ? fl_sat_add_u64(now, ttl / 100 * c->refresh_pct + ttl % 100 * c->refresh_pct / 100)
+                        : UINT64_MAX;
     if (blob) {
         memcpy(fl_entry_blob(e), blob, len);
         memset(fl_entry_blob(e) + len, 0, padded - len);

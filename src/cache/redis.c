@@ -1,6 +1,11 @@
 /* The Redis feature source and loader (hiredis, blocking API). Keys are prefix + decimal id;
  * values are the record encoding (docs/features.md). A fetch sends its keys as MGETs of
- * keys_per_command keys, all written before any reply is read (one round trip per fetch). */
+ * keys_per_command keys, all written before any reply is read (one round trip per fetch).
+ * hiredis's timeout bounds one read(), so a server sending a byte at a time could hold a fetch
+ * (and the connection's lock) for ever: a fetch instead polls the socket against one deadline
+ * for all its replies, and waits for the lock no longer than that timeout either. */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -70,8 +75,67 @@ static flame_status io_error(redis_source *r, const char *what)
     return st;
 }
 
-/* One attempt over the current connection. */
-static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, flame_feature_batch *out)
+/* Waits until the connection's socket is ready for `events` or the deadline passes: 1 ready,
+ * 0 deadline passed, -1 poll failed. */
+static int wait_socket(const redisContext *c, short events, uint64_t deadline_us)
+{
+    for (;;) {
+        uint64_t now = mono_us();
+        if (now >= deadline_us) return 0;
+        uint64_t left_ms = (deadline_us - now + 999) / 1000;
+        struct pollfd p = {.fd = c->fd, .events = events};
+        int rc = poll(&p, 1, (int)(left_ms > 600000 ? 600000 : left_ms));
+        if (rc > 0) return 1;
+        if (rc < 0 && errno != EINTR) return -1;
+    }
+}
+
+static flame_status timed_out(redis_source *r, const char *what)
+{
+    flame_status st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: %s: no complete reply within the read timeout "
+                               "(%d ms)", r->host, r->port, what, r->read_ms);
+    drop_conn(r);
+    return st;
+}
+
+/* Sends what the pipeline holds, then reads one reply, all before deadline_us. On failure the
+ * connection is dropped (its pipeline is out of step). */
+static flame_status get_reply(redis_source *r, uint64_t deadline_us, redisReply **out)
+{
+    redisContext *c = r->ctx;
+    void *rep = NULL;
+    for (int done = 0; !done;) {
+        int w = wait_socket(c, POLLOUT, deadline_us);
+        if (w <= 0) return w ? io_error(r, "send (poll)") : timed_out(r, "send");
+        if (redisBufferWrite(c, &done) != REDIS_OK) return io_error(r, "send");
+    }
+    if (redisGetReplyFromReader(c, &rep) != REDIS_OK) return io_error(r, "read");
+    while (!rep) {
+        int w = wait_socket(c, POLLIN, deadline_us);
+        if (w <= 0) return w ? io_error(r, "read (poll)") : timed_out(r, "read");
+        if (redisBufferRead(c) != REDIS_OK || redisGetReplyFromReader(c, &rep) != REDIS_OK)
+            return io_error(r, "read");
+    }
+    *out = rep;
+    return FLAME_OK;
+}
+
+static const char *reply_type(int type)
+{
+    switch (type) {
+    case REDIS_REPLY_STRING: return "a string";
+    case REDIS_REPLY_ARRAY: return "an array";
+    case REDIS_REPLY_INTEGER: return "an integer";
+    case REDIS_REPLY_NIL: return "nil";
+    case REDIS_REPLY_STATUS: return "a status";
+    case REDIS_REPLY_ERROR: return "an error";
+    default: return "a reply of unknown type";
+    }
+}
+
+/* One attempt over the current connection; every reply is in by deadline_us. */
+static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, flame_feature_batch *out,
+                               uint64_t deadline_us)
 {
     size_t per = (size_t)r->per_cmd;
     char *keys = malloc(per * 160);
@@ -91,16 +155,18 @@ static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, fl
     }
     for (size_t c = 0, i0 = 0; !st && c < cmds; c++, i0 += per) {
         redisReply *rep = NULL;
-        if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK || !rep) {
-            st = io_error(r, "read");
-            break;
-        }
+        if ((st = get_reply(r, deadline_us, &rep)) != FLAME_OK) break;
         size_t k = n - i0 < per ? n - i0 : per;
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != k) {
-            st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: MGET answered %s", r->host, r->port,
-                          rep->type == REDIS_REPLY_ERROR ? rep->str : "something else than an array of values");
-            drop_conn(r); /* the pipeline is out of step: start over */
-        }
+        if (rep->type == REDIS_REPLY_ERROR)
+            st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: MGET of %zu keys answered an error: %s", r->host,
+                          r->port, k, rep->str);
+        else if (rep->type != REDIS_REPLY_ARRAY)
+            st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: MGET of %zu keys answered %s, not an array", r->host,
+                          r->port, k, reply_type(rep->type));
+        else if (rep->elements != k)
+            st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: MGET of %zu keys answered an array of %zu elements, "
+                          "expected %zu", r->host, r->port, k, rep->elements, k);
+        if (st) drop_conn(r); /* the pipeline is out of step: start over */
         for (size_t j = 0; !st && j < k; j++) {
             redisReply *v = rep->element[j];
             if (v->type == REDIS_REPLY_NIL) {
@@ -120,8 +186,11 @@ static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, fl
         if (st && r->ctx) {
             /* drain the replies still queued so the connection stays in step */
             for (c++; c < cmds; c++) {
-                if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK) {
-                    drop_conn(r);
+                flame_status keep = st;
+                char why[512];
+                snprintf(why, sizeof why, "%s", flame_last_error());
+                if (get_reply(r, deadline_us, &rep) != FLAME_OK) {
+                    fl_error(keep, "%s", why); /* the first failure is the one reported */
                     break;
                 }
                 freeReplyObject(rep);
@@ -135,15 +204,27 @@ static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, fl
 static flame_status redis_fetch(struct flame_feature_source *s, const int64_t *ids, size_t n, flame_feature_batch *out)
 {
     redis_source *r = (redis_source *)s;
-    pthread_mutex_lock(&r->lock);
+    /* the connection is busy with another fetch for at most its connect and read timeouts;
+     * waiting longer than our own read timeout for it would let one slow server stall every
+     * caller queued behind it */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += r->read_ms / 1000;
+    until.tv_nsec += (long)(r->read_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    int rc = pthread_mutex_timedlock(&r->lock, &until);
+    if (rc)
+        return fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: the connection stayed busy with another fetch for the "
+                        "read timeout (%d ms)%s", r->host, r->port, r->read_ms, rc == ETIMEDOUT ? "" : " (lock failed)");
     bool had_conn = r->ctx != NULL;
     flame_status st = ensure_conn(r);
-    if (!st) st = fetch_once(r, ids, n, out);
+    const uint64_t deadline = mono_us() + (uint64_t)r->read_ms * 1000u;
+    if (!st) st = fetch_once(r, ids, n, out, deadline);
     /* a connection that broke since the last fetch (server restart, idle kill): one retry on
-     * a fresh one; reads are idempotent */
-    if (st == FLAME_ERR_UNAVAILABLE && had_conn && !r->ctx) {
+     * a fresh one, within the same deadline; reads are idempotent */
+    if (st == FLAME_ERR_UNAVAILABLE && had_conn && !r->ctx && mono_us() < deadline) {
         st = ensure_conn(r);
-        if (!st) st = fetch_once(r, ids, n, out);
+        if (!st) st = fetch_once(r, ids, n, out, deadline);
     }
     pthread_mutex_unlock(&r->lock);
     return st;

@@ -75,7 +75,7 @@ static void finish_job(struct flame_item_cache *c, job *j, flame_status st, cons
     }
     pthread_mutex_unlock(&j->sh->lock);
     atomic_fetch_add(st ? &c->refresh_failures : &c->refreshes, 1);
-    if (retry) fl_refresh_schedule(c, j->item.key, now + delay, delay);
+    if (retry) fl_refresh_schedule(c, j->item.key, fl_sat_add_u64(now, delay), delay);
 }
 
 /* One batch: claim a flight per id still waiting for its refresh, fetch them all at once,

@@ -46,11 +46,11 @@ static inline void st(_Atomic uint64_t *w, uint64_t v)
 }
 
 /* Word offsets of the parts after the fixed words. */
-static inline uint64_t ids_at(const fl_uc_header *h)
+static inline uint64_t ids_at(const fl_uc_layout *h)
 {
     return FL_UC_SLOTS + (h->num_slots + 1) / 2;
 }
-static inline uint64_t dense_at(const fl_uc_header *h)
+static inline uint64_t dense_at(const fl_uc_layout *h)
 {
     return ids_at(h) + h->max_ids;
 }
@@ -58,7 +58,7 @@ static inline uint64_t dense_at(const fl_uc_header *h)
 void fl_uc_write(flame_user_cache *c, fl_uc_bucket *b, unsigned way, int64_t user, const flame_user_features *f,
                  int64_t now_us)
 {
-    const fl_uc_header *h = c->hdr;
+    const fl_uc_layout *h = &c->lay;
     _Atomic uint64_t *r = fl_uc_record(c, b, way);
     uint64_t seq = ld(&r[FL_UC_SEQ]);
     st(&r[FL_UC_SEQ], seq + 1);
@@ -91,28 +91,32 @@ void fl_uc_write(flame_user_cache *c, fl_uc_bucket *b, unsigned way, int64_t use
     atomic_store_explicit(&r[FL_UC_SEQ], seq + 2, memory_order_release);
 }
 
-fl_uc_read_result fl_uc_read(const flame_user_cache *c, fl_uc_bucket *b, unsigned way, int64_t user,
+fl_uc_read_result fl_uc_read(const flame_user_cache *c, fl_uc_bucket *b, unsigned way, int64_t user, bool locked,
                              flame_user_features *f, uint64_t *meta_out, int64_t *time_out)
 {
-    const fl_uc_header *h = c->hdr;
+    const fl_uc_layout *h = &c->lay;
     _Atomic uint64_t *r = fl_uc_record(c, b, way);
     uint64_t seq = atomic_load_explicit(&r[FL_UC_SEQ], memory_order_acquire);
-    if (seq & 1) return FL_UC_TORN;
+    if (seq & 1) return locked ? FL_UC_CORRUPT : FL_UC_TORN; /* writers hold the lock while odd */
     fl_uc_read_result res = FL_UC_MISS;
     uint64_t meta = ld(&r[FL_UC_META]);
     uint32_t n_ids = fl_uc_meta_ids(meta), n_dense = fl_uc_meta_dense(meta);
     if ((int64_t)ld(&r[FL_UC_KEY]) == user && (meta & FL_UC_LIVE)) {
-        /* counts beyond the bound can only come from a write in progress: the seq check
-         * below then fails; never index with them */
-        if (n_ids > h->max_ids || n_dense > h->max_dense) return FL_UC_TORN;
         res = FL_UC_HIT;
         *meta_out = meta;
         *time_out = (int64_t)ld(&r[FL_UC_TIME]);
-        if (n_ids <= f->ids_capacity && n_dense <= f->dense_capacity) {
-            for (uint32_t s = 0; s < h->num_slots; s++) {
-                uint64_t w = ld(&r[FL_UC_SLOTS + s / 2]);
-                f->slot_lens[s] = (uint32_t)(s & 1 ? w >> 32 : w);
-            }
+        /* counts beyond the bounds are never indexed with: a write in progress (the seq check
+         * below fails) or an overwritten record (it is not) */
+        bool in_bounds = n_ids <= h->max_ids && n_dense <= h->max_dense;
+        bool copy = in_bounds && n_ids <= f->ids_capacity && n_dense <= f->dense_capacity;
+        uint64_t sum = 0;
+        for (uint32_t s = 0; s < h->num_slots && in_bounds; s++) {
+            uint64_t w = ld(&r[FL_UC_SLOTS + s / 2]);
+            uint32_t len = (uint32_t)(s & 1 ? w >> 32 : w);
+            sum += len;
+            if (copy) f->slot_lens[s] = len;
+        }
+        if (copy) {
             _Atomic uint64_t *ids = r + ids_at(h);
             for (uint32_t i = 0; i < n_ids; i++) f->ids[i] = (int64_t)ld(&ids[i]);
             _Atomic uint64_t *dense = r + dense_at(h);
@@ -121,9 +125,10 @@ fl_uc_read_result fl_uc_read(const flame_user_cache *c, fl_uc_bucket *b, unsigne
                 memcpy(&f->dense[i], &bits, 4);
             }
         }
+        if (!in_bounds || sum != n_ids) res = FL_UC_CORRUPT; /* unless torn: decided below */
     }
     atomic_thread_fence(memory_order_acquire); /* the copies above complete before the re-check */
-    return ld(&r[FL_UC_SEQ]) == seq ? res : FL_UC_TORN;
+    return ld(&r[FL_UC_SEQ]) == seq ? res : locked ? FL_UC_CORRUPT : FL_UC_TORN;
 }
 
 /* The owner died inside the bucket: a record with an odd seq was being written; its old value
@@ -148,14 +153,17 @@ static void repair(flame_user_cache *c, fl_uc_bucket *b)
            c->name, dropped);
 }
 
-void fl_uc_lock(flame_user_cache *c, fl_uc_bucket *b)
+int fl_uc_lock(flame_user_cache *c, fl_uc_bucket *b)
 {
     int rc = pthread_mutex_lock(&b->mu);
     if (rc == EOWNERDEAD) {
         repair(c, b);
         pthread_mutex_consistent(&b->mu);
+        return 0;
     }
-    /* ENOTRECOVERABLE cannot happen: every EOWNERDEAD is made consistent above */
+    /* anything else (ENOTRECOVERABLE, EINVAL) only comes from a mutex another process
+     * overwrote: every EOWNERDEAD is made consistent above */
+    return rc;
 }
 
 void fl_uc_unlock(fl_uc_bucket *b)

@@ -52,6 +52,41 @@ static fl_uc_header expected_header(const flame_user_cache_params *p)
     return h;
 }
 
+static fl_uc_layout layout_of(const fl_uc_header *h)
+{
+    return (fl_uc_layout){.capacity = h->capacity, .num_buckets = h->num_buckets, .bucket_bytes = h->bucket_bytes,
+                          .record_bytes = h->record_bytes, .total_bytes = h->total_bytes, .num_slots = h->num_slots,
+                          .max_ids = h->max_ids, .max_dense = h->max_dense, .record_words = h->record_words,
+                          .ttl_us = h->ttl_us};
+}
+
+/* The fixed fields of the shared header, read once: every check is made on this copy, so a
+ * process rewriting the header meanwhile cannot pass one check and fail the next. */
+static fl_uc_header snapshot(const fl_uc_header *src)
+{
+    const volatile fl_uc_header *v = src;
+    fl_uc_header h = {.layout_version = v->layout_version, .header_bytes = v->header_bytes,
+                      .byte_order = v->byte_order, .mutex_bytes = v->mutex_bytes, .ways = v->ways,
+                      .capacity = v->capacity, .num_buckets = v->num_buckets, .bucket_bytes = v->bucket_bytes,
+                      .record_bytes = v->record_bytes, .total_bytes = v->total_bytes, .num_slots = v->num_slots,
+                      .max_ids = v->max_ids, .max_dense = v->max_dense, .record_words = v->record_words,
+                      .ttl_us = v->ttl_us};
+    for (int i = 0; i < 8; i++) h.magic[i] = v->magic[i];
+    return h;
+}
+
+flame_status fl_uc_check_size(flame_user_cache *c)
+{
+    struct stat sb;
+    if (fstat(c->fd, &sb) != 0)
+        return fl_error(FLAME_ERR_IO, "cannot stat shm '%s': %s", c->name, strerror(errno));
+    if ((uint64_t)sb.st_size < c->lay.total_bytes)
+        return fl_error(FLAME_ERR_IO, "shm '%s' is %lld bytes, its layout needs %llu: another process truncated it "
+                        "(remove it with flame_user_cache_unlink and create it again)",
+                        c->name, (long long)sb.st_size, (unsigned long long)c->lay.total_bytes);
+    return FLAME_OK;
+}
+
 static flame_status map(flame_user_cache *c, int fd, size_t bytes)
 {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -78,11 +113,13 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
         st = fl_error(rc == ENOSPC ? FLAME_ERR_NOMEM : FLAME_ERR_IO, "cannot reserve %llu bytes for shm '%s': %s",
                       (unsigned long long)want.total_bytes, c->name, strerror(rc));
     if (st == FLAME_OK) st = map(c, fd, want.total_bytes);
-    close(fd);
     if (st != FLAME_OK) {
+        close(fd);
         shm_unlink(c->name);
         return st;
     }
+    c->fd = fd;
+    c->lay = layout_of(&want);
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -106,10 +143,11 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
         return fl_error(FLAME_ERR_FORMAT, "shm '%s' has " #field " " fmt ", expected " fmt, c->name,             \
                         (cast)h->field, (cast)want.field);
 
-/* Checks a ready header against this build (and the caller's params, if any). */
-static flame_status check_header(const flame_user_cache *c, const flame_user_cache_params *p, size_t size)
+/* Checks a ready header against this build (and the caller's params, if any); on success the
+ * layout it describes becomes the handle's. */
+static flame_status check_header(flame_user_cache *c, const flame_user_cache_params *p, size_t size)
 {
-    const fl_uc_header *h = c->hdr;
+    const fl_uc_header snap = snapshot(c->hdr), *h = &snap;
     if (memcmp(h->magic, FL_UC_MAGIC, 8) != 0)
         return fl_error(FLAME_ERR_FORMAT, "shm '%s' is not a libflame user cache (bad magic)", c->name);
     if (h->byte_order != FL_UC_BYTE_ORDER)
@@ -140,6 +178,7 @@ static flame_status check_header(const flame_user_cache *c, const flame_user_cac
     if (size != want.total_bytes)
         return fl_error(FLAME_ERR_FORMAT, "shm '%s' is %zu bytes, its header says %llu", c->name, size,
                         (unsigned long long)want.total_bytes);
+    c->lay = layout_of(&want);
     return FLAME_OK;
 }
 
@@ -170,8 +209,11 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
         }
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
     }
-    close(fd);
     if (st == FLAME_OK) st = check_header(c, p, c->bytes);
+    if (st == FLAME_OK)
+        c->fd = fd;
+    else
+        close(fd);
     return st;
 }
 
@@ -201,6 +243,7 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
     flame_user_cache *c = calloc(1, sizeof *c);
     if (!c) return fl_error(FLAME_ERR_NOMEM, "cannot allocate a user cache handle");
     atomic_init(&c->refs, 1);
+    c->fd = -1;
     snprintf(c->name, sizeof c->name, "%s", name);
     int exists = 0;
     if (open_mode == FLAME_USER_CACHE_ATTACH) {
@@ -226,7 +269,7 @@ FLAME_API flame_status flame_user_cache_get_params(const flame_user_cache *cache
     if (!cache || !params) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", cache ? "params" : "cache");
     flame_status st = fl_struct_size_check("flame_user_cache_params", params->struct_size, sizeof *params);
     if (st) return st;
-    const fl_uc_header *h = cache->hdr;
+    const fl_uc_layout *h = &cache->lay;
     flame_user_cache_params v = {.struct_size = sizeof v, .mode = 0 /* not kept in the table */};
     v.capacity = h->capacity;
     v.num_slots = h->num_slots;
@@ -245,6 +288,7 @@ void fl_uc_release(flame_user_cache *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
     if (c->base) munmap(c->base, c->bytes);
+    if (c->fd >= 0) close(c->fd);
     free(c);
 }
 

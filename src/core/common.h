@@ -36,6 +36,11 @@ static inline bool fl_add_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     return !__builtin_add_overflow(a, b, out);
 }
+static inline uint64_t fl_sat_add_u64(uint64_t a, uint64_t b)
+{
+    uint64_t s;
+    return __builtin_add_overflow(a, b, &s) ? UINT64_MAX : s;
+}
 
 /* 64-byte aligned allocation for kernel buffers (one cache line, AVX-512 width). */
 void *fl_aligned_alloc(size_t bytes);

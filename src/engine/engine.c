@@ -132,11 +132,11 @@ FLAME_API flame_status flame_engine_set_user_cache(flame_engine *engine, flame_u
 {
     fl_clear_error();
     if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_set_user_cache: engine is NULL");
-    if (cache && cache->hdr->max_ids < (uint32_t)engine->model->cfg.max_len) /* legal, but rarely meant */
+    if (cache && cache->lay.max_ids < (uint32_t)engine->model->cfg.max_len) /* legal, but rarely meant */
         fl_log(FLAME_LOG_WARN,
                "user cache '%s' holds at most %u ids a user, fewer than the model's window of %d: histories read "
                "from it are at most %u items long",
-               cache->name, cache->hdr->max_ids, engine->model->cfg.max_len, cache->hdr->max_ids);
+               cache->name, cache->lay.max_ids, engine->model->cfg.max_len, cache->lay.max_ids);
     if (cache) fl_uc_retain(cache);
     fl_uc_release(engine->user_cache);
     engine->user_cache = cache;

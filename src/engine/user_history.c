@@ -60,7 +60,7 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
     /* copies, then per user the window of its history; one record's ids and slot lengths as
      * the scratch every lookup reads into */
     const size_t max_len = (size_t)e->model->cfg.max_len;
-    size_t max_ids = users ? e->user_cache->hdr->max_ids : 0, slots = users ? e->user_cache->hdr->num_slots : 0;
+    size_t max_ids = users ? e->user_cache->lay.max_ids : 0, slots = users ? e->user_cache->lay.num_slots : 0;
     size_t window = max_len < max_ids ? max_len : max_ids;
     int64_t *hist = users ? fl_workspace_grow(&ws->prep[1], &ws->prep_cap[1],
                                               (users * window + max_ids) * sizeof(int64_t) + slots * sizeof(uint32_t))

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/json_keys.h"
 #include "model/model.h"
 
 #define BAD(...) fl_error(FLAME_ERR_FORMAT, "config: " __VA_ARGS__)
@@ -306,7 +307,11 @@ flame_status fl_config_parse(const char *json, size_t len, fl_model_cfg *cfg)
             cJSON_Delete(root);
             return BAD("flame.config has bytes after its JSON (at offset %td)", c - json);
         }
-    flame_status st = parse_root(root, cfg);
+    bool nomem = false;
+    const char *dup = fl_json_duplicate_key(root, true, &nomem);
+    flame_status st = nomem ? fl_error(FLAME_ERR_NOMEM, "out of memory checking the keys of flame.config")
+                      : dup ? BAD("key '%.60s' appears twice in an object of flame.config", dup)
+                            : parse_root(root, cfg);
     cJSON_Delete(root);
     return st;
 }

@@ -35,6 +35,34 @@ static float f16_to_f32(uint16_t h)
     return f;
 }
 
+/* FLAME_ERR_FORMAT naming the tensor and the first NaN or Inf among its float32 values: one
+ * such weight makes every score NaN. The blocks are scanned branch-free (vectorized); only a
+ * block holding a bad value is searched for its index. */
+static flame_status check_finite(const fl_st_tensor *t, const float *x, uint64_t count)
+{
+    const uint64_t block = 4096;
+    for (uint64_t b0 = 0; b0 < count; b0 += block) {
+        const uint64_t b1 = count - b0 < block ? count : b0 + block;
+        uint32_t bad = 0;
+        for (uint64_t i = b0; i < b1; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (!bad) continue;
+        for (uint64_t i = b0; i < b1; i++) {
+            if (isfinite(x[i])) continue;
+            char at[64] = "";
+            if (t->ndim == 2 && t->shape[1] > 0)
+                snprintf(at, sizeof at, " (row %llu, column %llu)", (unsigned long long)(i / (uint64_t)t->shape[1]),
+                         (unsigned long long)(i % (uint64_t)t->shape[1]));
+            return fl_error(FLAME_ERR_FORMAT, "tensor '%s' (%s): value %llu%s is %g; weights must be finite", t->name,
+                            t->dtype_name, (unsigned long long)i, at, (double)x[i]);
+        }
+    }
+    return FLAME_OK;
+}
+
 /* Converts one tensor to float32 into an owned buffer, then drops the mapped pages it came
  * from so the model does not keep two copies resident. */
 static flame_status convert(struct flame_model *m, const fl_st_file *f, const fl_st_tensor *t, const float **slot,
@@ -59,6 +87,7 @@ static flame_status convert(struct flame_model *m, const fl_st_file *f, const fl
         }
     }
     flame_status st = fl_model_own(m, dst);
+    if (!st) st = check_finite(t, dst, count);
     if (st) return st;
     *slot = dst;
     long page = sysconf(_SC_PAGESIZE);
@@ -148,7 +177,7 @@ static flame_status bind(struct flame_model *m, fl_st_file *f, const fl_tensor_s
     const uint8_t *src = f->data + t->begin;
     if (t->dtype == FL_DTYPE_F32 && ((uintptr_t)src & 3) == 0) {
         *s->slot = (const float *)src; /* used in place: no copy */
-        return FLAME_OK;
+        return check_finite(t, (const float *)src, count);
     }
     return convert(m, f, t, s->slot, count);
 }

@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/json_keys.h"
 #include "model/safetensors.h"
 
 #define BAD(...) fl_error(FLAME_ERR_FORMAT, __VA_ARGS__)
+#define FL_ST_WHERE_MAX 320
 
 size_t fl_dtype_size(fl_dtype d)
 {
@@ -80,24 +82,47 @@ static int by_name(const void *a, const void *b)
     return strcmp(((const fl_st_tensor *)a)->name, ((const fl_st_tensor *)b)->name);
 }
 
-/* Overlap is checked on sorted ranges; two empty tensors at one offset share no byte. */
-static flame_status check_overlaps(fl_st_file *f)
+/* The data buffer must be exactly the concatenation of the tensors' ranges, as the format
+ * requires: on the ranges sorted by (begin, end), each begins where the bytes covered so far
+ * end (an earlier begin is an overlap, a later one a gap), and the last ends at the buffer's
+ * end. Unindexed bytes could carry anything past every reader's checks. An empty tensor sits
+ * where the covered bytes end, like any other. Overlaps are reported at once; the first gap
+ * goes to *gap (FLAME_OK returned), for after the size checks, whose messages say more. */
+static flame_status check_layout(fl_st_file *f, char *gap, size_t gap_len)
 {
-    if (f->num_tensors < 2) return FLAME_OK;
-    fl_st_tensor **order = malloc(f->num_tensors * sizeof *order);
+    fl_st_tensor **order = malloc((f->num_tensors ? f->num_tensors : 1) * sizeof *order);
     if (!order) return fl_error(FLAME_ERR_NOMEM, "out of memory checking tensor ranges");
     for (size_t i = 0; i < f->num_tensors; i++) order[i] = &f->tensors[i];
     qsort(order, f->num_tensors, sizeof *order, by_begin);
     flame_status st = FLAME_OK;
-    const fl_st_tensor *reach = NULL; /* the non-empty range reaching furthest so far */
+    const fl_st_tensor *prev = NULL; /* the previous range: it ends at pos */
+    uint64_t pos = 0;                /* bytes [0, pos) are covered */
+    gap[0] = '\0';
     for (size_t i = 0; i < f->num_tensors && st == FLAME_OK; i++) {
         const fl_st_tensor *t = order[i];
-        if (t->begin == t->end) continue;
-        if (reach && t->begin < reach->end)
-            st = BAD("tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", reach->name,
-                     (unsigned long long)reach->begin, (unsigned long long)reach->end, t->name,
+        if (t->begin < pos && t->begin != t->end)
+            st = BAD("tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", prev->name,
+                     (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
                      (unsigned long long)t->begin, (unsigned long long)t->end);
-        if (!reach || t->end > reach->end) reach = t;
+        else if (t->begin < pos)
+            st = BAD("empty tensor '%s' at byte %llu lies inside '%s' [%llu, %llu)", t->name,
+                     (unsigned long long)t->begin, prev->name, (unsigned long long)prev->begin,
+                     (unsigned long long)prev->end);
+        else if (t->begin > pos && !gap[0] && prev)
+            snprintf(gap, gap_len, "bytes [%llu, %llu) of the data buffer belong to no tensor (a gap between '%s' and "
+                     "'%s')", (unsigned long long)pos, (unsigned long long)t->begin, prev->name, t->name);
+        else if (t->begin > pos && !gap[0])
+            snprintf(gap, gap_len, "bytes [0, %llu) of the data buffer belong to no tensor (a gap before '%s')",
+                     (unsigned long long)t->begin, t->name);
+        if (!prev || t->end >= pos) prev = t, pos = t->end;
+    }
+    if (st == FLAME_OK && !gap[0] && pos != f->data_len) {
+        if (prev)
+            snprintf(gap, gap_len, "bytes [%llu, %llu) of the data buffer belong to no tensor (after the last, '%s')",
+                     (unsigned long long)pos, (unsigned long long)f->data_len, prev->name);
+        else
+            snprintf(gap, gap_len, "the data buffer has %llu bytes but the header lists no tensor",
+                     (unsigned long long)f->data_len);
     }
     free(order);
     return st;
@@ -126,14 +151,14 @@ static flame_status check_sizes(const fl_st_file *f)
     return FLAME_OK;
 }
 
-/* Duplicate keys are refused: readers disagree on which copy wins (cJSON keeps both, and cuts
- * a key at an escaped NUL), so a file could show different configs to different tools. */
+/* Duplicate keys are refused (model/json_keys.h says why); sorting keeps this O(n log n) in
+ * the header size. */
 static flame_status check_unique_keys(const cJSON *obj, const char *where)
 {
-    for (const cJSON *a = obj->child; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (!strcmp(a->string, b->string))
-                return BAD("key '%.60s' appears twice in %s", a->string, where);
+    bool nomem = false;
+    const char *dup = fl_json_duplicate_key(obj, true, &nomem);
+    if (nomem) return fl_error(FLAME_ERR_NOMEM, "out of memory checking the keys of %s", where);
+    if (dup) return BAD("key '%.60s' appears twice in %s", dup, where);
     return FLAME_OK;
 }
 
@@ -174,6 +199,11 @@ static flame_status parse_header(const cJSON *root, fl_st_file *f)
         t->name = strdup(e->string);
         if (!t->name) return fl_error(FLAME_ERR_NOMEM, "out of memory reading tensor names");
         flame_status st = parse_entry(e, t);
+        if (!st) {
+            char where[FL_ST_WHERE_MAX];
+            snprintf(where, sizeof where, "the entry of tensor '%s'", t->name);
+            st = check_unique_keys(e, where);
+        }
         if (st) return st;
         if (t->end > f->data_len)
             return BAD("tensor '%s' ends at byte %llu, past the data buffer (%llu bytes)", t->name,
@@ -183,8 +213,10 @@ static flame_status parse_header(const cJSON *root, fl_st_file *f)
     for (size_t i = 1; i < f->num_tensors; i++)
         if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name))
             return BAD("tensor '%s' appears twice in the header", f->tensors[i].name);
-    flame_status st = check_overlaps(f);
-    return st ? st : check_sizes(f);
+    char gap[2 * FL_ST_WHERE_MAX];
+    flame_status st = check_layout(f, gap, sizeof gap);
+    if (!st) st = check_sizes(f);
+    return st ? st : gap[0] ? BAD("%s", gap) : FLAME_OK;
 }
 
 flame_status fl_st_parse(const uint8_t *bytes, uint64_t len, fl_st_file *f)

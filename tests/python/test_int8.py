@@ -171,6 +171,11 @@ def _tiny(tmp_path, tensors, dtypes):
     return path
 
 
+def _with(a, at, value):
+    a[at] = value
+    return a
+
+
 REJECTIONS = [
     ("missing qparams", {"tables.item.weight": np.zeros((10, 16), np.int8)}, {"tables.item.weight": "I8"},
      "missing tensor 'tables.item.qparams': 'tables.item.weight' is I8, so it needs its per-row scale and bias "
@@ -197,6 +202,12 @@ REJECTIONS = [
      "unexpected tensor 'tables.item.qparams': 'tables.item.weight' is F32, not I8 (only int8 tables have qparams)"),
     ("I8 position table", {"position.weight": np.zeros((6, 16), np.int8)}, {"position.weight": "I8"},
      "tensor 'position.weight' has dtype I8; only embedding tables (tables.<name>.weight) may be int8"),
+    ("NaN weight", {"tables.item.weight": _with(np.ones((10, 16), np.float32), (3, 5), np.nan)}, {},
+     "tensor 'tables.item.weight' (F32): value 53 (row 3, column 5) is nan; weights must be finite"),
+    ("Inf BF16 weight", {"position.weight": _with(np.ones((6, 16), np.float32), (2, 0), np.inf)},
+     {"position.weight": "BF16"}, "tensor 'position.weight' (BF16): value 32 (row 2, column 0) is inf"),
+    ("-Inf F16 weight", {"position.weight": _with(np.ones((6, 16), np.float32), (5, 15), -np.inf)},
+     {"position.weight": "F16"}, "tensor 'position.weight' (F16): value 95 (row 5, column 15) is -inf"),
 ]
 
 

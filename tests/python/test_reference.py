@@ -181,3 +181,20 @@ def test_beauty_metrics(tmp_path, beauty_dir):
     print(f"Beauty: {got} in {time.perf_counter() - t0:.1f} s")
     for k in ("HR@5", "NDCG@5", "HR@10", "NDCG@10", "HR@20", "NDCG@20"):
         assert abs(got[k] - want[k]) <= 2e-4, (k, got[k], want[k])
+
+
+def test_duplicate_config_keys_are_refused_like_libflame(tmp_path):
+    """json.loads keeps the last of two equal keys, cJSON the first: both readers refuse them."""
+    import flame
+    from flame import errors
+    text = json.dumps(lib.CASES["pre_tanh_final_sumi_from_recent"])
+    text = text.replace('"max_len":', '"max_len": 3, "max_len":', 1)
+    header = json.dumps({"__metadata__": {"flame.config": text}}).encode()
+    header += b" " * (-len(header) % 8)
+    path = tmp_path / "dup.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(flame.FlameError) as e:
+        flame.Model(path)
+    assert e.value.status == errors.ERR_FORMAT and "key 'max_len' appears twice" in e.value.message, e.value.message
+    with pytest.raises(ValueError, match="key 'max_len' appears twice"):
+        reference.load(path)
