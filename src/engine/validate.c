@@ -63,7 +63,7 @@ enum { ITEMS = 1, BAGS = 2 };
 static flame_status check_tokens(size_t r, const char *what, const struct flame_model *m, const int64_t *items,
                                  const flame_bags *side, size_t total, size_t first, size_t count, int parts)
 {
-    if (total == 0) return FLAME_OK; /* no tokens: side may be NULL, and &side[s] is then undefined */
+    if (total == 0 && !side) return FLAME_OK; /* no tokens and no bags (&side[s] would be undefined) */
     const fl_model_cfg *c = &m->cfg;
     for (int f = 0; f < c->num_features; f++) {
         int s = c->features[f].side_slot;
