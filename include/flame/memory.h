@@ -1,0 +1,245 @@
+/*
+ * libflame: host memory: NUMA-local allocation, the pinned host buffer pool, and the
+ * shared-memory user cache of users' features.
+ *
+ * Part of the public API; included by flame/flame.h, and usable on its own. The conventions at
+ * the top of flame/flame.h (statuses, ownership, units, the struct_size rule) hold here too.
+ *
+ * docs/memory.md describes the layouts behind these calls.
+ */
+#ifndef FLAME_MEMORY_H
+#define FLAME_MEMORY_H
+
+#include "flame/flame.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- NUMA */
+
+/* Which allocator flame_numa_* use in this process (decided once, on first use). */
+typedef enum flame_numa_mode {
+    FLAME_NUMA_LIBNUMA = 0,           /* libnuma works and the machine has >= 2 nodes */
+    FLAME_NUMA_FALLBACK_NO_NUMA = 1,  /* numa_available() < 0: plain memory, binding a no-op */
+    FLAME_NUMA_FALLBACK_ONE_NODE = 2  /* one node: plain memory is local already, binding a no-op */
+} flame_numa_mode;
+
+/* "The node of the calling thread" wherever a node is asked for. */
+#define FLAME_NUMA_NODE_LOCAL (-1)
+
+typedef struct flame_numa_info {
+    size_t struct_size;     /* sizeof(flame_numa_info) */
+    flame_numa_mode mode;
+    int32_t num_nodes;      /* node numbers are 0..num_nodes-1 (1 in the fallbacks) */
+    int32_t current_node;   /* node of the CPU the calling thread runs on now (0 in the fallbacks) */
+} flame_numa_info;
+
+/* Fills *info. Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too
+ * small). */
+FLAME_API flame_status flame_numa_get_info(flame_numa_info *info);
+
+/* Maps `bytes` of page-aligned, zero-filled memory whose pages are placed on `node`
+ * (FLAME_NUMA_NODE_LOCAL: the node of the thread that first touches them under the default
+ * policy, numa_alloc_local under libnuma). In the fallbacks node must be -1 or 0 and the memory
+ * is a plain anonymous mapping. Pages are backed on first touch, so an untouched allocation
+ * costs address space only. Ownership: free with flame_numa_free(ptr, bytes). Thread-safe.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, bytes 0, a node this machine lacks: the
+ * message names it); FLAME_ERR_NOMEM (the kernel refused the mapping). *out is NULL on failure. */
+FLAME_API flame_status flame_numa_alloc(size_t bytes, int32_t node, void **out);
+/* Unmaps memory from flame_numa_alloc; `bytes` must be the size asked for. NULL is a no-op. */
+FLAME_API void flame_numa_free(void *ptr, size_t bytes);
+
+/* Runs the calling thread on the CPUs of `node` only, and prefers that node for the pages it
+ * touches first (numa_run_on_node + numa_set_preferred). In the fallbacks node 0 is accepted and
+ * nothing changes (check flame_numa_get_info().mode to know). Thread-safe; affects the calling
+ * thread only. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (FLAME_NUMA_NODE_LOCAL, a node this
+ * machine lacks, or a node the thread may not run on: the message names it). */
+FLAME_API flame_status flame_numa_bind_thread(int32_t node);
+
+/* ---------------------------------------------------------------- pinned host buffer pool */
+
+/* Host buffers for GPU transfers: NUMA-local pages registered with cudaHostRegister when this
+ * build has CUDA and a device is usable, pageable otherwise. Sizes are rounded up to a size
+ * class: whole pages up to 16 pages, then 8 classes per power of two, so a buffer's footprint
+ * is at most 12.5% (plus one page) above the request. Freed buffers are kept per class for
+ * reuse up to max_cached_bytes; beyond that they are unregistered and unmapped.
+ * A failed registration is not an error: the buffer stays pageable, the failure is counted in
+ * the stats and logged (FLAME_LOG_WARN) through the log hook. */
+typedef struct flame_pinned_pool flame_pinned_pool;
+
+typedef struct flame_pinned_pool_params {
+    size_t struct_size;         /* sizeof(flame_pinned_pool_params) */
+    int32_t numa_node;          /* node of the pages; FLAME_NUMA_NODE_LOCAL (default) */
+    int32_t pin;                /* 1 (default): register with CUDA when usable; 0: pageable only */
+    uint64_t max_cached_bytes;  /* bytes of freed buffers kept for reuse; default 1 GiB */
+} flame_pinned_pool_params;
+
+/* Creates a pool (params NULL = the defaults above). Ownership: *out is the caller's; free with
+ * flame_pinned_pool_destroy. Thread-safety: every pool function except destroy may be called
+ * concurrently. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, struct_size outside 8..4096, a node
+ * this machine lacks, pin not 0/1); FLAME_ERR_NOMEM. *out is NULL on failure. */
+FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *params, flame_pinned_pool **out);
+/* Unregisters and unmaps every buffer of the pool, those still handed out included (a
+ * FLAME_LOG_WARN line counts them). The caller guarantees no other call on the pool is running.
+ * NULL is a no-op. */
+FLAME_API void flame_pinned_pool_destroy(flame_pinned_pool *pool);
+
+/* Hands out a buffer of at least `bytes` (page-aligned, contents unspecified), reusing a cached
+ * one of the same size class when there is one. *is_pinned (may be NULL) says whether it is
+ * registered with CUDA. Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool/out,
+ * bytes 0 or above 2^47); FLAME_ERR_NOMEM (the mapping was refused). *out is NULL on failure. */
+FLAME_API flame_status flame_pinned_alloc(flame_pinned_pool *pool, size_t bytes, void **out, int32_t *is_pinned);
+/* Gives a buffer back to the pool (cached or unmapped, see above). NULL ptr is a no-op.
+ * Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool, or ptr not handed out by
+ * this pool or already freed: the message names the address). */
+FLAME_API flame_status flame_pinned_free(flame_pinned_pool *pool, void *ptr);
+
+typedef struct flame_pinned_pool_stats {
+    size_t struct_size;        /* sizeof(flame_pinned_pool_stats) */
+    uint64_t bytes_reserved;   /* mapped by the pool now: handed out + cached (size-class bytes) */
+    uint64_t bytes_in_use;     /* size-class bytes of the buffers handed out now */
+    uint64_t bytes_requested;  /* bytes callers asked for, of the buffers handed out now */
+    uint64_t bytes_pinned;     /* of bytes_reserved, registered with CUDA */
+    uint64_t bytes_pageable;   /* of bytes_reserved, not registered */
+    uint64_t hits;             /* allocations served from a cached buffer */
+    uint64_t misses;           /* allocations that mapped a new buffer */
+    uint64_t pin_failures;     /* registrations that failed (those buffers are pageable) */
+    uint64_t releases;         /* buffers unmapped because the cache was full */
+    int32_t pinning;           /* 1 if this pool registers buffers, 0 if pageable only */
+} flame_pinned_pool_stats;
+
+/* Fills *stats as one consistent snapshot. Thread-safe. Returns FLAME_OK;
+ * FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+FLAME_API flame_status flame_pinned_pool_get_stats(flame_pinned_pool *pool, flame_pinned_pool_stats *stats);
+
+/* ---------------------------------------------------------------- shared-memory user cache */
+
+/* A table of user feature records in POSIX shared memory (shm_open + mmap) that the processes
+ * of one host create or attach by name. Capacity and the record bound are fixed at creation.
+ * Readers take no lock (a seqlock per record: they never see a torn record); writers lock the
+ * two candidate buckets of a user (process-shared robust mutexes), so a process killed in the
+ * middle of a write leaves the table usable: the next process to lock that bucket drops the
+ * half-written record (it reads as a miss). When both buckets of a user are full, a put evicts
+ * an expired record, else the least recently written one of the two buckets. */
+typedef struct flame_user_cache flame_user_cache;
+
+/* A field left 0 takes its default, so a zeroed struct (with struct_size set) is valid. */
+typedef struct flame_user_cache_params {
+    size_t struct_size;        /* sizeof(flame_user_cache_params) */
+    uint64_t capacity;         /* records; 0 = 500000 (rounded up to whole buckets of 8).
+                                * Evictions may begin at ~70% of it (docs/memory.md) */
+    uint32_t num_slots;        /* id slots per record (bags, e.g. "genres"); 0 = 1 */
+    uint32_t max_ids;          /* ids per record, all slots together; 0 = 32. For histories read
+                                * by flame_score (slot 0), at least the model's max_len */
+    uint32_t max_dense;        /* float32 values per record; 0 (default) = none */
+    uint32_t mode;             /* permission bits of the shm object; 0 = 0600 */
+    int64_t ttl_us;            /* records older than this read as misses; 0 (default) = never */
+} flame_user_cache_params;
+
+/* One user's features. For put, the fields are read: ids[0..num_ids), slot_lens[0..num_slots)
+ * (summing to num_ids), dense[0..num_dense). For get, the pointed-to arrays are written:
+ * at most ids_capacity ids and dense_capacity floats, all num_slots slot lengths, and num_ids,
+ * num_dense and age_us are set. */
+typedef struct flame_user_features {
+    size_t struct_size;        /* sizeof(flame_user_features) */
+    int64_t *ids;              /* the slots' ids, slot after slot */
+    size_t num_ids;
+    uint32_t *slot_lens;       /* [num_slots] */
+    float *dense;
+    size_t num_dense;
+    size_t ids_capacity;       /* get only */
+    size_t dense_capacity;     /* get only */
+    int64_t age_us;            /* get only: microseconds since the record was written */
+} flame_user_features;
+
+typedef enum flame_user_cache_open_mode {
+    FLAME_USER_CACHE_CREATE = 0,           /* create; FLAME_ERR_IO if the name exists */
+    FLAME_USER_CACHE_ATTACH = 1,           /* attach to an existing table; params may be NULL */
+    FLAME_USER_CACHE_CREATE_OR_ATTACH = 2  /* attach if it exists, else create */
+} flame_user_cache_open_mode;
+
+/* Opens the table `name` (a POSIX shm name: "/" then 1..250 characters without "/").
+ * Attaching checks the header: magic, layout version, this build's record layout, and, when
+ * params are given, that capacity, slots, ids, dense and ttl match; a mismatch is
+ * FLAME_ERR_FORMAT naming the field and both values, never a crash. A table whose creator died
+ * before finishing its initialisation is reported (FLAME_ERR_IO) after waiting 1 s.
+ * Creation reserves the whole table (posix_fallocate), so a full /dev/shm fails here with
+ * FLAME_ERR_NOMEM instead of SIGBUS later. Ownership: *out is the caller's; close with
+ * flame_user_cache_destroy (the table itself lives on until flame_user_cache_unlink and the last
+ * process unmaps it). Thread-safety: get/put/remove/stats may be called concurrently from any
+ * threads and processes. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL name/out, a bad name,
+ * unknown open_mode, params out of range: capacity up to 2^32, num_slots up to 64, max_ids
+ * and max_dense up to 65536, ttl_us >= 0, mode within 0777);
+ * FLAME_ERR_IO (shm_open/mmap failed, the name exists on CREATE or is absent on ATTACH, the
+ * message carries strerror); FLAME_ERR_FORMAT (header mismatch); FLAME_ERR_NOMEM. */
+FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_open_mode open_mode,
+                                             const flame_user_cache_params *params, flame_user_cache **out);
+/* Releases the caller's reference; engines using the handle (flame_engine_set_user_cache) hold
+ * their own, and the table is unmapped from this process when the last reference goes. The
+ * table and its records stay. NULL is a no-op; the caller guarantees no other call on the
+ * handle is running (an engine's calls use their own reference). */
+FLAME_API void flame_user_cache_destroy(flame_user_cache *cache);
+/* Removes the name (shm_unlink): processes that have the table mapped keep it until they
+ * destroy their handles. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (bad name); FLAME_ERR_IO
+ * (no such table, or not permitted). */
+FLAME_API flame_status flame_user_cache_unlink(const char *name);
+
+/* Writes (inserts or replaces) the record of `user_id`. Any int64 is a valid user id.
+ * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache/features,
+ * struct_size outside 8..4096, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
+ * max_dense, slot_lens not summing to num_ids: the message names the value and the limit);
+ * FLAME_ERR_IO (another process truncated the shared object or overwrote a bucket lock:
+ * docs/memory.md, "Another process of the same user"). */
+FLAME_API flame_status flame_user_cache_put(flame_user_cache *cache, int64_t user_id, const flame_user_features *features);
+/* Reads the record of `user_id` into *features; *found is 1 on a hit, 0 on a miss (absent,
+ * expired, malformed (counted in stats.corrupt) or dropped by crash recovery; num_ids,
+ * num_dense and age_us untouched then, the arrays unspecified). Lock-free unless a writer
+ * holds the record for long (then the reader waits for, or recovers, the bucket's lock).
+ * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL argument, struct_size
+ * too small, NULL arrays with non-zero capacity, NULL slot_lens); FLAME_ERR_BUFFER_TOO_SMALL
+ * (ids_capacity or dense_capacity below the record's counts: num_ids and num_dense are set to
+ * the counts needed, the arrays are unspecified, *found is 1); FLAME_ERR_IO (the shared object
+ * was truncated by another process). */
+FLAME_API flame_status flame_user_cache_get(flame_user_cache *cache, int64_t user_id, flame_user_features *features,
+                                            int32_t *found);
+/* Removes the record of `user_id`; *removed (may be NULL) is 1 if there was one. Thread- and
+ * process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache); FLAME_ERR_IO (as put). */
+FLAME_API flame_status flame_user_cache_remove(flame_user_cache *cache, int64_t user_id, int32_t *removed);
+
+typedef struct flame_user_cache_stats {
+    size_t struct_size;        /* sizeof(flame_user_cache_stats) */
+    uint64_t capacity;         /* records the table holds (buckets x 8) */
+    uint64_t records;          /* live records now, expired ones not yet overwritten included */
+    uint64_t table_bytes;      /* size of the shared memory object */
+    uint64_t record_bytes;     /* bytes one record takes in it */
+    uint64_t hits;             /* this handle's gets that found a record */
+    uint64_t misses;           /* this handle's gets that did not (expired ones included) */
+    uint64_t expired;          /* of the misses, records found but older than ttl_us */
+    uint64_t puts;             /* all processes, since creation */
+    uint64_t evictions;        /* puts that overwrote another user's live record (all processes) */
+    uint64_t recoveries;       /* bucket locks recovered from a dead owner (all processes) */
+    /* this handle's gets that found the user's record malformed (bounds, slot lengths not
+     * summing to the ids: only another process overwriting the table makes one) and read it
+     * as a miss; counted in misses too. Written only when struct_size covers it. */
+    uint64_t corrupt;
+} flame_user_cache_stats;
+
+/* Fills *stats; `records` is counted over the buckets' counters (no lock, O(buckets)), the rest
+ * are atomic counters, so the whole is not one snapshot. Thread- and process-safe.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096);
+ * FLAME_ERR_IO (the shared object was truncated by another process). */
+FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
+
+/* Fills *params with the table's layout as fixed by its creator: capacity (as asked at
+ * creation), num_slots, max_ids, max_dense and ttl_us; mode reads 0 (the table does not keep
+ * its permission bits). A process that attached without params learns here what its
+ * flame_user_cache_get buffers need (ids_capacity max_ids, slot_lens of num_slots, dense of
+ * max_dense). The fields never change after creation. Thread- and process-safe.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+FLAME_API flame_status flame_user_cache_get_params(const flame_user_cache *cache, flame_user_cache_params *params);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLAME_MEMORY_H */

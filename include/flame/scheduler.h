@@ -1,0 +1,147 @@
+/*
+ * libflame: the batch-profile scheduler.
+ *
+ * Part of the public API; included by flame/flame.h, and usable on its own. The conventions at
+ * the top of flame/flame.h (statuses, ownership, units, the struct_size rule) hold here too.
+ *
+ * Dynamic batching in front of an engine (the stream orchestrator of the FLAME design):
+ * serving threads submit one user's request at a time; the scheduler groups queued requests
+ * into batches that fit one of its batch profiles (at most max_users requests of at most
+ * max_candidates candidates each), splits a request with more candidates than any profile
+ * holds into parts, optionally waits up to max_wait_us for a batch to fill when traffic is
+ * low, and runs each batch as one flame_score_batch call on one of its worker threads (on a
+ * GPU engine, one worker per executor, so consecutive batches overlap). docs/scheduler.md.
+ */
+#ifndef FLAME_SCHEDULER_H
+#define FLAME_SCHEDULER_H
+
+#include "flame/flame.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct flame_scheduler flame_scheduler;
+
+#define FLAME_SCHED_MAX_PROFILES 16
+
+/* A batch shape: up to max_users requests (users) of up to max_candidates candidates each.
+ * Under the dot head candidates are not tokens (they are scored by one product against the
+ * item table after the encoder), so there requests are never split and only max_users
+ * bounds a batch. */
+typedef struct flame_batch_profile {
+    uint32_t max_users;        /* 1..65536 */
+    uint32_t max_candidates;   /* 1..2^24 */
+} flame_batch_profile;
+
+/* A field left 0 takes its default, so a zeroed struct (with struct_size set) is valid. */
+typedef struct flame_scheduler_params {
+    size_t struct_size;                  /* sizeof(flame_scheduler_params) */
+    const flame_batch_profile *profiles; /* [num_profiles], copied at creation; NULL with 0 */
+    size_t num_profiles;                 /* 1..FLAME_SCHED_MAX_PROFILES; 0 (profiles NULL) = the FLAME
+                                          * paper's four: {1,128}, {2,128}, {4,64}, {8,32} */
+    int64_t max_wait_us;                 /* longest the oldest queued request waits for its batch to
+                                          * fill; 0 (default) = never wait: a free worker takes what is
+                                          * queued (concurrent arrivals still batch while workers are
+                                          * busy). 0..10000000 */
+    uint32_t workers;                    /* threads calling the engine = batches in flight; 0 = the GPU
+                                          * engine's executors (FLAME_OPT_CUDA_EXECUTORS), 1 on the CPU
+                                          * (its BLAS uses the cores). 1..64 */
+    uint32_t max_queue;                  /* parts (requests, or the parts of split ones) waiting at most;
+                                          * a submit beyond is refused (load shedding). 0 = 65536 */
+} flame_scheduler_params;
+
+/* Called once per submitted request, on a worker thread, when its scores are written (status
+ * FLAME_OK) or it failed (a status of flame_score_batch; `message` then says why, valid only
+ * during the call; NULL on success). It should return quickly (the worker scores nothing
+ * meanwhile). It may submit; flame_scheduler_score of the same scheduler is refused there
+ * (it would wait for the worker it runs on); flame_scheduler_destroy of the same scheduler
+ * is allowed (see there). */
+typedef void (*flame_score_done_fn)(void *user, flame_status status, const char *message);
+
+/* Creates a scheduler over `engine` (params NULL = the defaults) and starts its workers.
+ * The engine must outlive the scheduler. Thread-safety: submit, score, get_stats and
+ * reset_latency may be called concurrently from any threads; destroy must not run
+ * concurrently with them.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/out, struct_size outside 8..4096, a value
+ * out of its range above: the message names it); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a
+ * thread could not be started). On failure *out is NULL. */
+FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_scheduler_params *params,
+                                              flame_scheduler **out);
+
+/* Stops taking requests, scores every request already queued (each done callback runs),
+ * joins the workers and frees the scheduler. Called from a done callback of this scheduler
+ * (e.g. by a host language's garbage collector), it returns once every queued request is
+ * scored and no batch will use the engine any more; the remaining callbacks of the calling
+ * worker's batch still run, and that worker frees the scheduler when it is through. NULL is a
+ * no-op. */
+FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
+
+/* Queues one request; `done(user, ...)` runs when it is scored. The request struct is copied
+ * (as flame_score reads it: struct_size of an older or newer flame.h accepted); the arrays it
+ * points to and `scores` must stay valid and unchanged until done runs. Output as flame_score:
+ * scores[c * num_tasks + t], nothing written on failure (the parts of a split request are
+ * gathered privately and copied out when all succeeded).
+ * Batching: a request joins the batch being formed in arrival order (no overtaking) while
+ * some profile holds the batch with it; the batch goes to a worker when no further request
+ * could join it, when the next queued one does not fit, or when its oldest request has waited
+ * max_wait_us. A request with more candidates than the largest max_candidates is split into
+ * ceil(n / largest) parts of equal size (within one), scored as separate requests of the same
+ * user (candidates never see each other under SUMI, so the scores are those of the whole
+ * request, up to the float rounding of another batch shape).
+ * A batch whose flame_score_batch fails with FLAME_ERR_INVALID_ARG is scored request by
+ * request, so one bad request fails alone and the others succeed; any other failure
+ * (FLAME_ERR_UNAVAILABLE of a feature store, FLAME_ERR_NOMEM) fails every request of the batch.
+ * Thread-safe. Returns FLAME_OK (done will run exactly once); FLAME_ERR_INVALID_ARG (NULL
+ * scheduler/request/done, NULL scores with candidates, struct_size outside 8..4096,
+ * more candidates than 2^24, broken candidate bags of a request to be split, more parts than
+ * max_queue);
+ * FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks); FLAME_ERR_UNAVAILABLE
+ * (max_queue parts are waiting, or the scheduler is being destroyed: shed load); FLAME_ERR_NOMEM.
+ * On any failure done is not called and nothing is queued. A request without candidates is
+ * only validated, on the calling thread: done runs before submit returns, with the status
+ * flame_score would give it. */
+FLAME_API flame_status flame_scheduler_submit(flame_scheduler *scheduler, const flame_request *request, float *scores,
+                                              size_t scores_len, flame_score_done_fn done, void *user);
+
+/* Submits and waits: flame_score through the scheduler, for callers that block anyway.
+ * Returns the request's status (flame_last_error() carries its message on this thread), or
+ * the statuses of flame_scheduler_submit; FLAME_ERR_INVALID_ARG when called from a done
+ * callback of the same scheduler. */
+FLAME_API flame_status flame_scheduler_score(flame_scheduler *scheduler, const flame_request *request, float *scores,
+                                             size_t scores_len);
+
+typedef struct flame_scheduler_stats {
+    size_t struct_size;             /* sizeof(flame_scheduler_stats) */
+    uint64_t submitted;             /* requests queued (submit returned FLAME_OK) */
+    uint64_t completed;             /* requests done with FLAME_OK */
+    uint64_t failed;                /* requests done with an error */
+    uint64_t rejected;              /* submits refused with FLAME_ERR_UNAVAILABLE (queue full, stopping) */
+    uint64_t split;                 /* requests split into parts */
+    uint64_t parts;                 /* parts scored (a request not split is one part) */
+    uint64_t batches;               /* flame_score_batch calls (isolating retries not counted) */
+    uint64_t isolated;              /* batches rescored request by request after FLAME_ERR_INVALID_ARG */
+    uint64_t queued;                /* parts waiting now */
+    uint64_t profile_batches[FLAME_SCHED_MAX_PROFILES]; /* batches by the smallest profile holding them
+                                                         * (profiles in the order given) */
+    /* Latency, in us, of the requests completed since creation or the last
+     * flame_scheduler_reset_latency: from submit to the start of done (latency_*) and, per
+     * part, from submit to the start of its batch (queue_wait_*). Log-linear buckets: a
+     * percentile is within 1/16 (6.25%) of the true value, rounded up. 0 when none. */
+    uint64_t latency_p50_us, latency_p99_us, latency_max_us;
+    uint64_t queue_wait_p50_us, queue_wait_p99_us;
+} flame_scheduler_stats;
+
+/* Fills *stats (counters read one by one, not as one snapshot). Thread-safe.
+ * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *scheduler, flame_scheduler_stats *stats);
+
+/* Empties the latency histograms (the percentiles then cover what completes from now on: a
+ * monitoring loop calls this after each read). Counters are not reset. Thread-safe (requests
+ * completing meanwhile land in either window). Returns FLAME_OK; FLAME_ERR_INVALID_ARG. */
+FLAME_API flame_status flame_scheduler_reset_latency(flame_scheduler *scheduler);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLAME_SCHEDULER_H */
