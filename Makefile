@@ -265,7 +265,7 @@ wheel: lib | $(VENV)/.installed
 	rm -rf $(WHEEL_DIR)/src/build $(WHEEL_DIR)/src/*.egg-info
 	cp $(SHLIB) $(WHEEL_DIR)/src/flame/$(SONAME)
 	$(VENV_PY) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(WHEEL_DIR) \
-	    -C--build-option=--plat-name=linux_$(shell uname -m) $(WHEEL_DIR)/src
+	    --config-settings=--build-option=--plat-name=linux_$(shell uname -m) $(WHEEL_DIR)/src
 	@ls $(WHEEL_DIR)/*.whl
 
 clean:
