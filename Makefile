@@ -1,6 +1,8 @@
-# libflame build. `make` builds lib/ and examples/; `make test` runs every test; `make run`
-# runs the main job on the embedded default. CUDA objects are built when nvcc is found
-# (override with CUDA=0 or CUDA=1).
+# libflame build. `make` builds lib/ and examples/ (no network, no Python); `make run` installs
+# what the build lacks, then runs the main job on the embedded default; `make test` installs what
+# the build and tests lack, then runs every test. CUDA objects are built when nvcc is found
+# (override with CUDA=0 or CUDA=1). Python tooling runs from the checkout's virtual environment
+# (VENV, default .venv, made by `make venv` from PYTHON with requirements.txt's pins).
 
 VERSION := $(shell sed -n 's/^\#define FLAME_VERSION_STRING "\(.*\)"/\1/p' include/flame/flame.h)
 MAJOR   := $(word 1,$(subst ., ,$(VERSION)))
@@ -15,6 +17,8 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 CUDA    ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 PYTHON  ?= python3
+VENV    ?= .venv
+VENV_PY := $(abspath $(VENV))/bin/python
 
 # -O2 everywhere, -O3 for the CPU kernels (loop vectorization); no -march: the library runs
 # on any x86-64 and OpenBLAS picks its kernels at run time.
@@ -25,7 +29,7 @@ BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFL
 LDLIBS  := -lcjson -lopenblas -lhiredis -fopenmp -lpthread -lm
 
 SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
-# ---- memory (issue 4): NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
+# ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
 SRC += $(wildcard src/mem/*.c src/cache/*.c)
 # ---- the batch-profile scheduler
 SRC += $(wildcard src/sched/*.c)
@@ -54,15 +58,16 @@ SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
 EXAMPLES := examples/flame-score
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
-# issue 3: kernel tests that call the CUDA launch wrappers (nvcc; CUDA=1 builds only)
+# kernel tests that call the CUDA launch wrappers (nvcc; CUDA=1 builds only)
 TESTS    += $(if $(filter 1,$(CUDA)),$(patsubst tests/%.cu,build/tests/%,$(wildcard tests/test_*.cu)))
 BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
-BENCHES  += bench/cache-bench # issue 4
-BENCHES  += bench/e2e-bench # issue 3: end-to-end flame_score_batch (any device)
-BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # issue 3: the TBE kernel vs copy bandwidth (nvcc)
+BENCHES  += bench/cache-bench
+BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
+BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 
-.PHONY: all lib examples test test-c test-python test-gpu bench run install uninstall clean deps test-sanitize san-run
+.PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test venv venv-bench \
+        test-sanitize san-run dist distcheck wheel
 
 all: lib examples
 
@@ -109,13 +114,13 @@ examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
-# issue 4: item cache hit ratio vs LRU, hit-path throughput, flame_score through the cache
+# item cache hit ratio vs LRU, hit-path throughput, flame_score through the cache
 bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
-# issue 3: flame_score_batch end to end on any device (bench/run_gpu_bench.py drives it)
+# flame_score_batch end to end on any device (bench/run_gpu_bench.py drives it)
 bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ bench/e2e_bench.c bench/e2e_clients.c $(PROG_LDFLAGS) -lcjson
-# issue 3: calls the internal kernel wrapper, so it links the static library and the CUDA libs
+# calls the internal kernel wrapper, so it links the static library and the CUDA libs
 bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -gencode arch=compute_80,code=sm_80 \
@@ -136,31 +141,55 @@ build/tests/%: tests/%.cu $(wildcard tests/*.h) $(wildcard cuda/*.cuh) $(STLIB)
 	    -gencode arch=compute_90,code=sm_90 -c $< -o $@.o
 	$(CC) -o $@ $@.o $(STLIB) -lcmocka $(LDLIBS)
 
-# ---- set-up: installs what a fresh Debian machine lacks (root or sudo), then nothing else
+# ---- set-up: installs what a fresh Debian/Ubuntu machine lacks (apt; root or sudo), nothing
+# when all is there. deps: the build; deps-test: the build, the tests and the tooling's venv.
 deps:
 	@./scripts/install-deps
 
-# ---- the main job: the embedded default model on synthetic requests
-run: deps all
+deps-test:
+	@./scripts/install-deps --tests
+	@$(MAKE) --no-print-directory venv
+
+# The Python tooling's virtual environment: remade when requirements.txt changes, else left
+# alone (no network). The package itself is not installed there: the tooling runs it from
+# python/ (PYTHONPATH), as a checkout's user does.
+VENV_PKGS       := numpy safetensors pytest setuptools
+VENV_BENCH_PKGS := onnx onnxruntime
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt scripts/make-venv
+	@./scripts/make-venv $(PYTHON) $(VENV) $(VENV_PKGS)
+	@touch $@
+# the benchmark drivers' peers (bench/run_cpu_bench.py), same pins
+venv-bench: venv
+	@./scripts/make-venv $(PYTHON) $(VENV) $(VENV_BENCH_PKGS)
+
+# ---- the main job: the embedded default model on synthetic requests (no Python). The build
+# runs after deps has installed what it needs, also under make -j.
+run: deps
+	@$(MAKE) --no-print-directory all
 	./examples/flame-score
 
 # ---- tests
 SHARED ?= $(or $(FLAME_SHARED_DIR),../shared)
 BEAUTY_FLAME := build/beauty.flame.safetensors
 
-$(BEAUTY_FLAME): python/flame/convert.py
+$(BEAUTY_FLAME): python/flame/convert.py | $(VENV)/.installed
 	@mkdir -p build
 	@if [ -f "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" ]; then \
-	    PYTHONPATH=python $(PYTHON) -m flame.convert iclrec "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" $@; \
+	    PYTHONPATH=python $(VENV_PY) -m flame.convert iclrec "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" $@; \
 	else echo "note: $(SHARED)/data/amazon-beauty absent: the Beauty tests will say they are skipped"; fi
 
-test: deps all $(TESTS) $(BEAUTY_FLAME)
-	@./tests/run-tests.sh $(TESTS)
+test: deps-test
+	@$(MAKE) --no-print-directory test-build
+	@PYTHON=$(VENV_PY) ./tests/run-tests.sh $(TESTS)
 
+test-build: all $(TESTS) $(BEAUTY_FLAME)
+
+# (a GPU machine may have no network: pytest runs from $(VENV) where it exists, else python3)
 test-gpu: all $(TESTS)
 	FLAME_REQUIRE_GPU=1 ./tests/run-tests.sh $(TESTS)
 
-# ---- sanitizers (issue 4): the library (CPU-only) and every C test suite built with
+# ---- sanitizers: the library (CPU-only) and every C test suite built with
 # -fsanitize=thread into build-tsan/ and -fsanitize=address,undefined into build-asan/, then
 # run; any report fails the run. OpenBLAS runs single-threaded there (its threads are not
 # instrumented).
@@ -192,19 +221,52 @@ san-run: $(SAN_TESTS)
 	    ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
 	    FLAME_C_ONLY=1 ./tests/run-tests.sh $(SAN_TESTS)
 
+# The CMake package (find_package(flame CONFIG)) goes to LIBDIR/cmake/flame and names the
+# library and header directories relative to itself, so a staged or moved tree still works.
+CMAKEDIR := $(LIBDIR)/cmake/flame
+CMAKE_SED = -e 's|@VERSION@|$(VERSION)|g; s|@MAJOR@|$(MAJOR)|g; s|@SONAME@|$(SONAME)|g; s|@SHLIB_NAME@|$(notdir $(SHLIB))|g' \
+            -e "s|@REL_LIBDIR@|$$(realpath -m --relative-to=$(CMAKEDIR) $(LIBDIR))|g" \
+            -e "s|@REL_INCLUDEDIR@|$$(realpath -m --relative-to=$(CMAKEDIR) $(INCLUDEDIR))|g"
+
 install: lib
-	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/flame $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/flame $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(CMAKEDIR)
 	install -m 0644 include/flame/flame.h $(DESTDIR)$(INCLUDEDIR)/flame/flame.h
 	install -m 0755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libflame.so
 	install -m 0644 $(STLIB) $(DESTDIR)$(LIBDIR)/
 	sed $(PC_SED) pkgconfig/flame.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc
+	sed $(CMAKE_SED) cmake/flameConfig.cmake.in > $(DESTDIR)$(CMAKEDIR)/flameConfig.cmake
+	sed $(CMAKE_SED) cmake/flameConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/flameConfigVersion.cmake
 
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/flame/flame.h $(DESTDIR)$(LIBDIR)/libflame.so* \
-	      $(DESTDIR)$(LIBDIR)/libflame.a $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc
-	-rmdir $(DESTDIR)$(INCLUDEDIR)/flame 2>/dev/null
+	      $(DESTDIR)$(LIBDIR)/libflame.a $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc \
+	      $(DESTDIR)$(CMAKEDIR)/flameConfig.cmake $(DESTDIR)$(CMAKEDIR)/flameConfigVersion.cmake
+	-rmdir $(DESTDIR)$(INCLUDEDIR)/flame $(DESTDIR)$(CMAKEDIR) 2>/dev/null
+
+# ---- source tarball: the committed tree at HEAD (git archive), which builds and tests like a
+# checkout; distcheck builds an extracted copy and runs its main job.
+DIST := build/libflame-$(VERSION).tar.gz
+dist:
+	@mkdir -p build
+	git archive --format=tar.gz --prefix=libflame-$(VERSION)/ -o $(DIST) HEAD
+	@echo "$(DIST)"
+
+distcheck: dist
+	./tests/check-dist.sh $(DIST)
+
+# ---- a wheel of the Python package with this build's library inside it (flame/$(SONAME)),
+# for a machine without libflame installed; `pip install ./python` makes one without it.
+WHEEL_DIR := build/wheel
+wheel: lib | $(VENV)/.installed
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	cp -r python $(WHEEL_DIR)/src
+	rm -rf $(WHEEL_DIR)/src/build $(WHEEL_DIR)/src/*.egg-info
+	cp $(SHLIB) $(WHEEL_DIR)/src/flame/$(SONAME)
+	$(VENV_PY) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(WHEEL_DIR) \
+	    --config-settings=--build-option=--plat-name=linux_$(shell uname -m) $(WHEEL_DIR)/src
+	@ls $(WHEEL_DIR)/*.whl
 
 clean:
 	rm -rf build build-tsan build-asan lib/libflame* $(EXAMPLES) $(BENCHES)

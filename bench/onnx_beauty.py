@@ -1,8 +1,8 @@
 """The ONNX Runtime peer of bench/beauty_bench.c: the same Beauty model, the same users.
 
-    python3 bench/onnx_beauty.py build  FLAME_FILE OUT.onnx
-    python3 bench/onnx_beauty.py verify FLAME_FILE OUT.onnx Beauty.txt [--users 8]
-    python3 bench/onnx_beauty.py time   OUT.onnx Beauty.txt [--users 2000] [--warmup 200]
+    .venv/bin/python bench/onnx_beauty.py build  FLAME_FILE OUT.onnx
+    .venv/bin/python bench/onnx_beauty.py verify FLAME_FILE OUT.onnx Beauty.txt [--users 8]
+    .venv/bin/python bench/onnx_beauty.py time   OUT.onnx Beauty.txt [--users 2000] [--warmup 200]
                                         [--batch 256] [--batch-users 10240] [--threads 2]
 
 build: the graph is written with the `onnx` package straight from the flame file, as a

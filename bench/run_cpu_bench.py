@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """libflame vs ONNX Runtime on the CPU, the Beauty model, one command.
 
-    make all bench
-    python3 bench/run_cpu_bench.py [--shared DIR] [--out bench/results/NAME.json] [--rounds 5]
+    make all bench venv-bench
+    .venv/bin/python bench/run_cpu_bench.py [--shared DIR] [--out bench/results/NAME.json] [--rounds 5]
 
 1. converts $SHARED/data/amazon-beauty/iclrec-beauty.safetensors to the flame format (temp dir);
 2. builds the ONNX graph of the same model from the flame file and checks that ONNX Runtime,

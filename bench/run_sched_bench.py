@@ -1,6 +1,6 @@
 """The batch-profile scheduler against calling the engine directly, in the same run.
 
-    make all bench && python3 bench/run_sched_bench.py [--rounds 5] [--out bench/results/NAME.json]
+    make all bench venv && .venv/bin/python bench/run_sched_bench.py [--rounds 5] [--out bench/results/NAME.json]
 
 N client threads each send one user's request at a time and wait for it, as a serving
 process's threads do (bench/e2e-bench --clients). Per workload, rounds alternate between:

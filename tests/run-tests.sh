@@ -5,8 +5,11 @@ passed=0; failed=0
 run() {
     if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $*"; fi
 }
-# issue 4: the Redis tests read FLAME_TEST_REDIS_PORT; without one (CI starts its own), a
-# private server is started for this run. The tests fail loudly when neither exists.
+# pytest runs in $PYTHON, by default the checkout's virtual environment (make venv) where there
+# is one, else python3.
+if [ -z "$PYTHON" ]; then PYTHON=python3; [ -x .venv/bin/python ] && PYTHON=$PWD/.venv/bin/python; fi
+# The Redis tests read FLAME_TEST_REDIS_PORT; without one (CI starts its own), a private server
+# is started for this run. The tests fail loudly when neither exists.
 if [ -z "$FLAME_TEST_REDIS_PORT" ] && command -v redis-server >/dev/null; then
     redis_dir=$(mktemp -d /tmp/flame-redis-XXXXXX)
     FLAME_TEST_REDIS_PORT=$(./tests/redis-server.sh start "$redis_dir") && export FLAME_TEST_REDIS_PORT
@@ -18,7 +21,8 @@ for t in "$@"; do case "$t" in */test_engine | */test_kernels) OPENBLAS_CORETYPE
 if [ -z "$FLAME_C_ONLY" ]; then # FLAME_C_ONLY=1: the cmocka suites only (make test-sanitize)
     run ./tests/check-exports.sh lib/libflame.so
     run ./tests/check-install.sh
-    PYTHONDONTWRITEBYTECODE=1 run ${PYTHON:-python3} -m pytest -q -rs tests/python
+    run ./tests/check-python-package.sh "$PYTHON"
+    PYTHONDONTWRITEBYTECODE=1 run "$PYTHON" -m pytest -q -rs tests/python
 fi
 echo "suites: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

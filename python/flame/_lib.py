@@ -3,8 +3,11 @@
 Search order (the first that exists wins, and a set FLAME_LIBRARY that does not exist is an
 error rather than a reason to pick up some other copy):
   1. $FLAME_LIBRARY, a path to the shared library;
-  2. the build tree this package sits in (<repo>/lib/libflame.so, from `make`);
-  3. ctypes.util.find_library("flame") (an installed libflame.so.0, e.g. `make install`).
+  2. a copy bundled next to this package (flame/libflame.so.<major>, as `make wheel` puts it);
+  3. the build tree this package sits in (<repo>/lib/libflame.so, from `make`), when the package
+     is the checkout's python/flame;
+  4. ctypes.util.find_library("flame") (an installed libflame.so.0 where the dynamic loader
+     looks: `make install`, ldconfig's cache, LD_LIBRARY_PATH).
 The library is loaded on first use, so `import flame` works without it (converters, the
 numpy reference and the PyTorch model need no C library).
 """
@@ -106,8 +109,15 @@ def candidates() -> List[str]:
     if env:
         return [env]
     out = []
-    tree = Path(__file__).resolve().parents[2] / "lib" / "libflame.so"
-    if tree.exists():
+    here = Path(__file__).resolve().parent
+    bundled = here / f"libflame.so.{WRITTEN_FOR[0]}"
+    if bundled.exists():
+        out.append(str(bundled))
+    # Only the checkout's own python/flame looks for <repo>/lib: an installed copy's parents
+    # (site-packages, a prefix) are not a build tree even if they hold some lib/libflame.so.
+    repo = here.parents[1]
+    tree = repo / "lib" / "libflame.so"
+    if (repo / "include" / "flame" / "flame.h").exists() and tree.exists():
         out.append(str(tree))
     found = ctypes.util.find_library("flame")
     if found:
@@ -120,8 +130,8 @@ def _open() -> C.CDLL:
     if not paths:
         raise errors.LibraryNotFoundError(
             "set FLAME_LIBRARY to the path of libflame.so, run `make` in the "
-            "repository this package belongs to, or install it (`make install`) where the dynamic "
-            "loader finds it")
+            "repository this package belongs to, install it (`make install`) where the dynamic "
+            "loader finds it, or install a wheel with the library inside (`make wheel`)")
     path = paths[0]
     try:
         return C.CDLL(path)
