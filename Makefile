@@ -7,6 +7,9 @@
 VERSION := $(shell sed -n 's/^\#define FLAME_VERSION_STRING "\(.*\)"/\1/p' include/flame/flame.h)
 MAJOR   := $(word 1,$(subst ., ,$(VERSION)))
 
+# the public headers: flame.h and one per concern, all installed
+HEADERS := $(wildcard include/flame/*.h)
+
 PREFIX     ?= /usr/local
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
@@ -66,7 +69,7 @@ BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 
-.PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test venv venv-bench \
+.PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
         test-sanitize san-run dist distcheck wheel
 
 all: lib examples
@@ -77,7 +80,7 @@ build/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(findstring src/cpu/dot.c,$<),-fopenmp) -c $< -o $@
 
-build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) include/flame/flame.h
+build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -185,6 +188,12 @@ test: deps-test
 
 test-build: all $(TESTS) $(BEAUTY_FLAME)
 
+# The ABI baseline of this release (tests/check-abi.sh compares every build with it): written
+# once when a release's ABI is frozen, never to make a test pass.
+abi-dump: lib
+	abidw --headers-dir include/flame --no-show-locs --no-corpus-path --drop-private-types $(SHLIB) \
+	    > abi/libflame-$(basename $(VERSION)).abi
+
 # (a GPU machine may have no network: pytest runs from $(VENV) where it exists, else python3)
 test-gpu: all $(TESTS)
 	FLAME_REQUIRE_GPU=1 ./tests/run-tests.sh $(TESTS)
@@ -230,7 +239,7 @@ CMAKE_SED = -e 's|@VERSION@|$(VERSION)|g; s|@MAJOR@|$(MAJOR)|g; s|@SONAME@|$(SON
 
 install: lib
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/flame $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(CMAKEDIR)
-	install -m 0644 include/flame/flame.h $(DESTDIR)$(INCLUDEDIR)/flame/flame.h
+	install -m 0644 $(HEADERS) $(DESTDIR)$(INCLUDEDIR)/flame/
 	install -m 0755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libflame.so
@@ -240,7 +249,7 @@ install: lib
 	sed $(CMAKE_SED) cmake/flameConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/flameConfigVersion.cmake
 
 uninstall:
-	rm -f $(DESTDIR)$(INCLUDEDIR)/flame/flame.h $(DESTDIR)$(LIBDIR)/libflame.so* \
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/flame/,$(notdir $(HEADERS))) $(DESTDIR)$(LIBDIR)/libflame.so* \
 	      $(DESTDIR)$(LIBDIR)/libflame.a $(DESTDIR)$(LIBDIR)/pkgconfig/flame.pc \
 	      $(DESTDIR)$(CMAKEDIR)/flameConfig.cmake $(DESTDIR)$(CMAKEDIR)/flameConfigVersion.cmake
 	-rmdir $(DESTDIR)$(INCLUDEDIR)/flame $(DESTDIR)$(CMAKEDIR) 2>/dev/null

@@ -2,14 +2,14 @@
 # make install / uninstall into a staging DESTDIR; consumers build from the installed files alone,
 # as users' builds would: a C program with pkg-config, a C++ program with pkg-config (the header
 # as C++17 and C++20), both through CMake's find_package(flame CONFIG REQUIRED), whose version
-# file accepts 0.1 and refuses 1.0.
+# file accepts 0.2 (this version) and refuses 1.0.
 set -e
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 make -s install DESTDIR="$stage" PREFIX=/opt/flame >/dev/null
 prefix="$stage/opt/flame"
 lib="$prefix/lib"
-for f in include/flame/flame.h lib/libflame.so lib/libflame.so.0 lib/libflame.a lib/pkgconfig/flame.pc \
+for f in include/flame/flame.h include/flame/scheduler.h include/flame/features.h include/flame/memory.h lib/libflame.so lib/libflame.so.0 lib/libflame.a lib/pkgconfig/flame.pc \
          lib/cmake/flame/flameConfig.cmake lib/cmake/flame/flameConfigVersion.cmake; do
     [ -e "$prefix/$f" ] || { echo "install: FAILED, $f missing"; exit 1; }
 done
@@ -27,7 +27,7 @@ cmake_build() { # DIR VERSION: configure and build tests/cmake-consumer asking f
     cmake -S tests/cmake-consumer -B "$1" -DCMAKE_PREFIX_PATH="$prefix" -DFLAME_REQUEST_VERSION="$2" \
         -DCMAKE_BUILD_TYPE=Release >"$1.log" 2>&1 && cmake --build "$1" >>"$1.log" 2>&1
 }
-cmake_build "$stage/cmake" 0.1 || { cat "$stage/cmake.log"; echo "install: FAILED, CMake consumer"; exit 1; }
+cmake_build "$stage/cmake" 0.2 || { cat "$stage/cmake.log"; echo "install: FAILED, CMake consumer"; exit 1; }
 grep -q "found libflame $(sed -n 's/^Version: //p' "$lib/pkgconfig/flame.pc") in $lib/cmake/flame" "$stage/cmake.log" ||
     { cat "$stage/cmake.log"; echo "install: FAILED, CMake found another libflame"; exit 1; }
 "$stage/cmake/consumer"

@@ -41,11 +41,11 @@ extern "C" {
 /* ---------------------------------------------------------------- version */
 
 #define FLAME_VERSION_MAJOR 0
-#define FLAME_VERSION_MINOR 1
+#define FLAME_VERSION_MINOR 2
 #define FLAME_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define FLAME_VERSION_NUMBER (FLAME_VERSION_MAJOR * 10000 + FLAME_VERSION_MINOR * 100 + FLAME_VERSION_PATCH)
-#define FLAME_VERSION_STRING "0.1.0"
+#define FLAME_VERSION_STRING "0.2.0"
 
 /* The version of the library actually loaded, as FLAME_VERSION_NUMBER. Thread-safe. */
 FLAME_API unsigned flame_version(void);

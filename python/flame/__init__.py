@@ -10,7 +10,7 @@ checkpoints (flame.convert), and check against a float64 numpy reference (flame.
 Importing needs only numpy and safetensors; libflame is loaded on first use (FLAME_LIBRARY,
 else this package's build tree, else the system's), torch only by flame.torch_ref.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from ._arrays import to_bags as bags
 from ._lib import version as library_version

@@ -25,9 +25,9 @@ from ._structs import (I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN, FETC
                        PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats,
                        SchedulerParams, SchedulerStats, DONE_FN)
 
-# The C API this package was written against: flame.h 0.1.x. Same major (the ABI promise),
-# and at least this minor (the functions and struct fields bound below exist from 0.1).
-WRITTEN_FOR = (0, 1, 0)
+# The C API this package was written against: flame.h 0.2.x. Same major (the ABI promise),
+# and at least this minor (the functions and struct fields bound below exist from 0.2).
+WRITTEN_FOR = (0, 2, 0)
 
 _vp, _st = C.c_void_p, C.c_int
 PROTOTYPES = [
