@@ -1,4 +1,4 @@
-"""Issue 3's GPU benchmark in one command: libflame and its PyTorch peers in the same run.
+"""The GPU benchmark in one command: libflame and its PyTorch peers in the same run.
 
     make -j16 all bench && python3 bench/run_gpu_bench.py --out-dir DIR
 

@@ -65,7 +65,7 @@ typedef enum flame_status {
     FLAME_ERR_NO_DEVICE = 6,        /* a GPU was asked for and none is usable */
     FLAME_ERR_BUFFER_TOO_SMALL = 7, /* an output buffer is smaller than the result */
     FLAME_ERR_INTERNAL = 8,         /* a bug in libflame; please report it */
-    /* issue 4, feature sources and item cache: */
+    /* feature sources and item cache: */
     FLAME_ERR_UNAVAILABLE = 9       /* a feature source could not be reached, timed out or failed */
 } flame_status;
 
@@ -206,7 +206,7 @@ typedef enum flame_option {
      * both; 1..256 otherwise. Results do not depend on it (bitwise). */
     FLAME_OPT_THREADS = 9,
 
-    /* ---- item cache options (issue 4), read by flame_item_cache_create; numbered from 100.
+    /* ---- item cache options, read by flame_item_cache_create; numbered from 100.
      * Times are microseconds. */
     /* int: most entries held (negative entries included). 1..2^32, default 1000000. */
     FLAME_OPT_ITEM_CACHE_MAX_ENTRIES = 100,

@@ -18,7 +18,7 @@ static const int_option int_options[] = {
     {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", 1, 16, offsetof(struct flame_config, cuda_executors)},
     {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", 0, 1, offsetof(struct flame_config, cuda_graphs)},
     {FLAME_OPT_THREADS, "FLAME_OPT_THREADS", 0, 256, offsetof(struct flame_config, threads)},
-    /* item cache (issue 4); times in us, up to a year */
+    /* item cache; times in us, up to a year */
 #define IC(opt, field, lo, hi) {opt, #opt, lo, hi, offsetof(struct flame_config, field)}
     IC(FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, ic_max_entries, 1, 1ll << 32),
     IC(FLAME_OPT_ITEM_CACHE_MAX_BYTES, ic_max_bytes, 4096, 1ll << 48),
@@ -43,7 +43,7 @@ void fl_config_defaults(struct flame_config *c)
     c->max_batch = 256;
     c->cuda_executors = 2;
     c->cuda_graphs = 1;
-    /* item cache (issue 4) */
+    /* item cache */
     c->ic_max_entries = 1000000;
     c->ic_max_bytes = 1ll << 30;
     c->ic_shards = 64;

@@ -40,7 +40,7 @@ FLAME_API const char *flame_status_string(flame_status status)
     case FLAME_ERR_NO_DEVICE: return "FLAME_ERR_NO_DEVICE";
     case FLAME_ERR_BUFFER_TOO_SMALL: return "FLAME_ERR_BUFFER_TOO_SMALL";
     case FLAME_ERR_INTERNAL: return "FLAME_ERR_INTERNAL";
-    case FLAME_ERR_UNAVAILABLE: return "FLAME_ERR_UNAVAILABLE"; /* issue 4 */
+    case FLAME_ERR_UNAVAILABLE: return "FLAME_ERR_UNAVAILABLE";
     }
     return "FLAME_ERR_UNKNOWN";
 }

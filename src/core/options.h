@@ -15,7 +15,7 @@ struct flame_config {
     int64_t cuda_executors;       /* GPU executors (streams with their own buffers) */
     int64_t cuda_graphs;          /* 1: capture and replay CUDA graphs */
     int64_t threads;              /* CPU threads for the single-user dot head; 0 = the BLAS's count */
-    /* item cache (issue 4): FLAME_OPT_ITEM_CACHE_* */
+    /* item cache: FLAME_OPT_ITEM_CACHE_* */
     int64_t ic_max_entries, ic_max_bytes, ic_shards, ic_hot_ttl, ic_cold_ttl, ic_hot_hits, ic_negative_ttl,
         ic_refresh_pct, ic_refresh_min_hits, ic_refresh_thread, ic_retry_min, ic_retry_max;
 };

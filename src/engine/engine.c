@@ -113,7 +113,7 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
     return fl_struct_out("flame_engine_stats", stats, &v, sizeof v);
 }
 
-/* issue 4: the item cache that fills side features of id-only requests */
+/* the item cache that fills side features of id-only requests */
 FLAME_API flame_status flame_engine_set_item_cache(flame_engine *engine, flame_item_cache *cache)
 {
     fl_clear_error();

@@ -501,7 +501,7 @@ def test_pinned_pool_buffers_views_and_stats():
         flame.PinnedPool(numa_node=4096)
 
 
-# ---------------------------------------------------------------- robustness (from an attack run)
+# ---------------------------------------------------------------- robustness (hostile use)
 
 
 def test_feature_records_are_normalised_before_c():
