@@ -313,7 +313,8 @@ fuzz-deps:
 	@printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | \
 	    $(FUZZ_CC) -fsanitize=fuzzer,address -x c - -o /dev/null 2>/dev/null || \
 	    { echo "installing clang and its fuzzer runtime (apt-get)"; \
-	      apt-get install -y --no-install-recommends clang libclang-rt-dev; }
+	      SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get update -qq && \
+	      $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang libclang-rt-dev >/dev/null; }
 
 $(FUZZ_DIR)/obj/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
 	@mkdir -p $(dir $@)
