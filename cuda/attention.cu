@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "attention_tc.cuh"
+#include "attention_wgmma.cuh"
 
 #define KT 32
 
@@ -166,9 +167,18 @@ __global__ void __launch_bounds__(128) attn_kernel(const fl_attn_tile *tiles, co
 template <typename T>
 flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                                int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                               int64_t ldo, cudaStream_t s)
+                               int64_t ldo, cudaStream_t s, int32_t tile_q)
 {
     if (num_tiles == 0) return FLAME_OK;
+    if (heads <= 0 || heads > 65535) return fl_error(FLAME_ERR_INVALID_ARG, "CUDA attention: %d heads (1..65535)", heads);
+    if (tile_q == FL_ATTN_QT_WG) {
+        if constexpr (!std::is_same<T, float>::value)
+            return fl_cuda_attention_wg<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s);
+        return fl_error(FLAME_ERR_UNSUPPORTED, "CUDA attention: tiles of %d queries need fp16 or bf16", tile_q);
+    }
+    if (tile_q != FL_ATTN_QT)
+        return fl_error(FLAME_ERR_INVALID_ARG, "CUDA attention: tiles of %d queries (%d or %d)", tile_q, FL_ATTN_QT,
+                        FL_ATTN_QT_WG);
     if constexpr (!std::is_same<T, float>::value)
         if (fl_cuda_attention_tc_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
             return fl_cuda_attention_tc<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s);
@@ -186,10 +196,19 @@ flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, con
     return FLAME_OK;
 }
 
+int32_t fl_cuda_attention_tile_queries(int32_t elem_bytes, int32_t dh, int64_t queries, int32_t heads)
+{
+    if (elem_bytes != 2 || (dh != 64 && dh != 128) || !fl_cuda_attention_wg_device()) return FL_ATTN_QT;
+    // 128-query CTAs win once they fill the GPU about once over (132 SMs on an H200); below
+    // that, 16-query tiles spread a small problem over more SMs
+    const int64_t ctas = (queries + FL_ATTN_QT_WG - 1) / FL_ATTN_QT_WG * heads;
+    return ctas >= 128 ? FL_ATTN_QT_WG : FL_ATTN_QT;
+}
+
 #define INSTANTIATE(T)                                                                                         \
     template flame_status fl_cuda_attention<T>(const fl_attn_tile *, int64_t, const int32_t *, int32_t, int32_t,   \
                                                const T *, int64_t, const T *, const T *, int64_t, T *, int64_t,    \
-                                               cudaStream_t);
+                                               cudaStream_t, int32_t);
 INSTANTIATE(float)
 INSTANTIATE(__half)
 INSTANTIATE(__nv_bfloat16)
