@@ -4,8 +4,10 @@
 //
 //   bench/attention-bench [--reps N] [--dump DIR] [--shape B,L,M,H,Dh ...]
 //
-// Variants: tc16 (mma.sync, 16-query tiles), wg64 / wg128 (wgmma, 128-query tiles, key blocks
-// of 64 / 128, tiles longest first as the engine orders them; compute capability 9.0 only) and
+// Variants: tc16 (mma.sync, 16-query tiles); on compute capability 9.0 the wgmma kernels over
+// 128-query tiles, longest first as the engine orders them: lock64 / lock128 (lock-step, key
+// blocks of 64 / 128), ws (a producer warp stages blocks three deep), wspp (ws, the warpgroups
+// taking turns on the tensor cores); and
 // `auto`, the tile size fl_cuda_attention_tile_queries picks. Before timing, every variant's
 // output is compared with tc16's (normwise max |diff| / max |ref|), and with a float64 CPU
 // reference on 64 sampled rows per head. Time: median over --reps groups of 10 back-to-back
@@ -165,12 +167,14 @@ int main(int argc, char **argv)
 
         struct variant {
             const char *name;
-            int tq, bn; // bn < 0: through fl_cuda_attention
+            int tq, bn; // bn: the wgmma variant; < 0: through fl_cuda_attention
         };
         std::vector<variant> vs = {{"tc16", FL_ATTN_QT, -1}};
         if (fl_cuda_attention_wg_device()) {
-            vs.push_back({"wg64", FL_ATTN_QT_WG, 64});
-            vs.push_back({"wg128", FL_ATTN_QT_WG, 128});
+            vs.push_back({"lock64", FL_ATTN_QT_WG, FL_WG_LOCK64});
+            vs.push_back({"lock128", FL_ATTN_QT_WG, FL_WG_LOCK128});
+            vs.push_back({"ws", FL_ATTN_QT_WG, FL_WG_WS});
+            vs.push_back({"wspp", FL_ATTN_QT_WG, FL_WG_WS_PP});
         }
         const int tq_auto = fl_cuda_attention_tile_queries(2, s.Dh, rows, s.H);
         vs.push_back({"auto", tq_auto, -1});

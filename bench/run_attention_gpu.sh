@@ -2,7 +2,9 @@
 # Builds the library, the attention kernel test and bench on a CUDA machine, then: the test
 # (FLAME_REQUIRE_GPU=1), compute-sanitizer memcheck and racecheck on its quick form, the SASS
 # matrix instructions and resources of each kernel, attention-bench and the PyTorch peers on
-# the same inputs. Results under $1 (default $OUT). Steps: build test san bench torch gpu.
+# the same inputs, the whole-model GPU suites, and the reference model end to end at B32 L1024
+# M512 with the Hopper kernel and with FLAME_CUDA_ATTENTION=mma. Results under $1 (default
+# $OUT). Steps: build test san bench torch gpu e2e.
 out=${1:-$OUT}
 steps=${STEPS:-"build test san bench torch"}
 mkdir -p "$out" /tmp/attn
@@ -29,16 +31,31 @@ if has san; then
     grep -E " rc |ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log"
 fi
 if has bench; then
-    timeout 240 ./bench/attention-bench --dump /tmp/attn >"$out/bench.jsonl" 2>"$out/bench.err"; echo "bench rc $?"
+    timeout 240 ./bench/attention-bench --dump /tmp/attn >"$out/bench.jsonl" 2>/tmp/bench.err; echo "bench rc $?"
     cat "$out/bench.jsonl" | python3 -c 'import sys,json
 for l in sys.stdin:
     d=json.loads(l); print(d["shape"], d["variant"], d["tile_q"], d["us"], d["useful_tflops"], d["rel_err_f64"])'
-    tail -3 "$out/bench.err"
+    tail -3 /tmp/bench.err
 fi
 if has torch; then
-    timeout 300 python3 bench/torch_attention.py /tmp/attn >"$out/torch.jsonl" 2>"$out/torch.err"; echo "torch rc $?"
-    cut -c1-160 "$out/torch.jsonl"; tail -3 "$out/torch.err"
+    timeout 200 python3 bench/torch_attention.py /tmp/attn >"$out/torch.jsonl" 2>/tmp/torch.err; echo "torch rc $?"
+    cut -c1-120 "$out/torch.jsonl"; tail -3 /tmp/torch.err
 fi
-if has gpu; then
-    timeout 400 make -j16 CUDA=1 test-gpu >"$out/test-gpu.log" 2>&1; echo "test-gpu rc $?"; tail -15 "$out/test-gpu.log"
+if has e2e; then
+    make -j16 CUDA=1 bench/e2e-bench >/dev/null 2>&1
+    ./bench/attention-bench --shape 32,1024,512,8,64 >>"$out/bench.jsonl" 2>/dev/null
+    for mode in wgmma mma; do
+        env $([ $mode = mma ] && echo FLAME_CUDA_ATTENTION=mma) timeout 120 ./bench/e2e-bench --config bench/ref_gr_config.json \
+            --device cuda --dtype fp16 --users 32 --history 1024 --candidates 512 --calls 40 --warmup 10 --json |
+            sed "s/^{/{\"attention\": \"$mode\", /" >>"$out/e2e.jsonl"
+    done
+    cut -c1-300 "$out/e2e.jsonl"
+fi
+if has gpu; then # the suites that use the GPU (make test-gpu runs these and every other suite)
+    make -j16 CUDA=1 build/tests/test_cuda build/tests/test_cuda_attention build/tests/test_cuda_embedding \
+        build/tests/test_scheduler >/dev/null 2>&1
+    for t in test_cuda test_cuda_attention test_cuda_embedding test_scheduler; do
+        FLAME_REQUIRE_GPU=1 timeout 200 ./build/tests/$t >"/tmp/$t.log" 2>&1; echo "$t rc $?" | tee -a "$out/test-gpu.log"
+        grep -E "^#|FAILED|PASSED|SKIPPED" "/tmp/$t.log" >>"$out/test-gpu.log"
+    done
 fi

@@ -1,6 +1,7 @@
 /* The CUDA SUMI attention kernels against a float64 reference on fresh random inputs: the
  * tensor-core kernel (fp16, bf16), the Hopper wgmma kernel (fp16, bf16, head dims 64 and 128,
- * 128-query tiles, key blocks of 64 and 128) and the CUDA-core kernel (fp32, and fp16/bf16
+ * 128-query tiles, every variant: lock-step with key blocks of 64 and 128, warp-specialised,
+ * warp-specialised taking turns) and the CUDA-core kernel (fp32, and fp16/bf16
  * head dims the tensor-core kernel does not take), for tiles over whole sequences (every token
  * a query) and for the last block's selected queries (positions through qpos). Histories cross
  * the key steps and blocks (0, 1, 15..17, 31..33, 63..65, 127..129, 257, 4097, and 65,537 for
@@ -57,7 +58,7 @@ static bool quick(void) { return getenv("FLAME_ATTN_QUICK") != nullptr; }
 
 /* `seqs` (n, m) packed as in the engine, fused QKV rows [T, 3d]. In `last` mode the queries
  * are only the candidates (a separate Q buffer [S, d], positions through qpos), as in the last
- * block. WGMMA and DISPATCH_WG build tiles of FL_ATTN_QT_WG queries (bn: the wgmma key block).
+ * block. WGMMA and DISPATCH_WG build tiles of FL_ATTN_QT_WG queries (bn: the wgmma variant).
  * `check_every` > 1 compares only every such row with the reference (long histories). Returns
  * the normwise error (INFINITY on NaN or a clobbered row). */
 template <typename T>
@@ -254,17 +255,17 @@ static bool need_wg(void)
 static const int wg_hists[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 500};
 template <typename T> static void check_wg(const char *name, int dh, double tol)
 {
-    for (int bn = 64; bn <= 128; bn *= 2)
+    for (int bn = FL_WG_LOCK64; bn <= FL_WG_WS_PP; bn++) /* every kernel variant */
         for (int last = 0; last < 2; last++)
             for (int rep = 0; rep < 4; rep++) {
                 const int heads = 1 + (int)tu_below(3), max_m = rep == 0 ? 0 : rep == 1 ? 1 : 300;
                 double worst;
                 const double err = run_case<T>(dh, heads, last, WGMMA, &worst, wg_hists, 16, max_m, bn);
                 if (rep == 3)
-                    fprintf(stderr, "# %s dh %d bn %d heads %d %s: relative error %.2e (max abs %.2e)\n", name, dh, bn,
+                    fprintf(stderr, "# %s dh %d variant %d heads %d %s: relative error %.2e (max abs %.2e)\n", name, dh, bn,
                             heads, last ? "selected queries" : "whole sequences", err, worst);
                 if (!(err < tol))
-                    fail_msg("%s dh %d bn %d heads %d last %d max_m %d: relative error %.3g >= %.3g", name, dh, bn, heads,
+                    fail_msg("%s dh %d variant %d heads %d last %d max_m %d: relative error %.3g >= %.3g", name, dh, bn, heads,
                              last, max_m, err, tol);
             }
     if (quick()) return;
