@@ -1,7 +1,11 @@
 // SUMI attention for Hopper (sm_90a), fp16/bf16, head dims 64 and 128: warpgroup MMA (wgmma)
 // in the FlashAttention-3 layout (Shah et al. 2024, arXiv:2407.08608). One CTA owns 128
 // queries of one (sequence, head): two warpgroups of 64 rows share key/value blocks of BN rows
-// staged in shared memory, two stages deep (block i + 1 is in flight while block i is used).
+// staged in shared memory while earlier blocks are used. Two ways of staging: lock-step (all
+// threads copy block i + 1 while block i is used, two CTA barriers per block) and
+// warp-specialised (a third warpgroup copies blocks three deep and signals them on mbarriers;
+// the consumers release each stage and run at their own pace, optionally taking turns issuing
+// QK^T). fl_cuda_attention_wg picks by head dim and CTA count (measured, docs/benchmarks.md).
 //
 //   S = Q K^T : wgmma m64nBNk16, A = Q and B = K from shared memory (both K-major);
 //   softmax   : online, in registers, base 2 with the scale folded into the exponent;
