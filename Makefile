@@ -67,6 +67,7 @@ BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
 BENCHES  += bench/cache-bench
 BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
+BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention kernels (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 
 .PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
@@ -83,6 +84,10 @@ build/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# the Hopper attention kernel (wgmma) exists only as sm_90a machine code; it is launched on compute
+# capability 9.0 alone
+build/cuda/attention_wgmma.o: NVFLAGS := $(filter-out -gencode arch=%,$(NVFLAGS)) -gencode arch=compute_90a,code=sm_90a -Xptxas -v
 
 build/cuda/no_cuda.o: src/core/no_cuda.c src/core/device.h src/engine/cuda_backend.h
 	@mkdir -p $(dir $@)
@@ -129,6 +134,13 @@ bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -gencode arch=compute_80,code=sm_80 \
 	    -gencode arch=compute_90,code=sm_90 -c $< -o build/bench/embedding_bench.o
 	$(CC) -o $@ build/bench/embedding_bench.o $(STLIB) $(LDLIBS)
+
+# SUMI attention: calls the internal kernel wrappers, so it links the static library and the CUDA libs
+bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_wgmma.cuh cuda/common.cuh $(STLIB)
+	@mkdir -p build/bench
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -gencode arch=compute_80,code=sm_80 \
+	    -gencode arch=compute_90,code=sm_90 -c $< -o build/bench/attention_bench.o
+	$(CC) -o $@ build/bench/attention_bench.o $(STLIB) $(LDLIBS)
 
 # int8 tables: calls the internal CPU kernel, so it links the static library
 bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)

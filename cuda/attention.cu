@@ -6,10 +6,13 @@
 // warp keeps an online softmax per query (Milakov & Gimelshein 2018). A candidate's own key
 // is one extra step after the history tiles.
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
 #include "attention_tc.cuh"
+#include "attention_wgmma.cuh"
 
 #define KT 32
 
@@ -166,9 +169,18 @@ __global__ void __launch_bounds__(128) attn_kernel(const fl_attn_tile *tiles, co
 template <typename T>
 flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                                int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                               int64_t ldo, cudaStream_t s)
+                               int64_t ldo, cudaStream_t s, int32_t tile_q)
 {
     if (num_tiles == 0) return FLAME_OK;
+    if (heads <= 0 || heads > 65535) return fl_error(FLAME_ERR_INVALID_ARG, "CUDA attention: %d heads (1..65535)", heads);
+    if (tile_q == FL_ATTN_QT_WG) {
+        if constexpr (!std::is_same<T, float>::value)
+            return fl_cuda_attention_wg<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s);
+        return fl_error(FLAME_ERR_UNSUPPORTED, "CUDA attention: tiles of %d queries need fp16 or bf16", tile_q);
+    }
+    if (tile_q != FL_ATTN_QT)
+        return fl_error(FLAME_ERR_INVALID_ARG, "CUDA attention: tiles of %d queries (%d or %d)", tile_q, FL_ATTN_QT,
+                        FL_ATTN_QT_WG);
     if constexpr (!std::is_same<T, float>::value)
         if (fl_cuda_attention_tc_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
             return fl_cuda_attention_tc<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s);
@@ -186,10 +198,24 @@ flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, con
     return FLAME_OK;
 }
 
+int32_t fl_cuda_attention_tile_queries(int32_t elem_bytes, int32_t dh, int64_t queries, int32_t heads)
+{
+    if (elem_bytes != 2 || (dh != 64 && dh != 128) || !fl_cuda_attention_wg_device()) return FL_ATTN_QT;
+    // FLAME_CUDA_ATTENTION=mma keeps the mma.sync kernel everywhere (a diagnostic: compares
+    // the two in the whole model)
+    const char *force = getenv("FLAME_CUDA_ATTENTION");
+    if (force && !strcmp(force, "mma")) return FL_ATTN_QT;
+    // 128-query CTAs win from about a third of the GPU's 132 SMs on (H200: 72 CTAs 22 us
+    // against 28 us for 16-query tiles); below, 16-query tiles spread a small problem wider
+    // (24 CTAs: 9.4 us against 8.7)
+    const int64_t ctas = (queries + FL_ATTN_QT_WG - 1) / FL_ATTN_QT_WG * heads;
+    return ctas >= 48 ? FL_ATTN_QT_WG : FL_ATTN_QT;
+}
+
 #define INSTANTIATE(T)                                                                                         \
     template flame_status fl_cuda_attention<T>(const fl_attn_tile *, int64_t, const int32_t *, int32_t, int32_t,   \
                                                const T *, int64_t, const T *, const T *, int64_t, T *, int64_t,    \
-                                               cudaStream_t);
+                                               cudaStream_t, int32_t);
 INSTANTIATE(float)
 INSTANTIATE(__half)
 INSTANTIATE(__nv_bfloat16)

@@ -7,6 +7,8 @@
 // reads, as on the CPU (src/engine/forward.c).
 #include <string.h>
 
+#include <algorithm>
+
 #include "engine.cuh"
 
 namespace {
@@ -41,6 +43,7 @@ struct pass {
     const flame_request *reqs;
     size_t n;
     int64_t T = 0, S = 0, tiles_full = 0, tiles_last = 0, gathered = 0, total_scores = 0;
+    int32_t tq_full = FL_ATTN_QT, tq_last = FL_ATTN_QT; // queries per attention tile (fl_cuda_attention_tile_queries)
     int64_t side_total[FL_MAX_FEATURES] = {};
     // every bag of the slot holds one id: no offsets travel, the kernel reads ids[t] (common
     // for single-valued side features such as an item's author)
@@ -72,8 +75,6 @@ void plan(pass &p)
         p.T += s.n + s.m;
         p.S += s.nsel;
         p.total_scores += (int64_t)q.num_candidates * c.num_tasks;
-        p.tiles_full += ceil_div(s.n + s.m, FL_ATTN_QT);
-        p.tiles_last += ceil_div(s.nsel, FL_ATTN_QT);
         for (int slot = 0; slot < c.num_side; slot++) {
             const int64_t *ho = s.n ? q.history_side[slot].offsets + s.start : nullptr;
             const int64_t *co = s.m ? q.candidate_side[slot].offsets : nullptr;
@@ -84,6 +85,25 @@ void plan(pass &p)
         }
         if (!sumi && s.nsel && q.num_candidates) p.gathered += (int64_t)q.num_candidates; // upper bound
     }
+    const int32_t esize = g->dtype == FL_COMPUTE_FP32 ? 4 : 2, dh = c.d_model / c.num_heads;
+    p.tq_full = fl_cuda_attention_tile_queries(esize, dh, p.T, c.num_heads);
+    p.tq_last = fl_cuda_attention_tile_queries(esize, dh, p.S, c.num_heads);
+    for (size_t r = 0; r < p.n; r++) {
+        p.tiles_full += ceil_div(x->seqs[r].n + x->seqs[r].m, p.tq_full);
+        p.tiles_last += ceil_div(x->seqs[r].nsel, p.tq_last);
+    }
+}
+
+// Keys the last query of a tile sees: its cost. The 128-query kernel runs tiles in list order,
+// so the longest go first and the last wave is short.
+static int64_t tile_keys(const fl_attn_tile &t)
+{
+    const int64_t last = t.qpos_idx < 0 ? t.pos0 + t.nq - 1 : t.n_hist; // selected queries see the whole history
+    return last < t.n_hist ? last + 1 : t.n_hist;
+}
+static void longest_first(fl_attn_tile *t, int64_t n)
+{
+    std::stable_sort(t, t + n, [](const fl_attn_tile &a, const fl_attn_tile &b) { return tile_keys(a) > tile_keys(b); });
 }
 
 size_t carve_indices(pass &p, uint8_t *base, indices &ix)
@@ -155,16 +175,17 @@ void fill(pass &p)
                 row = s.n - 1 - i;
             h.prow[t] = c.position_rule == FL_POS_NONE ? -1 : (int32_t)row;
         }
-        for (int64_t q0 = 0; q0 < s.n + s.m; q0 += FL_ATTN_QT)
-            h.tiles_full[tf++] = {s.off, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < FL_ATTN_QT ? s.n + s.m - q0 : FL_ATTN_QT),
+        const int64_t tqf = p.tq_full, tql = p.tq_last;
+        for (int64_t q0 = 0; q0 < s.n + s.m; q0 += tqf)
+            h.tiles_full[tf++] = {s.off, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < tqf ? s.n + s.m - q0 : tqf),
                                   s.off + q0, (int32_t)q0, -1};
         for (int64_t i = 0; i < s.nsel; i++) {
             const int64_t pos = c.head == FLAME_HEAD_SUMI ? s.n + i : s.n - 1;
             h.sel[s.sel0 + i] = s.off + pos;
             h.qpos[s.sel0 + i] = (int32_t)pos;
         }
-        for (int64_t i0 = 0; i0 < s.nsel; i0 += FL_ATTN_QT)
-            h.tiles_last[tl++] = {s.off, (int32_t)s.n, (int32_t)(s.nsel - i0 < FL_ATTN_QT ? s.nsel - i0 : FL_ATTN_QT),
+        for (int64_t i0 = 0; i0 < s.nsel; i0 += tql)
+            h.tiles_last[tl++] = {s.off, (int32_t)s.n, (int32_t)(s.nsel - i0 < tql ? s.nsel - i0 : tql),
                                   s.sel0 + i0, 0, (int32_t)(s.sel0 + i0)};
         if (c.head != FLAME_HEAD_DOT || s.nsel == 0 || q.num_candidates == 0) continue;
         const int64_t m = (int64_t)q.num_candidates;
@@ -183,6 +204,8 @@ void fill(pass &p)
             h.g_out[ng++] = s.out + j;
         }
     }
+    if (p.tq_full == FL_ATTN_QT_WG) longest_first(h.tiles_full, tf);
+    if (p.tq_last == FL_ATTN_QT_WG) longest_first(h.tiles_last, tl);
     p.gathered = ng;
     p.sel_run = p.S > 0 ? h.sel[0] : -1;
     for (int64_t i = 1; i < p.S && p.sel_run >= 0; i++)
@@ -286,7 +309,7 @@ template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b,
     if (!last) {
         FL_TRY(fl_gemm(&x->gemm, s, NT, d, 3 * d, Y, d, blk.qkv.w, d, g->ab, blk.qkv.b, QKV, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
         FL_TRY(fl_cuda_attention<T>(p.dev.tiles_full, p.tiles_full, nullptr, H, dh, QKV, 3 * d, QKV + d, QKV + 2 * d,
-                                    3 * d, A, d, s));
+                                    3 * d, A, d, s, p.tq_full));
     } else {
         // keys and values for every token (rows d..3d of the fused weight), queries for the selected rows only
         const size_t esz = sizeof(T);
@@ -296,7 +319,7 @@ template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b,
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<T>(Y, d, p.dev.sel, p.S, d, YS, d, s));
         FL_TRY(fl_gemm(&x->gemm, s, p.S, d, d, YS, d, blk.qkv.w, d, g->ab, blk.qkv.b, Q, d, g->ab, 0.0f, FL_EPI_BIAS));
         FL_TRY(fl_cuda_attention<T>(p.dev.tiles_last, p.tiles_last, p.dev.qpos, H, dh, Q, d, QKV + d, QKV + 2 * d, 3 * d,
-                                    A, d, s));
+                                    A, d, s, p.tq_last));
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
     }
     float *X = last ? b.XS : b.X;
@@ -429,7 +452,7 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
                            (int64_t)p.n});
     sig.insert(sig.end(), p.side_total, p.side_total + p.g->cfg.num_side);
     sig.insert(sig.end(), p.single, p.single + p.g->cfg.num_side);
-    sig.push_back(p.sel_run);
+    sig.insert(sig.end(), {p.sel_run, p.tq_full, p.tq_last});
     for (size_t r = 0; r < p.n; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
     for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
 }

@@ -56,8 +56,10 @@ flame_status fl_cuda_activation(T *x, int64_t rows, int32_t cols, int64_t ld, in
 // In-place sigmoid over n values with a stride.
 flame_status fl_cuda_sigmoid(float *x, int64_t n, int64_t stride, cudaStream_t s);
 
-// One attention work item: up to FL_ATTN_QT queries of one sequence.
+// One attention work item: up to FL_ATTN_QT queries of one sequence, or up to FL_ATTN_QT_WG
+// for the Hopper kernel (fl_cuda_attention_tile_queries says which list a launch wants).
 #define FL_ATTN_QT 16
+#define FL_ATTN_QT_WG 128
 struct fl_attn_tile {
     int64_t seq_row;   // first token row of the sequence in K/V
     int32_t n_hist;    // history tokens of the sequence
@@ -70,10 +72,20 @@ struct fl_attn_tile {
 // SUMI attention (contract of fl_cpu_attention_sumi): history query p sees keys <= p, a
 // candidate query sees every history key and itself; no visible key gives zeros.
 // q [rows, ldq], k and v [rows, ldkv] (head h at columns h*dh), out [rows, ldo]; dh <= 128.
+// tile_q: the queries per tile the list was built with, FL_ATTN_QT or FL_ATTN_QT_WG (the
+// latter only where fl_cuda_attention_tile_queries gave it; else FLAME_ERR_UNSUPPORTED).
+// Queries within a tile are in ascending positions; tiles may come in any order.
 template <typename T>
 flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                                int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                               int64_t ldo, cudaStream_t s);
+                               int64_t ldo, cudaStream_t s, int32_t tile_q = FL_ATTN_QT);
+
+// The tile size fl_cuda_attention wants for `queries` queries (all tiles of the launch) of
+// `heads` heads of dim dh, elements of elem_bytes (2: fp16/bf16, 4: fp32), on the current
+// device: FL_ATTN_QT_WG where the Hopper kernel takes the dtype and head dim and the work is
+// large enough for it to win (measured, see docs/benchmarks.md), else FL_ATTN_QT. The
+// caller's buffers must meet the alignment of fl_cuda_attention_wg_fits (the engine's do).
+int32_t fl_cuda_attention_tile_queries(int32_t elem_bytes, int32_t dh, int64_t queries, int32_t heads);
 
 // scores[o[i]] = <h[hrow[i], :], table[ids[i], :]> for n candidates (dot head, gathered rows).
 template <typename T>

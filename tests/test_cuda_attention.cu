@@ -1,10 +1,15 @@
 /* The CUDA SUMI attention kernels against a float64 reference on fresh random inputs: the
- * tensor-core kernel (fp16, bf16) and the CUDA-core kernel (fp32, and fp16/bf16 head dims the
- * tensor-core kernel does not take), for tiles over whole sequences (every token a query) and
- * for the last block's selected queries (positions through qpos). Histories cross the 32-key
- * steps (0, 1, 31..33, 100+ keys), outputs are NaN-poisoned before each run and rows no tile
- * covers must stay poisoned. Skipped with a message where no GPU is usable; FLAME_REQUIRE_GPU
- * turns the skip into a failure. */
+ * tensor-core kernel (fp16, bf16), the Hopper wgmma kernel (fp16, bf16, head dims 64 and 128,
+ * 128-query tiles, every variant: lock-step with key blocks of 64 and 128, warp-specialised,
+ * warp-specialised taking turns) and the CUDA-core kernel (fp32, and fp16/bf16
+ * head dims the tensor-core kernel does not take), for tiles over whole sequences (every token
+ * a query) and for the last block's selected queries (positions through qpos). Histories cross
+ * the key steps and blocks (0, 1, 15..17, 31..33, 63..65, 127..129, 257, 4097, and 65,537 for
+ * the selected queries), ragged batches, zero and one candidate; outputs are NaN-poisoned
+ * before each run and rows no tile covers must stay poisoned. The wgmma tests are skipped
+ * with a message on GPUs other than compute capability 9.0. FLAME_ATTN_QUICK=1 leaves out
+ * the long histories (for runs under compute-sanitizer). Skipped with a message where no GPU
+ * is usable; FLAME_REQUIRE_GPU turns the skip into a failure. */
 #include <vector>
 
 extern "C" {
@@ -12,6 +17,7 @@ extern "C" {
 #include "tu_gpu.h"
 }
 #include "attention_tc.cuh"
+#include "attention_wgmma.cuh"
 #include "tu_cuda.cuh"
 
 struct seq {
@@ -46,23 +52,25 @@ static void reference(const std::vector<T> &qkv, int64_t ld, int d, int dh, cons
     }
 }
 
-enum kernel { DISPATCH, TENSOR_CORES };
+enum kernel { DISPATCH, TENSOR_CORES, WGMMA, DISPATCH_WG };
 
-/* One random problem: `nseq` sequences packed as in the engine, fused QKV rows [T, 3d]. In
- * `last` mode the queries are only the candidates (a separate Q buffer [S, d], positions
- * through qpos), as in the last block. Returns the normwise error (INFINITY on NaN or a
- * clobbered row). */
-template <typename T> static double run_case(int dh, int heads, bool last, kernel which, double *worst_row)
+static bool quick(void) { return getenv("FLAME_ATTN_QUICK") != nullptr; }
+
+/* `seqs` (n, m) packed as in the engine, fused QKV rows [T, 3d]. In `last` mode the queries
+ * are only the candidates (a separate Q buffer [S, d], positions through qpos), as in the last
+ * block. WGMMA and DISPATCH_WG build tiles of FL_ATTN_QT_WG queries (bn: the wgmma variant).
+ * `check_every` > 1 compares only every such row with the reference (long histories). Returns
+ * the normwise error (INFINITY on NaN or a clobbered row). */
+template <typename T>
+static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, kernel which, int bn,
+                          int check_every, double *worst_row)
 {
-    const int d = dh * heads, nseq = 1 + (int)tu_below(4);
+    const int d = dh * heads;
     const int64_t ld = 3 * d;
-    static const int hist_choices[] = {0, 1, 15, 16, 17, 31, 32, 33, 64, 100, 257};
-    std::vector<seq> seqs;
+    const int tq = which == WGMMA || which == DISPATCH_WG ? FL_ATTN_QT_WG : FL_ATTN_QT;
     int64_t T_rows = 0, S_rows = 0;
-    for (int i = 0; i < nseq; i++) {
-        seq s{hist_choices[tu_below(11)], (int)tu_below(41), T_rows};
-        if (s.n + s.m == 0) s.m = 1;
-        seqs.push_back(s);
+    for (seq &s : seqs) {
+        s.off = T_rows;
         T_rows += s.n + s.m;
         S_rows += s.m;
     }
@@ -76,8 +84,8 @@ template <typename T> static double run_case(int dh, int heads, bool last, kerne
     int64_t sel = 0;
     for (const seq &s : seqs) {
         if (!last) {
-            for (int q0 = 0; q0 < s.n + s.m; q0 += FL_ATTN_QT)
-                tiles.push_back({s.off, s.n, s.n + s.m - q0 < FL_ATTN_QT ? s.n + s.m - q0 : FL_ATTN_QT, s.off + q0, q0, -1});
+            for (int q0 = 0; q0 < s.n + s.m; q0 += tq)
+                tiles.push_back({s.off, s.n, s.n + s.m - q0 < tq ? s.n + s.m - q0 : tq, s.off + q0, q0, -1});
             continue;
         }
         for (int i = 0; i < s.m; i++) {
@@ -85,8 +93,8 @@ template <typename T> static double run_case(int dh, int heads, bool last, kerne
             qrow_of.push_back(s.off + s.n + i);
             for (int e = 0; e < d; e++) qsel[(size_t)((sel + i) * d + e)] = qkv[(size_t)((s.off + s.n + i) * ld + e)];
         }
-        for (int i0 = 0; i0 < s.m; i0 += FL_ATTN_QT)
-            tiles.push_back({s.off, s.n, s.m - i0 < FL_ATTN_QT ? s.m - i0 : FL_ATTN_QT, sel + i0, 0, (int32_t)(sel + i0)});
+        for (int i0 = 0; i0 < s.m; i0 += tq)
+            tiles.push_back({s.off, s.n, s.m - i0 < tq ? s.m - i0 : tq, sel + i0, 0, (int32_t)(sel + i0)});
         sel += s.m;
     }
     const int64_t out_rows = last ? S_rows : T_rows, ldq = last ? d : ld;
@@ -106,14 +114,19 @@ template <typename T> static double run_case(int dh, int heads, bool last, kerne
     CK(cudaMemset(dout, 0xff, (size_t)(out_alloc * d) * sizeof(T))); // NaN in every dtype
     const T *q = last ? dq : dqkv;
     flame_status st;
-    if (which == TENSOR_CORES) {
+    if (which == WGMMA) {
+        if (!fl_cuda_attention_wg_fits<T>(dh, q, ldq, dqkv + d, dqkv + 2 * d, ld, dout, d))
+            fail_msg("dh %d: the wgmma kernel should take this problem", dh);
+        st = fl_cuda_attention_wg<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d,
+                                     ld, dout, d, 0, bn);
+    } else if (which == TENSOR_CORES) {
         if (!fl_cuda_attention_tc_fits<T>(dh, q, ldq, dqkv + d, dqkv + 2 * d, ld, dout, d))
             fail_msg("dh %d: the tensor-core kernel should take this problem", dh);
         st = fl_cuda_attention_tc<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d,
                                      ld, dout, d, 0);
     } else {
         st = fl_cuda_attention<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d, ld,
-                                  dout, d, 0);
+                                  dout, d, 0, tq);
     }
     if (st) fail_msg("attention dh %d: %s", dh, flame_last_error());
     CK(cudaDeviceSynchronize());
@@ -132,6 +145,7 @@ template <typename T> static double run_case(int dh, int heads, bool last, kerne
     for (const seq &s : seqs) {
         const int first = last ? s.n : 0;
         for (int p = first; p < s.n + s.m; p++, row++) {
+            if (check_every > 1 && row % check_every != 0 && p != s.n + s.m - 1) continue;
             const T *qr = last ? &qsel[(size_t)(row * d)] : &qkv[(size_t)((s.off + p) * ld)];
             for (int h = 0; h < heads; h++) {
                 reference<T>(qkv, ld, d, dh, s, p, qr, h, o.data());
@@ -149,6 +163,27 @@ template <typename T> static double run_case(int dh, int heads, bool last, kerne
     for (int e = 0; e < d; e++) // the row past every tile is untouched
         if (!isnan(from_t(got[(size_t)(out_rows * d + e)]))) return INFINITY;
     return den > 0 ? num / den : num;
+}
+
+/* One random problem: 1..4 sequences with histories from `hists` and 0..max_m candidates. */
+template <typename T>
+static double run_case(int dh, int heads, bool last, kernel which, double *worst_row, const int *hists, int nh,
+                       int max_m, int bn = 0)
+{
+    const int nseq = 1 + (int)tu_below(4);
+    std::vector<seq> seqs;
+    for (int i = 0; i < nseq; i++) {
+        seq s{hists[tu_below(nh)], (int)tu_below(max_m + 1), 0};
+        if (s.n + s.m == 0) s.m = 1;
+        seqs.push_back(s);
+    }
+    return run_problem<T>(seqs, dh, heads, last, which, bn, 1, worst_row);
+}
+
+static const int hist_choices[] = {0, 1, 15, 16, 17, 31, 32, 33, 64, 100, 257};
+template <typename T> static double run_case(int dh, int heads, bool last, kernel which, double *worst_row)
+{
+    return run_case<T>(dh, heads, last, which, worst_row, hist_choices, 11, 40);
 }
 
 template <typename T> static void check(const char *name, kernel which, const int *dhs, int ndh, double tol)
@@ -206,9 +241,118 @@ static void test_tc_refuses(void **state)
     assert_non_null(strstr(flame_last_error(), "head dim 24"));
 }
 
+/* The wgmma kernel needs compute capability 9.0; elsewhere its tests say so and pass. */
+static bool need_wg(void)
+{
+    if (fl_cuda_attention_wg_device()) return true;
+    fprintf(stderr, "# wgmma attention skipped: the GPU is not compute capability 9.0\n");
+    return false;
+}
+
+/* Histories across the 64- and 128-key blocks and the 128-query tiles, up to 300 candidates
+ * (several candidate tiles, a partial one), zero and one candidate, 1..4 ragged sequences, both
+ * key blocks, whole sequences and selected queries. */
+static const int wg_hists[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 500};
+template <typename T> static void check_wg(const char *name, int dh, double tol)
+{
+    for (int bn = FL_WG_LOCK64; bn <= FL_WG_WS_PP; bn++) /* every kernel variant */
+        for (int last = 0; last < 2; last++)
+            for (int rep = 0; rep < 4; rep++) {
+                const int heads = 1 + (int)tu_below(3), max_m = rep == 0 ? 0 : rep == 1 ? 1 : 300;
+                double worst;
+                const double err = run_case<T>(dh, heads, last, WGMMA, &worst, wg_hists, 16, max_m, bn);
+                if (rep == 3)
+                    fprintf(stderr, "# %s dh %d variant %d heads %d %s: relative error %.2e (max abs %.2e)\n", name, dh, bn,
+                            heads, last ? "selected queries" : "whole sequences", err, worst);
+                if (!(err < tol))
+                    fail_msg("%s dh %d variant %d heads %d last %d max_m %d: relative error %.3g >= %.3g", name, dh, bn, heads,
+                             last, max_m, err, tol);
+            }
+    if (quick()) return;
+    // long histories: 4097 (every token a query, every 7th row checked), and 65,537 keys seen
+    // by a few selected candidates (positions and rows well past 16 bits)
+    double worst;
+    for (int last = 0; last < 2; last++) {
+        const double err = run_problem<T>({{4097, 130, 0}, {17, 3, 0}}, dh, 2, last, WGMMA, 0, last ? 1 : 7, &worst);
+        fprintf(stderr, "# %s dh %d history 4097 %s: relative error %.2e\n", name, dh, last ? "selected" : "whole", err);
+        if (!(err < tol)) fail_msg("%s dh %d history 4097 last %d: relative error %.3g", name, dh, last, err);
+    }
+    const double err = run_problem<T>({{65537, 3, 0}, {0, 1, 0}}, dh, 1, true, WGMMA, 0, 1, &worst);
+    fprintf(stderr, "# %s dh %d history 65537 selected: relative error %.2e\n", name, dh, err);
+    if (!(err < tol)) fail_msg("%s dh %d history 65537: relative error %.3g", name, dh, err);
+}
+
+/* fp16: P enters P V in fp16 and the output is rounded to fp16 (2^-11). */
+static void test_wgmma_fp16(void **state)
+{
+    TU_NEED_GPU();
+    if (!need_wg()) return;
+    check_wg<__half>("wgmma fp16", 64, 3e-3);
+    check_wg<__half>("wgmma fp16", 128, 3e-3);
+}
+
+/* bf16: P enters P V in bf16 (2^-8) and the output is rounded to bf16. */
+static void test_wgmma_bf16(void **state)
+{
+    TU_NEED_GPU();
+    if (!need_wg()) return;
+    check_wg<__nv_bfloat16>("wgmma bf16", 64, 1e-2);
+    check_wg<__nv_bfloat16>("wgmma bf16", 128, 1e-2);
+}
+
+/* The dispatcher with 128-query tiles runs the wgmma kernel; the tile size the engine asks for
+ * is the wgmma one only for 16-bit dtypes, head dims 64/128, enough work and a 9.0 GPU. */
+static void test_dispatch_wg(void **state)
+{
+    TU_NEED_GPU();
+    assert_int_equal(fl_cuda_attention_tile_queries(4, 64, 1 << 20, 8), FL_ATTN_QT);
+    assert_int_equal(fl_cuda_attention_tile_queries(2, 96, 1 << 20, 8), FL_ATTN_QT);
+    assert_int_equal(fl_cuda_attention_tile_queries(2, 64, 16, 1), FL_ATTN_QT);
+    assert_int_equal(fl_cuda_attention_tile_queries(2, 128, 1 << 20, 8), fl_cuda_attention_wg_device() ? FL_ATTN_QT_WG : FL_ATTN_QT);
+    if (!need_wg()) return;
+    static const int dhs[] = {64, 128};
+    for (int i = 0; i < 2; i++)
+        for (int last = 0; last < 2; last++) {
+            double worst;
+            const double err = run_case<__nv_bfloat16>(dhs[i], 2, last, DISPATCH_WG, &worst, wg_hists, 16, 200);
+            if (!(err < 1e-2)) fail_msg("dispatch wg bf16 dh %d last %d: relative error %.3g", dhs[i], last, err);
+        }
+}
+
+/* What the wgmma kernel cannot take is refused with a message naming it, never launched. */
+static void test_wg_refuses(void **state)
+{
+    TU_NEED_GPU();
+    fl_attn_tile t{};
+    const __half *p = reinterpret_cast<const __half *>(256);
+    assert_false(fl_cuda_attention_wg_fits<__half>(96, p, 288, p, p, 288, p, 96));
+    assert_false(fl_cuda_attention_wg_fits<__half>(64, p, 192, p + 4, p + 4, 192, p, 64)); /* 8-byte aligned K/V */
+    assert_int_equal(fl_cuda_attention_wg<__half>(&t, 1, nullptr, 1, 96, p, 288, p, p, 288, nullptr, 96, 0),
+                     FLAME_ERR_UNSUPPORTED);
+    assert_non_null(strstr(flame_last_error(), "got 96"));
+    assert_int_equal(fl_cuda_attention<__half>(&t, 1, nullptr, 1, 64, p, 192, p, p, 192, nullptr, 64, 0, 32),
+                     FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "32 queries"));
+    assert_int_equal(fl_cuda_attention<float>(nullptr, 1, nullptr, 1, 64, nullptr, 192, nullptr, nullptr, 192,
+                                              nullptr, 64, 0, FL_ATTN_QT_WG),
+                     FLAME_ERR_UNSUPPORTED);
+    assert_int_equal(fl_cuda_attention<__half>(&t, 1, nullptr, 70000, 64, p, 192, p, p, 192, nullptr, 64, 0),
+                     FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "70000 heads"));
+    if (!need_wg()) return;
+    assert_int_equal(fl_cuda_attention_wg<__half>(&t, (int64_t)1 << 30, nullptr, 8, 64, p, 192, p, p, 192,
+                                                  const_cast<__half *>(p), 64, 0),
+                     FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "1073741824 tiles x 8 heads"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wgmma_fp16),
+        cmocka_unit_test(test_wgmma_bf16),
+        cmocka_unit_test(test_dispatch_wg),
+        cmocka_unit_test(test_wg_refuses),
         cmocka_unit_test(test_tensor_cores_fp16),
         cmocka_unit_test(test_tensor_cores_bf16),
         cmocka_unit_test(test_dispatch),

@@ -1,0 +1,610 @@
+// SUMI attention for Hopper (sm_90a), fp16/bf16, head dims 64 and 128: warpgroup MMA (wgmma)
+// in the FlashAttention-3 layout (Shah et al. 2024, arXiv:2407.08608). One CTA owns 128
+// queries of one (sequence, head): two warpgroups of 64 rows share key/value blocks of BN rows
+// staged in shared memory while earlier blocks are used. Two ways of staging: lock-step (all
+// threads copy block i + 1 while block i is used, two CTA barriers per block) and
+// warp-specialised (a third warpgroup copies blocks three deep and signals them on mbarriers;
+// the consumers release each stage and run at their own pace, optionally taking turns issuing
+// QK^T). fl_cuda_attention_wg picks by head dim and CTA count (measured, docs/benchmarks.md).
+//
+//   S = Q K^T : wgmma m64nBNk16, A = Q and B = K from shared memory (both K-major);
+//   softmax   : online, in registers, base 2 with the scale folded into the exponent;
+//   O += P V  : wgmma m64nDHk16, A = P from registers (the S accumulator layout is the A
+//               fragment layout, converted to 16 bits in place), B = V from shared memory read
+//               N-major (V's rows are keys, contiguous along the head dim).
+//
+// Every tile in shared memory is stored in the 128-byte swizzle the tensor cores read: rows of
+// 64 values (128 bytes), 16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1024
+// bytes; a head dim of 128 is two such column blocks. Staging is cp.async (16-byte, rows past
+// the last visible key zero-filled), then fence.proxy.async so the tensor cores (async proxy)
+// see the ordinary-proxy writes.
+//
+// SUMI by block skipping: a tile's rows see keys [0, nvis) with nvis = pos + 1 for history rows
+// and n_hist for candidates; a warpgroup walks blocks up to its last row's nvis and masks only
+// blocks that cross its first row's nvis (the diagonal block, or a candidate tile's partial
+// last block). Candidate-candidate blocks are never computed: a candidate's own key is one
+// extra scalar score per row (CUDA cores) folded into the softmax before normalising.
+//
+// Precision: scores and softmax in float32; P enters P V rounded to the input dtype (bf16: 8
+// bits of mantissa, as FlashAttention and cuDNN do), accumulation in float32.
+#include <math.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "attention_wgmma.cuh"
+#include "attention_wgmma_ops.cuh"
+
+namespace {
+
+constexpr int QT = FL_ATTN_QT_WG;   // queries per CTA
+constexpr int THREADS = 2 * 128;    // two warpgroups of 64 query rows
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FL_WG_DEVICE 1
+#endif
+
+template <typename T, int N> struct mma;
+template <> struct mma<__nv_bfloat16, 64> {
+    template <int TB> static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int acc) { wg::ss_bf16_n64<TB>(d, a, b, acc); }
+    template <int TB> static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc) { wg::rs_bf16_n64<TB>(d, a, b, acc); }
+};
+template <> struct mma<__nv_bfloat16, 128> {
+    template <int TB> static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int acc) { wg::ss_bf16_n128<TB>(d, a, b, acc); }
+    template <int TB> static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) { wg::rs_bf16_n128<TB>(d, a, b, acc); }
+};
+template <> struct mma<__half, 64> {
+    template <int TB> static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, int acc) { wg::ss_f16_n64<TB>(d, a, b, acc); }
+    template <int TB> static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc) { wg::rs_f16_n64<TB>(d, a, b, acc); }
+};
+template <> struct mma<__half, 128> {
+    template <int TB> static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b, int acc) { wg::ss_f16_n128<TB>(d, a, b, acc); }
+    template <int TB> static __device__ __forceinline__ void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) { wg::rs_f16_n128<TB>(d, a, b, acc); }
+};
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// keeps the compiler from touching accumulators across the asynchronous MMA
+template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor (PTX "wgmma" matrix descriptor): start address, leading and
+// stride byte offsets (16-byte units), 128-byte swizzle. Atoms are 1024-byte aligned, so the
+// base-offset field stays 0; a k-step inside a 128-byte row moves the start address only.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+// Byte offset of row r, 16-byte chunk c (of DH / 8) in a swizzled [rows][DH] tile.
+__device__ __forceinline__ uint32_t swz(int rows, int r, int c)
+{
+    return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+template <typename T> __device__ __forceinline__ uint32_t pack(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack<__half>(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+template <typename T> __device__ __forceinline__ float2 unpack(uint32_t v);
+template <> __device__ __forceinline__ float2 unpack<__half>(uint32_t v)
+{
+    return __half22float2(*reinterpret_cast<__half2 *>(&v));
+}
+template <> __device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v)
+{
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
+}
+
+template <int DH, int BN, int STAGES> struct layout {
+    static constexpr int Q_BYTES = QT * DH * 2;
+    static constexpr int KV_BYTES = BN * DH * 2; // one of K or V, one stage
+    static constexpr int BAR = Q_BYTES + 2 * STAGES * KV_BYTES; // mbarriers (warp-specialised kernel)
+    static constexpr int SMEM = BAR + 16 * STAGES + 1024;       // + slack to align to 1024
+};
+
+// What one thread knows of its tile: its two rows (i = 0: row g, 1: row g + 8 of its warp's
+// 16), their positions and visible key counts, and its warpgroup's key span.
+struct tile_rows {
+    int pos[2], nvis[2];
+    bool valid[2];
+    int kend;    // keys the tile's last row sees (positions ascend within a tile)
+    int wg_kend; // keys the warpgroup's last row sees: blocks from there on are skipped
+    int wg_full; // keys every row of the warpgroup sees: blocks below need no mask
+};
+
+__device__ __forceinline__ tile_rows rows_of(const fl_attn_tile &tile, const int32_t *qpos, int wg, int warp, int g)
+{
+    const int n = tile.n_hist;
+    auto pos_of = [&](int r) { return tile.qpos_idx < 0 ? tile.pos0 + r : qpos[tile.qpos_idx + r]; };
+    auto nvis_of = [&](int p) { return p < n ? p + 1 : n; };
+    tile_rows tr;
+    tr.kend = nvis_of(pos_of(tile.nq - 1));
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = wg * 64 + warp * 16 + g + 8 * i;
+        tr.valid[i] = r < tile.nq;
+        tr.pos[i] = tr.valid[i] ? pos_of(r) : -1;
+        tr.nvis[i] = tr.valid[i] ? nvis_of(tr.pos[i]) : 0;
+    }
+    const int first = wg * 64, last = min(tile.nq, wg * 64 + 64) - 1;
+    tr.wg_kend = first <= last ? nvis_of(pos_of(last)) : 0;
+    tr.wg_full = first <= last ? nvis_of(pos_of(first)) : 0;
+    return tr;
+}
+
+// Online softmax state of a thread's two rows and its part of their output.
+template <int DH> struct row_acc {
+    float o[DH / 2];
+    float m[2], l[2]; // max (log2 domain, scaled) and this lane's part of the sum of exp2
+    __device__ __forceinline__ void init()
+    {
+#pragma unroll
+        for (int j = 0; j < DH / 2; j++) o[j] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.0f;
+    }
+};
+
+// S = Q K^T for the warpgroup's 64 rows against one key block (qa: the warpgroup's Q rows,
+// kd: the block's K), issued and committed, not waited for.
+template <typename T, int DH, int BN>
+__device__ __forceinline__ void issue_s(float (&s)[BN / 2], uint32_t qa, uint32_t kd)
+{
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; kk++)
+        mma<T, BN>::template ss<0>(s, desc(qa + (kk >> 2) * QT * 128 + (kk & 3) * 32, 16, 1024),
+                                   desc(kd + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+    wg_commit();
+}
+
+// Softmax of the scores of one block (S complete in registers): P in the A-operand layout,
+// the running max and sums updated, and the factor the output must be rescaled by (the
+// output itself is left alone: a P V product may still be accumulating into it).
+template <typename T, int DH, int BN>
+__device__ __forceinline__ void softmax_p(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
+                                          float scale_log2, uint32_t (&p)[BN / 16][4], float (&alpha)[2])
+{
+    // accumulator element 4j + e: row g + 8 (e >> 1), key kb + 8j + 2t + (e & 1)
+    float mx[2] = {-INFINITY, -INFINITY};
+    const bool masked = kb + BN > tr.wg_full;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = e >> 1;
+            if (masked && kb + 8 * j + 2 * t + (e & 1) >= tr.nvis[i]) s[4 * j + e] = -INFINITY;
+            mx[i] = fmaxf(mx[i], s[4 * j + e]);
+        }
+    float sub[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float m_new = fmaxf(a.m[i], quad_max(mx[i]) * scale_log2); // scale > 0: max commutes
+        sub[i] = m_new == -INFINITY ? 0.0f : m_new; // nothing visible yet: exp2(-inf) = 0, never NaN
+        alpha[i] = fast_exp2(a.m[i] - sub[i]);
+        a.m[i] = m_new;
+        a.l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        float e4[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            e4[e] = fast_exp2(fmaf(s[4 * j + e], scale_log2, -sub[e >> 1]));
+            a.l[e >> 1] += e4[e];
+        }
+        // n-tile j of S is half of k-step j / 2 of P: (c0, c1) -> a0 or a2, (c2, c3) -> a1 or a3
+        p[j >> 1][(j & 1) * 2] = pack<T>(e4[0], e4[1]);
+        p[j >> 1][(j & 1) * 2 + 1] = pack<T>(e4[2], e4[3]);
+    }
+}
+
+template <int DH> __device__ __forceinline__ void rescale(row_acc<DH> &a, const float (&alpha)[2])
+{
+#pragma unroll
+    for (int j = 0; j < DH / 8; j++) {
+        a.o[4 * j] *= alpha[0];
+        a.o[4 * j + 1] *= alpha[0];
+        a.o[4 * j + 2] *= alpha[1];
+        a.o[4 * j + 3] *= alpha[1];
+    }
+}
+
+// O += P V for one block (vd: the block's V), issued and committed, not waited for.
+template <typename T, int DH, int BN>
+__device__ __forceinline__ void issue_pv(row_acc<DH> &a, const uint32_t (&p)[BN / 16][4], uint32_t vd)
+{
+    fence_regs(a.o); // the rescaled accumulators and P are written before the fence
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) mma<T, DH>::template rs<1>(a.o, p[ks], desc(vd + ks * 16 * 128, BN * 128, 1024), 1);
+    wg_commit();
+}
+
+// Softmax of one block, then O += P V (waited for).
+template <typename T, int DH, int BN>
+__device__ __forceinline__ void softmax_pv(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
+                                           uint32_t vd, float scale_log2)
+{
+    uint32_t p[BN / 16][4];
+    float alpha[2];
+    softmax_p<T, DH, BN>(a, s, tr, kb, t, scale_log2, p, alpha);
+    rescale(a, alpha);
+    issue_pv<T, DH, BN>(a, p, vd);
+    wg_wait0();
+    fence_regs(a.o);
+}
+
+// A candidate also sees its own key: one more softmax step with that single score; then the
+// rows are normalised and written.
+template <typename T, int DH>
+__device__ __forceinline__ void finish(row_acc<DH> &a, const tile_rows &tr, const fl_attn_tile &tile, int row0, int t,
+                                       float scale_log2, const T *q, int64_t ldq, const T *k, const T *v,
+                                       int64_t ldkv, T *out, int64_t ldo, int64_t col)
+{
+    constexpr int CH = DH / 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const bool self = tr.valid[i] && tr.pos[i] >= tile.n_hist;
+        const int r = row0 + 8 * i;
+        float part = 0.0f;
+        if (self) {
+            const T *qr = q + (tile.q_row + r) * ldq + col, *kr = k + (tile.seq_row + tr.pos[i]) * ldkv + col;
+#pragma unroll
+            for (int c = t; c < CH; c += 4) {
+                const uint4 qv = *reinterpret_cast<const uint4 *>(qr + 8 * c);
+                const uint4 kv = *reinterpret_cast<const uint4 *>(kr + 8 * c);
+                const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w}, kw[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float2 x = unpack<T>(qw[u]), y = unpack<T>(kw[u]);
+                    part = fmaf(x.x, y.x, fmaf(x.y, y.y, part));
+                }
+            }
+        }
+        const float sself = quad_sum(part) * scale_log2; // every lane takes part in the shuffles
+        if (!self) continue;
+        const float m_new = fmaxf(a.m[i], sself);
+        const float alpha = fast_exp2(a.m[i] - m_new), ps = fast_exp2(sself - m_new);
+        a.m[i] = m_new;
+        a.l[i] = a.l[i] * alpha + (t == 0 ? ps : 0.0f); // counted once per quad
+        const T *vr = v + (tile.seq_row + tr.pos[i]) * ldkv + col + 2 * t;
+#pragma unroll
+        for (int j = 0; j < DH / 8; j++) {
+            const float2 vv = unpack<T>(*reinterpret_cast<const uint32_t *>(vr + 8 * j));
+            a.o[4 * j + 2 * i] = a.o[4 * j + 2 * i] * alpha + ps * vv.x;
+            a.o[4 * j + 2 * i + 1] = a.o[4 * j + 2 * i + 1] * alpha + ps * vv.y;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float lsum = quad_sum(a.l[i]);
+        if (!tr.valid[i]) continue;
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f; // no visible key: zeros, never NaN
+        T *orow = out + (tile.q_row + row0 + 8 * i) * ldo + col + 2 * t;
+#pragma unroll
+        for (int j = 0; j < DH / 8; j++)
+            *reinterpret_cast<uint32_t *>(orow + 8 * j) = pack<T>(a.o[4 * j + 2 * i] * inv, a.o[4 * j + 2 * i + 1] * inv);
+    }
+}
+
+// Stages rows [kb, kb + BN) of K and V (rows from kend on as zeros) into swizzled tiles, the
+// 16-byte chunks split over NTHR threads (this one: `me`), all copies issued back to back.
+template <int DH, int BN, int NTHR>
+__device__ __forceinline__ void stage_kv(uint32_t kd, uint32_t vd, const fl_attn_tile &tile, int kb, int kend,
+                                         const void *k, const void *v, int64_t ldkv, int64_t col, int me)
+{
+    constexpr int CH = DH / 8;
+    static_assert(BN * CH % NTHR == 0, "whole rounds");
+    const uint8_t *kp = static_cast<const uint8_t *>(k), *vp = static_cast<const uint8_t *>(v);
+#pragma unroll
+    for (int c0 = 0; c0 < BN * CH; c0 += NTHR) {
+        const int c = c0 + me, r = c / CH, ch = c % CH;
+        const bool ok = kb + r < kend;
+        const int64_t off = ((tile.seq_row + (ok ? kb + r : 0)) * ldkv + col + ch * 8) * 2;
+        cp16(kd + swz(BN, r, ch), kp + off, ok);
+        cp16(vd + swz(BN, r, ch), vp + off, ok);
+    }
+}
+
+// Rows [r0, r0 + rows) of the tile's queries (rows from nq on as zeros) into the swizzled Q tile.
+template <int DH>
+__device__ __forceinline__ void stage_q(uint32_t qs, const fl_attn_tile &tile, const void *q, int64_t ldq,
+                                        int64_t col, int r0, int rows, int me, int nthr)
+{
+    constexpr int CH = DH / 8;
+    const uint8_t *qp = static_cast<const uint8_t *>(q);
+    for (int c = me; c < rows * CH; c += nthr) {
+        const int r = r0 + c / CH, ch = c % CH;
+        const bool ok = r < tile.nq;
+        cp16(qs + swz(QT, r, ch), qp + ((tile.q_row + (ok ? r : 0)) * ldq + col + ch * 8) * 2, ok);
+    }
+}
+
+// Lock-step kernel: all 256 threads stage each block (cp.async, two stages), both warpgroups
+// use it between two CTA barriers.
+template <typename T, int DH, int BN>
+__global__ void __launch_bounds__(THREADS, 1)
+    attn_wg_kernel(const fl_attn_tile *tiles, const int32_t *qpos, int heads, float scale_log2, const T *q,
+                   int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
+{
+#ifdef FL_WG_DEVICE
+    using L = layout<DH, BN, 2>;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t qs = base, ks0 = base + L::Q_BYTES, vs0 = ks0 + 2 * L::KV_BYTES;
+    const int64_t item = blockIdx.x;
+    const fl_attn_tile tile = tiles[item / heads];
+    const int64_t col = (int64_t)(item % heads) * DH;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
+    const int nblk = (tr.kend + BN - 1) / BN;
+    if (nblk > 0) {
+        stage_q<DH>(qs, tile, q, ldq, col, 0, QT, tid, THREADS);
+        stage_kv<DH, BN, THREADS>(ks0, vs0, tile, 0, tr.kend, k, v, ldkv, col, tid);
+        cp_commit();
+    }
+    row_acc<DH> a;
+    a.init();
+    for (int blk = 0; blk < nblk; blk++) {
+        const int stage = blk & 1, kb = blk * BN;
+        if (blk + 1 < nblk) {
+            stage_kv<DH, BN, THREADS>(ks0 + (stage ^ 1) * L::KV_BYTES, vs0 + (stage ^ 1) * L::KV_BYTES, tile, kb + BN,
+                                      tr.kend, k, v, ldkv, col, tid);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        fence_async_smem();
+        __syncthreads();
+        if (kb < tr.wg_kend) { // warpgroup-uniform
+            float s[BN / 2];
+            issue_s<T, DH, BN>(s, qs + wg * 64 * 128, ks0 + stage * L::KV_BYTES);
+            wg_wait0();
+            fence_regs(s);
+            softmax_pv<T, DH, BN>(a, s, tr, kb, t, vs0 + stage * L::KV_BYTES, scale_log2);
+        }
+        __syncthreads(); // the stage is refilled by the next iteration's prefetch
+    }
+    finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
+#endif
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// the barrier's current phase completes when this thread's earlier cp.async copies have landed
+__device__ __forceinline__ void mbar_arrive_cp(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void named_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+
+constexpr int WS_THREADS = THREADS + 128; // two consumer warpgroups and a producer warpgroup
+
+// Warp-specialised kernel: warpgroup 2 stages key/value blocks into STAGES buffers (cp.async,
+// completion signalled on a `full` mbarrier per stage); the two warpgroups wait for a block,
+// use it and release it on the stage's `empty` mbarrier, each at its own pace. PINGPONG: the
+// warpgroups take turns issuing S = QK^T (named barriers 3 and 4), so one's softmax runs under
+// the other's matrix products (FlashAttention-3's inter-warpgroup schedule).
+template <typename T, int DH, int BN, int STAGES, bool PINGPONG>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    attn_ws_kernel(const fl_attn_tile *tiles, const int32_t *qpos, int heads, float scale_log2, const T *q,
+                   int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
+{
+#ifdef FL_WG_DEVICE
+    using L = layout<DH, BN, STAGES>;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t qs = base, ks0 = base + L::Q_BYTES, vs0 = ks0 + STAGES * L::KV_BYTES;
+    const uint32_t full0 = base + L::BAR, empty0 = full0 + 8 * STAGES;
+    const int64_t item = blockIdx.x;
+    const fl_attn_tile tile = tiles[item / heads];
+    const int64_t col = (int64_t)(item % heads) * DH;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    if (tid == 0)
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(full0 + 8 * st, 128); // the producer's 128 threads
+            mbar_init(empty0 + 8 * st, 8); // lane 0 of each consumer warp
+        }
+    __syncthreads();
+    if (wg == 2) { // producer warpgroup
+        const tile_rows tr = rows_of(tile, qpos, 0, 0, 0);
+        const int nblk = (tr.kend + BN - 1) / BN;
+        for (int blk = 0; blk < nblk; blk++) {
+            const int st = blk % STAGES;
+            if (blk >= STAGES) mbar_wait(empty0 + 8 * st, (uint32_t)((blk / STAGES - 1) & 1));
+            stage_kv<DH, BN, 128>(ks0 + st * L::KV_BYTES, vs0 + st * L::KV_BYTES, tile, blk * BN, tr.kend, k, v, ldkv,
+                                  col, tid - THREADS);
+            mbar_arrive_cp(full0 + 8 * st);
+        }
+        cp_wait<0>();
+        return;
+    }
+    const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
+    const int nblk = (tr.kend + BN - 1) / BN;
+    if (nblk > 0) { // the warpgroup's own 64 query rows
+        stage_q<DH>(qs, tile, q, ldq, col, wg * 64, 64, tid & 127, 128);
+        cp_commit();
+        cp_wait<0>();
+        fence_async_smem();
+        named_sync(1 + wg, 128);
+    }
+    row_acc<DH> a;
+    a.init();
+    if (PINGPONG && wg == 1 && nblk > 0) named_arrive(3, 256); // warpgroup 0 goes first
+    for (int blk = 0; blk < nblk; blk++) {
+        const int st = blk % STAGES, kb = blk * BN;
+        mbar_wait(full0 + 8 * st, (uint32_t)((blk / STAGES) & 1));
+        fence_async_smem(); // the copies (generic proxy) are read by the tensor cores (async proxy)
+        // warpgroup-uniform; skipped blocks keep the turns balanced. Each branch issues and
+        // waits for its own matrix products (split across branches, ptxas serialises them)
+        const bool work = kb < tr.wg_kend, pass = PINGPONG && !(wg == 1 && blk == nblk - 1);
+        if (PINGPONG) named_sync(3 + wg, 256);
+        if (work) {
+            float s[BN / 2];
+            issue_s<T, DH, BN>(s, qs + wg * 64 * 128, ks0 + st * L::KV_BYTES);
+            if (pass) named_arrive(3 + (wg ^ 1), 256);
+            wg_wait0();
+            fence_regs(s);
+            softmax_pv<T, DH, BN>(a, s, tr, kb, t, vs0 + st * L::KV_BYTES, scale_log2);
+        } else if (pass) {
+            named_arrive(3 + (wg ^ 1), 256);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * st);
+    }
+    finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
+#endif
+}
+
+template <typename T, int DH, int BN>
+flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
+                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s)
+{
+    constexpr int smem = layout<DH, BN, 2>::SMEM;
+    // above the default 48 KiB; set on every launch, as the attribute is per device
+    FL_CUDA_TRY(cudaFuncSetAttribute(attn_wg_kernel<T, DH, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
+    attn_wg_kernel<T, DH, BN><<<(unsigned)(num_tiles * heads), THREADS, smem, s>>>(tiles, qpos, heads, scale_log2, q,
+                                                                                   ldq, k, v, ldkv, out, ldo);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+template <typename T, int DH, int BN, int STAGES, bool PP>
+flame_status launch_ws(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
+                       int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s)
+{
+    constexpr int smem = layout<DH, BN, STAGES>::SMEM;
+    static_assert(smem <= 227 * 1024, "shared memory of one CTA");
+    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ws_kernel<T, DH, BN, STAGES, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
+    attn_ws_kernel<T, DH, BN, STAGES, PP><<<(unsigned)(num_tiles * heads), WS_THREADS, smem, s>>>(
+        tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+} // namespace
+
+bool fl_cuda_attention_wg_device(void)
+{
+    int dev = 0, major = 0, minor = 0; // the current device's (the runtime caches these)
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major == 9 && minor == 0; // sm_90a machine code runs on compute capability 9.0 only
+}
+
+template <typename T>
+bool fl_cuda_attention_wg_fits(int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv,
+                               const T *out, int64_t ldo)
+{
+    const uintptr_t bits = (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
+    return (dh == 64 || dh == 128) && ldq % 8 == 0 && ldkv % 8 == 0 && bits % 16 == 0 && ldo % 2 == 0 &&
+           (uintptr_t)out % 4 == 0 && fl_cuda_attention_wg_device();
+}
+
+template <typename T>
+flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
+                                  int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
+                                  int64_t ldo, cudaStream_t s, int variant)
+{
+    if (num_tiles == 0) return FLAME_OK;
+    if (!fl_cuda_attention_wg_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
+        return fl_error(FLAME_ERR_UNSUPPORTED,
+                        "wgmma attention: needs a compute capability 9.0 GPU, head dim 64 or 128 (got %d) and "
+                        "16-byte aligned rows", dh);
+    if (heads <= 0 || num_tiles > INT32_MAX / heads)
+        return fl_error(FLAME_ERR_INVALID_ARG, "wgmma attention: %lld tiles x %d heads exceed one launch (2^31 - 1 CTAs)",
+                        (long long)num_tiles, heads);
+    // measured on an H200 (docs/benchmarks.md): head dim 128, the producer warpgroup (B32 L1024
+    // M512 446 us against 486 lock-step); 64, lock-step with 64-key blocks once the CTAs fill
+    // the GPU (B8 L1024 M512 69 us against 81), the producer warpgroup below (B1 L1024 M128,
+    // 72 CTAs: 19.8 us against 23.7)
+    const int which = variant                      ? variant
+                      : dh == 128                  ? FL_WG_WS
+                      : num_tiles * heads >= 132   ? FL_WG_LOCK64
+                                                   : FL_WG_WS;
+#define ARGS tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv, out, ldo, s
+    if (dh == 64) switch (which) {
+        case FL_WG_LOCK64: return launch<T, 64, 64>(ARGS);
+        case FL_WG_LOCK128: return launch<T, 64, 128>(ARGS);
+        case FL_WG_WS: return launch_ws<T, 64, 128, 3, false>(ARGS);
+        default: return launch_ws<T, 64, 128, 3, true>(ARGS);
+        }
+    switch (which) {
+    case FL_WG_LOCK64: return launch<T, 128, 64>(ARGS);
+    case FL_WG_LOCK128: return launch<T, 128, 128>(ARGS);
+    case FL_WG_WS: return launch_ws<T, 128, 64, 3, false>(ARGS);
+    default: return launch_ws<T, 128, 64, 3, true>(ARGS);
+    }
+#undef ARGS
+}
+
+#define INSTANTIATE(T)                                                                                         \
+    template bool fl_cuda_attention_wg_fits<T>(int32_t, const T *, int64_t, const T *, const T *, int64_t,      \
+                                               const T *, int64_t);                                            \
+    template flame_status fl_cuda_attention_wg<T>(const fl_attn_tile *, int64_t, const int32_t *, int32_t,      \
+                                                  int32_t, const T *, int64_t, const T *, const T *, int64_t, T *, \
+                                                  int64_t, cudaStream_t, int);
+INSTANTIATE(__half)
+INSTANTIATE(__nv_bfloat16)

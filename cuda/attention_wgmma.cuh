@@ -1,0 +1,27 @@
+// The Hopper SUMI attention (wgmma, sm_90a; attention_wgmma.cu); fl_cuda_attention dispatches
+// to it for tile lists of FL_ATTN_QT_WG queries.
+#pragma once
+
+#include "kernels.cuh"
+
+// True when the current device is compute capability 9.0 (the kernel exists only as sm_90a code).
+bool fl_cuda_attention_wg_device(void);
+
+// True on such a device for head dims 64 and 128 with 16-byte aligned Q, K, V rows (strides
+// multiples of 8 values) and 4-byte aligned output pairs.
+template <typename T>
+bool fl_cuda_attention_wg_fits(int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv,
+                               const T *out, int64_t ldo);
+
+// Kernel variants (attention_wgmma.cu), for tests and benchmarks: lock-step (all threads stage
+// each key block, key blocks of 64 or 128), warp-specialised (a producer warp stages blocks
+// three deep), and warp-specialised with the warpgroups taking turns on the tensor cores.
+enum { FL_WG_DEFAULT = 0, FL_WG_LOCK64 = 1, FL_WG_LOCK128 = 2, FL_WG_WS = 3, FL_WG_WS_PP = 4 };
+
+// Contract of fl_cuda_attention for tiles of up to FL_ATTN_QT_WG queries, processed in list
+// order (longest first keeps the last wave short). FLAME_ERR_UNSUPPORTED when it does not fit;
+// INVALID_ARG when tiles x heads exceed one launch.
+template <typename T>
+flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
+                                  int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
+                                  int64_t ldo, cudaStream_t s, int variant = FL_WG_DEFAULT);
