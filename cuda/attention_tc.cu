@@ -20,8 +20,10 @@
 #include <type_traits>
 
 #include "attention_tc.cuh"
+#include "half_pairs.cuh"
 
 namespace {
+using namespace fl_half_pairs;
 
 constexpr int KT = 32; // keys per step
 
@@ -42,27 +44,6 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats as a packed pair (lo in the low 16 bits), rounded to nearest.
-template <typename T> __device__ __forceinline__ uint32_t pack(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack<__half>(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-template <typename T> __device__ __forceinline__ float2 unpack(uint32_t v);
-template <> __device__ __forceinline__ float2 unpack<__half>(uint32_t v)
-{
-    return __half22float2(*reinterpret_cast<__half2 *>(&v));
-}
-template <> __device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v)
-{
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
-}
 // Four 8x8 16-bit matrices from shared memory, transposed (PTX "ldmatrix"): register k holds
 // matrix k's elements (2t, g) and (2t + 1, g) for lane 4g + t.
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p)

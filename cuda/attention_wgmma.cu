@@ -34,8 +34,10 @@
 
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_ops.cuh"
+#include "half_pairs.cuh"
 
 namespace {
+using namespace fl_half_pairs;
 
 constexpr int QT = FL_ATTN_QT_WG;   // queries per CTA
 constexpr int THREADS = 2 * 128;    // two warpgroups of 64 query rows
@@ -112,26 +114,6 @@ __device__ __forceinline__ float quad_sum(float v)
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-template <typename T> __device__ __forceinline__ uint32_t pack(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack<__half>(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-template <typename T> __device__ __forceinline__ float2 unpack(uint32_t v);
-template <> __device__ __forceinline__ float2 unpack<__half>(uint32_t v)
-{
-    return __half22float2(*reinterpret_cast<__half2 *>(&v));
-}
-template <> __device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v)
-{
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
-}
 
 template <int DH, int BN, int STAGES> struct layout {
     static constexpr int Q_BYTES = QT * DH * 2;
