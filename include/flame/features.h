@@ -57,7 +57,7 @@ FLAME_API flame_status flame_feature_batch_set_missing(flame_feature_batch *batc
  * missing record (then *ids = NULL, *count = 0). Returns FLAME_OK; FLAME_ERR_INVALID_ARG
  * (NULL argument, index or slot out of range, record never written). */
 FLAME_API flame_status flame_feature_batch_get_slot(const flame_feature_batch *batch, size_t index, int32_t slot,
-                                                    int *found, const int64_t **ids, size_t *count);
+                                                    int32_t *found, const int64_t **ids, size_t *count);
 /* Reads the dense floats of record `index` (count 0 when none or missing). As get_slot. */
 FLAME_API flame_status flame_feature_batch_get_dense(const flame_feature_batch *batch, size_t index,
                                                      const float **dense, size_t *count);

@@ -19,8 +19,9 @@
  *     anything else is FLAME_ERR_INVALID_ARG ("struct_size outside 8..4096" below).
  *
  * Model format: docs/model-format.md. Architecture: SASRec (Kang & McAuley, ICDM 2018) /
- * BERT-style transformer encoders, and HSTU/FLAME-style GR rankers with the SUMI mask
- * (single user, multiple items: candidates attend to the whole history and themselves).
+ * BERT-style transformer encoders, and GR rankers in the style of HSTU (Zhai et al., ICML 2024,
+ * arXiv:2402.17152) and FLAME (arXiv:2509.22681) with the SUMI mask (single user, multiple
+ * items: candidates attend to the whole history and themselves).
  */
 #ifndef FLAME_FLAME_H
 #define FLAME_FLAME_H
@@ -267,8 +268,9 @@ typedef struct flame_engine flame_engine;
  * concurrently from any number of threads on one engine; each call takes a private scratch
  * workspace from the engine's pool, so calls never share buffers. Results do not depend on
  * concurrency (bitwise identical).
- * On a GPU the weights are uploaded once, here; calls on one GPU engine are serialized on its
- * stream (create one engine per concurrent stream wanted).
+ * On a GPU the weights are uploaded once, here; concurrent calls run on the engine's
+ * executors (FLAME_OPT_CUDA_EXECUTORS, each with its own stream and buffers), and wait for a
+ * free one when all are busy; with FLAME_OPT_CUDA_STREAM there is one executor, on that stream.
  * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model/out);
  * FLAME_ERR_NO_DEVICE ("cuda"/"cuda:N" asked for but this build or machine has no such GPU);
  * FLAME_ERR_NOMEM (host memory, or GPU memory / FLAME_OPT_DEVICE_MEMORY_BUDGET exceeded: the

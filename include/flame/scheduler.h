@@ -4,7 +4,7 @@
  * Part of the public API; included by flame/flame.h, and usable on its own. The conventions at
  * the top of flame/flame.h (statuses, ownership, units, the struct_size rule) hold here too.
  *
- * Dynamic batching in front of an engine (the stream orchestrator of the FLAME design):
+ * Dynamic batching in front of an engine (the stream orchestrator of FLAME, arXiv:2509.22681):
  * serving threads submit one user's request at a time; the scheduler groups queued requests
  * into batches that fit one of its batch profiles (at most max_users requests of at most
  * max_candidates candidates each), splits a request with more candidates than any profile

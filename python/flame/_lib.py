@@ -73,7 +73,7 @@ PROTOTYPES = [
     ("flame_feature_batch_size", C.c_size_t, [_vp]),
     ("flame_feature_batch_set", _st, [_vp, C.c_size_t, I64P, I64P, C.c_size_t, F32P, C.c_size_t]),
     ("flame_feature_batch_set_missing", _st, [_vp, C.c_size_t]),
-    ("flame_feature_batch_get_slot", _st, [_vp, C.c_size_t, C.c_int32, C.POINTER(C.c_int), C.POINTER(I64P),
+    ("flame_feature_batch_get_slot", _st, [_vp, C.c_size_t, C.c_int32, C.POINTER(C.c_int32), C.POINTER(I64P),
                                             C.POINTER(C.c_size_t)]),
     ("flame_feature_batch_get_dense", _st, [_vp, C.c_size_t, C.POINTER(F32P), C.POINTER(C.c_size_t)]),
     ("flame_feature_source_create_callback", _st, [C.c_int32, FETCH_FN, _vp, _vp, C.POINTER(_vp)]),

@@ -107,7 +107,7 @@ class _Batch:
             raise errors.UnsupportedError("records of 0 slots cannot be read back: a missing record and a found "
                                           "one look the same without a slot to ask about")
         L, out = _lib.lib(), []
-        found, ptr, count, dptr = C.c_int(), I64P(), C.c_size_t(), F32P()
+        found, ptr, count, dptr = C.c_int32(), I64P(), C.c_size_t(), F32P()
         for i in range(L.flame_feature_batch_size(self.h)):
             bags = []
             for s in range(self.num_slots):

@@ -172,7 +172,7 @@ static flame_status get_checked(const flame_feature_batch *b, size_t index, cons
 }
 
 FLAME_API flame_status flame_feature_batch_get_slot(const flame_feature_batch *b, size_t index, int32_t slot,
-                                                    int *found, const int64_t **ids, size_t *count)
+                                                    int32_t *found, const int64_t **ids, size_t *count)
 {
     fl_clear_error();
     flame_status st = get_checked(b, index, "flame_feature_batch_get_slot");

@@ -2,7 +2,7 @@
  * for every profile is cut. */
 #include "sched/sched.h"
 
-/* The FLAME paper's explicit-batch profiles (users x candidates per user). */
+/* The explicit-batch profiles of the FLAME paper (arXiv:2509.22681): users x candidates per user. */
 static const flame_batch_profile defaults[] = {{1, 128}, {2, 128}, {4, 64}, {8, 32}};
 
 #define MAX_USERS 65536u
