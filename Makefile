@@ -280,12 +280,14 @@ distcheck: dist
 # ---- a wheel of the Python package with this build's library inside it (flame/$(SONAME)),
 # for a machine without libflame installed; `pip install ./python` makes one without it.
 WHEEL_DIR := build/wheel
-wheel: lib | $(VENV)/.installed
+# WHEEL_PY: another Python with pip and setuptools (the tests pass theirs; a GPU machine has no
+# network to make the venv)
+wheel: lib $(if $(WHEEL_PY),,| $(VENV)/.installed)
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
 	cp -r python $(WHEEL_DIR)/src
 	rm -rf $(WHEEL_DIR)/src/build $(WHEEL_DIR)/src/*.egg-info
 	cp $(SHLIB) $(WHEEL_DIR)/src/flame/$(SONAME)
-	$(VENV_PY) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(WHEEL_DIR) \
+	$(or $(WHEEL_PY),$(VENV_PY)) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(WHEEL_DIR) \
 	    --config-settings=--build-option=--plat-name=linux_$(shell uname -m) $(WHEEL_DIR)/src
 	@ls $(WHEEL_DIR)/*.whl
 

@@ -52,7 +52,7 @@ out=$(py_in "$t/site" env LD_LIBRARY_PATH="$t/stage/usr/local/lib" "$PY" -c 'imp
 [ "$out" = "$version libflame.so.0" ] || fail "installed copy: $out"
 
 # the wheel with the library inside
-make -s wheel >"$t/wheel.log" 2>&1 || { cat "$t/wheel.log"; fail "make wheel"; }
+make -s wheel WHEEL_PY="$PY" >"$t/wheel.log" 2>&1 || { cat "$t/wheel.log"; fail "make wheel"; }
 whl=$(ls build/wheel/libflame-"$version"-py3-none-linux_*.whl) || fail "make wheel made: $(ls build/wheel)"
 "$PY" -m pip install -q --no-deps --no-index --target "$t/wsite" "$whl" >"$t/pip.log" 2>&1 || { cat "$t/pip.log"; fail "pip install $whl"; }
 out=$(py_in "$t/wsite" "$PY" -c '
