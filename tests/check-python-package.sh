@@ -14,7 +14,8 @@ trap 'rm -rf "$t"' EXIT
 version=$(sed -n 's/^#define FLAME_VERSION_STRING "\(.*\)"/\1/p' include/flame/flame.h)
 fail() { echo "python package: FAILED, $*"; exit 1; }
 # every check runs from an empty folder with only the installed copy on the path
-py_in() { site=$1; shift; (cd "$t/empty" && env -u FLAME_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$site" "$@"); }
+# (LD_LIBRARY_PATH is kept: on some machines it is how libflame's own dependencies are found)
+py_in() { site=$1; shift; (cd "$t/empty" && env -u FLAME_LIBRARY PYTHONPATH="$site" "$@"); }
 mkdir -p "$t/empty"
 
 cp -r python "$t/src" && rm -rf "$t/src/build" "$t/src"/*.egg-info
@@ -48,7 +49,7 @@ out=$(py_in "$t/site" env FLAME_LIBRARY="$repo/lib/libflame.so" "$PY" -c 'import
 
 # an installed copy the dynamic loader finds (LD_LIBRARY_PATH here; ldconfig's cache after make install)
 make -s install DESTDIR="$t/stage" PREFIX=/usr/local >/dev/null
-out=$(py_in "$t/site" env LD_LIBRARY_PATH="$t/stage/usr/local/lib" "$PY" -c 'import flame; from flame import _lib; print(flame.library_version(), _lib.lib()._name)')
+out=$(py_in "$t/site" env LD_LIBRARY_PATH="$t/stage/usr/local/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$PY" -c 'import flame; from flame import _lib; print(flame.library_version(), _lib.lib()._name)')
 [ "$out" = "$version libflame.so.0" ] || fail "installed copy: $out"
 
 # the wheel with the library inside
