@@ -31,9 +31,9 @@ BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFL
                -Iinclude -Isrc $(shell pkg-config --cflags openblas 2>/dev/null || pkg-config --cflags cblas 2>/dev/null)
 LDLIBS  := -lcjson -lopenblas -lhiredis -fopenmp -lpthread -lm
 
-SRC := $(filter-out src/core/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
+SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
-SRC += $(wildcard src/mem/*.c src/cache/*.c)
+SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
 # ---- the batch-profile scheduler
 SRC += $(wildcard src/sched/*.c)
 SRC := $(sort $(SRC))
@@ -41,13 +41,16 @@ LDLIBS += -lnuma
 # ---- end memory
 OBJ := $(SRC:%.c=build/%.o)
 
+# GPU architectures of every CUDA object (the library also embeds compute_90 PTX for newer GPUs;
+# the Hopper attention kernel is sm_90a only, its own rule below)
+CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+
 ifeq ($(CUDA),1)
 CU_SRC := $(wildcard cuda/*.cu)
 CU_OBJ := $(CU_SRC:%.cu=build/%.o)
 NVFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -DFLAME_BUILDING -DFLAME_WITH_CUDA -Iinclude -Isrc \
            -DFL_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"' \
-           -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-           -gencode arch=compute_90,code=compute_90
+           $(CUDA_ARCHS) -gencode arch=compute_90,code=compute_90
 BASE_CFLAGS += -DFLAME_WITH_CUDA
 # cuBLASLt is dlopen'ed by cuda/cublaslt_loader.cu when a GPU engine is made (not linked)
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -77,9 +80,13 @@ all: lib examples
 
 lib: $(SHLIB) lib/libflame.so.$(MAJOR) lib/libflame.so $(STLIB)
 
-build/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
+# Each C object depends on the headers it includes, as the compiler lists them (-MMD) into a
+# .d file beside it; -MP keeps a removed header from breaking the build.
+DEPFLAGS := -MMD -MP
+
+build/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(findstring src/cpu/dot.c,$<),-fopenmp) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(findstring src/cpu/dot.c,$<),-fopenmp) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -89,9 +96,9 @@ build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS
 # capability 9.0 alone
 build/cuda/attention_wgmma.o: NVFLAGS := $(filter-out -gencode arch=%,$(NVFLAGS)) -gencode arch=compute_90a,code=sm_90a -Xptxas -v
 
-build/cuda/no_cuda.o: src/core/no_cuda.c src/core/device.h src/engine/cuda_backend.h
+build/cuda/no_cuda.o: src/engine/no_cuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(SHLIB): $(OBJ) $(CU_OBJ) src/libflame.map
 	@mkdir -p lib
@@ -131,15 +138,13 @@ bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h $(SHLIB
 # calls the internal kernel wrapper, so it links the static library and the CUDA libs
 bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench
-	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -gencode arch=compute_80,code=sm_80 \
-	    -gencode arch=compute_90,code=sm_90 -c $< -o build/bench/embedding_bench.o
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/embedding_bench.o
 	$(CC) -o $@ build/bench/embedding_bench.o $(STLIB) $(LDLIBS)
 
 # SUMI attention: calls the internal kernel wrappers, so it links the static library and the CUDA libs
 bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_wgmma.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench
-	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -gencode arch=compute_80,code=sm_80 \
-	    -gencode arch=compute_90,code=sm_90 -c $< -o build/bench/attention_bench.o
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/attention_bench.o
 	$(CC) -o $@ build/bench/attention_bench.o $(STLIB) $(LDLIBS)
 
 # int8 tables: calls the internal CPU kernel, so it links the static library
@@ -152,8 +157,7 @@ build/tests/%: tests/%.c $(wildcard tests/*.h) $(SHLIB) lib/libflame.so $(STLIB)
 
 build/tests/%: tests/%.cu $(wildcard tests/*.h) $(wildcard cuda/*.cuh) $(STLIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Itests -gencode arch=compute_80,code=sm_80 \
-	    -gencode arch=compute_90,code=sm_90 -c $< -o $@.o
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Itests $(CUDA_ARCHS) -c $< -o $@.o
 	$(CC) -o $@ $@.o $(STLIB) -lcmocka $(LDLIBS)
 
 # ---- set-up: installs what a fresh Debian/Ubuntu machine lacks (apt; root or sudo), nothing
@@ -214,7 +218,7 @@ test-gpu: all $(TESTS)
 # -fsanitize=thread into build-tsan/ and -fsanitize=address,undefined into build-asan/, then
 # run; any report fails the run. OpenBLAS runs single-threaded there (its threads are not
 # instrumented).
-SAN_SRC   := $(SRC) src/core/no_cuda.c
+SAN_SRC   := $(SRC) src/engine/no_cuda.c
 SAN_DIR   ?= build-san
 SAN       ?= address,undefined
 SAN_FLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all -g
@@ -226,9 +230,9 @@ test-sanitize: $(BEAUTY_FLAME)
 	$(MAKE) --no-print-directory san-run SAN=thread SAN_DIR=build-tsan
 	$(MAKE) --no-print-directory san-run SAN=address,undefined SAN_DIR=build-asan
 
-$(SAN_DIR)/obj/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
+$(SAN_DIR)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN_CFLAGS) $(CFLAGS) $(SAN_FLAGS) -c $< -o $@
+	$(CC) $(SAN_CFLAGS) $(CFLAGS) $(SAN_FLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(SAN_DIR)/libflame.a: $(SAN_SRC:%.c=$(SAN_DIR)/obj/%.o)
 	rm -f $@ && ar rcs $@ $^
@@ -305,7 +309,7 @@ FUZZ_DIR     := build-fuzz
 FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
 FUZZ_CFLAGS  := $(filter-out -Werror -DFLAME_WITH_CUDA,$(BASE_CFLAGS))
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
-FUZZ_OBJ     := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(sort $(SRC) src/core/no_cuda.c))
+FUZZ_OBJ     := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(sort $(SRC) src/engine/no_cuda.c))
 
 .PHONY: fuzz fuzz-build fuzz-deps
 fuzz: fuzz-build
@@ -330,9 +334,9 @@ fuzz-deps:
 	      SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get update -qq && \
 	      $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang libclang-rt-dev >/dev/null; }
 
-$(FUZZ_DIR)/obj/%.o: %.c $(wildcard include/flame/*.h) $(wildcard src/*/*.h)
+$(FUZZ_DIR)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_FLAGS) $(DEPFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
 $(FUZZ_DIR)/libflame.a: $(FUZZ_OBJ)
 	rm -f $@ && ar rcs $@ $^
@@ -340,3 +344,6 @@ $(FUZZ_DIR)/libflame.a: $(FUZZ_OBJ)
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_DIR)/libflame.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Werror -D_GNU_SOURCE $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_DIR)/libflame.a \
 	    -lcjson -lopenblas -lhiredis -lnuma -lpthread -lm
+
+# the header dependencies the compiler wrote (see DEPFLAGS)
+-include $(wildcard $(OBJ:.o=.d) build/cuda/no_cuda.d $(SAN_DIR)/obj/src/*/*.d $(FUZZ_DIR)/obj/src/*/*.d)

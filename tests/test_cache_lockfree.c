@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "cache/icache.h"
+#include "icache/icache.h"
 #include "testutil.h"
 
 /* ---- epoch-based reclamation on its own */

@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 
 #include "testutil.h"
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 #include "core/device.h"
 
 /* SASRec-style dot model, no side features, window 8 */

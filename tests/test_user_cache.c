@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 
 #include "testutil.h"
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 
 static char name[64];
 

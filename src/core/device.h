@@ -1,4 +1,4 @@
-/* What the GPU side offers this process (implemented in cuda/ or src/core/no_cuda.c). */
+/* What the GPU side offers this process (implemented in cuda/ or src/engine/no_cuda.c). */
 #ifndef FLAME_CORE_DEVICE_H
 #define FLAME_CORE_DEVICE_H
 

@@ -1,4 +1,4 @@
-/* The GPU backend as the engine sees it (implemented in cuda/, stand-in in src/core/no_cuda.c).
+/* The GPU backend as the engine sees it (implemented in cuda/, stand-in in src/engine/no_cuda.c).
  * The engine validates requests on the host; the backend only computes. */
 #ifndef FLAME_ENGINE_CUDA_BACKEND_H
 #define FLAME_ENGINE_CUDA_BACKEND_H

@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/icache.h"
+#include "icache/icache.h"
 #include "core/abi.h"
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 #include "core/device.h"
 #include "cpu/kernels.h"
 #include "engine/cuda_backend.h"

@@ -3,8 +3,8 @@
  * call's workspace. Missing records give empty bags (zero vectors, docs/model-format.md). */
 #include <stdlib.h>
 
-#include "cache/icache.h"
-#include "cache/record.h"
+#include "icache/icache.h"
+#include "features/record.h"
 #include "engine/engine.h"
 
 static bool wants_cache(const struct flame_engine *e, const flame_request *q)

@@ -5,7 +5,7 @@
  * into the call's workspace, so concurrent calls share nothing but the (lock-free) table. */
 #include <string.h>
 
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 #include "engine/engine.h"
 
 #define BAD(...) fl_error(FLAME_ERR_INVALID_ARG, __VA_ARGS__)

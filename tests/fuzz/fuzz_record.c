@@ -4,7 +4,7 @@
  * Input: one byte of expected slot count, then the blob. */
 #include <string.h>
 
-#include "cache/record.h"
+#include "features/record.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 #include "fuzz.h"
 
 #define SLOTS 3

@@ -1,7 +1,7 @@
 /* Record encoding and flame_feature_batch. */
 #include <stdlib.h>
 
-#include "cache/record.h"
+#include "features/record.h"
 
 void fl_rec_encode(uint8_t *dst, int32_t num_slots, const int64_t *slot_offsets, const int64_t *ids,
                    const float *dense, size_t num_dense)

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cache/icache.h"
+#include "icache/icache.h"
 
 #define REFRESH_BATCH 256
 

@@ -5,7 +5,7 @@
 
 #include <stdatomic.h>
 
-#include "cache/record.h"
+#include "features/record.h"
 
 typedef struct fl_source_ops {
     /* out is reset to n records; the implementation writes each one or fails */

@@ -9,8 +9,8 @@
 
 #include <stdatomic.h>
 
-#include "cache/epoch.h"
-#include "cache/source.h"
+#include "icache/epoch.h"
+#include "features/source.h"
 #include "core/options.h"
 
 enum { FL_Q_SMALL = 0, FL_Q_MAIN = 1 };

@@ -1,7 +1,7 @@
 /* Source lifetime and the fetch wrapper every caller goes through. */
 #include <stdlib.h>
 
-#include "cache/source.h"
+#include "features/source.h"
 
 void fl_source_init(struct flame_feature_source *s, const fl_source_ops *ops, int32_t num_slots)
 {

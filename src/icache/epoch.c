@@ -1,7 +1,7 @@
 /* Epoch-based reclamation: stripes, retirement and reclamation (epoch.h says why it is safe). */
 #include <string.h>
 
-#include "cache/epoch.h"
+#include "icache/epoch.h"
 
 /* stripe + 1 of this thread, 0 before its first use; threads take stripes in turn */
 static _Thread_local unsigned tls_slot;

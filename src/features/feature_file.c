@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cache/source.h"
+#include "features/source.h"
 
 #define MAX_LINE_IDS 65536
 

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cache/icache.h"
+#include "icache/icache.h"
 #include "core/abi.h"
 
 /* A coarse monotonic clock (a few ns to read, ~4 ms resolution): TTLs are seconds. */

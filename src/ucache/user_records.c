@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 
 static _Atomic(int64_t (*)(void)) clock_hook; /* zero-initialised (no initializer: clang rejects one here) */
 static _Atomic(void (*)(void)) write_hook;

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 #include "core/abi.h"
 
 /* Readers spin this many times on a record a writer is inside before they wait for (or

@@ -12,7 +12,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "cache/source.h"
+#include "features/source.h"
 #include "core/abi.h"
 
 typedef struct redis_source {

@@ -7,7 +7,7 @@
  * Expired entries count as not hit. */
 #include <stdlib.h>
 
-#include "cache/icache.h"
+#include "icache/icache.h"
 
 static void q_push(fl_queue *q, fl_entry *e)
 {

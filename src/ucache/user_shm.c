@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/user_cache.h"
+#include "ucache/user_cache.h"
 #include "core/abi.h"
 
 static flame_status check_name(const char *name)

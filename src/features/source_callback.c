@@ -1,7 +1,7 @@
 /* A feature source backed by the host's batched callback, sync or async. */
 #include <stdlib.h>
 
-#include "cache/source.h"
+#include "features/source.h"
 
 typedef struct cb_source {
     struct flame_feature_source base;

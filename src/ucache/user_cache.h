@@ -3,7 +3,7 @@
 #ifndef FLAME_CACHE_USER_CACHE_H
 #define FLAME_CACHE_USER_CACHE_H
 
-#include "cache/user_layout.h"
+#include "ucache/user_layout.h"
 
 /* The layout as validated at attach (or made at creation), private to the process: another
  * process can rewrite the shared header, so no size or bound is ever read from it again. */
