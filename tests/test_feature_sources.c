@@ -450,7 +450,9 @@ static void test_redis_mget_reply_shapes(void **state)
                  {"*0\r\n", "MGET of 1 keys answered an array of 0 elements, expected 1"},
                  {"+OK\r\n", "MGET of 1 keys answered a status, not an array"},
                  {":7\r\n", "MGET of 1 keys answered an integer, not an array"},
-                 {"-ERR no\r\n", "MGET of 1 keys answered an error: ERR no"}};
+                 {"-ERR no\r\n", "MGET of 1 keys answered an error: ERR no"},
+                 /* a length no fetch reads is refused before its element pointers are allocated */
+                 {"*299999999\r\n", "read: an array reply longer than 65536 elements"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         fake_redis f;
         fake_redis_start(&f, cases[i].reply, 0);

@@ -23,7 +23,36 @@ typedef struct redis_source {
     int port, connect_ms, read_ms, per_cmd, backoff_min, backoff_max;
     int backoff_ms;         /* current delay; 0 after a success */
     uint64_t next_try_us;   /* no connect attempt before this (monotonic us) */
+    redisReplyObjectFunctions reply_fn; /* the reader's, with array lengths bounded (below) */
 } redis_source;
+
+/* An array reply announces its length before its elements, and hiredis 0.x allocates that
+ * many element pointers at once: a server answering "*300000000" would cost 2.4 GB. No reply
+ * a fetch reads holds more than keys_per_command (at most 65536) elements, so a longer one is
+ * refused before anything is allocated (the reader reports it as out of memory, the fetch
+ * fails with FLAME_ERR_UNAVAILABLE). hiredis 1.x bounds it too (maxelements); this holds for
+ * both. */
+#define MAX_REPLY_ELEMENTS 65536
+#if HIREDIS_MAJOR >= 1
+typedef size_t fl_array_len; /* createArray's length parameter: size_t from hiredis 1.0, int before */
+#else
+typedef int fl_array_len;
+#endif
+static void *(*default_create_array)(const redisReadTask *, fl_array_len);
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+
+static void *bounded_create_array(const redisReadTask *task, fl_array_len elements)
+{
+    if ((long long)elements < 0 || (unsigned long long)elements > MAX_REPLY_ELEMENTS) return NULL;
+    return default_create_array(task, elements);
+}
+/* hiredis's own object functions (the same table for every reader) */
+static void remember_default(void)
+{
+    redisReader *rd = redisReaderCreate();
+    if (rd) default_create_array = rd->fn->createArray;
+    redisReaderFree(rd);
+}
 
 static uint64_t mono_us(void)
 {
@@ -62,6 +91,12 @@ static flame_status ensure_conn(redis_source *r)
         return fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: cannot connect: %s (next attempt in %d ms)", r->host,
                         r->port, why, r->backoff_ms);
     }
+    pthread_once(&default_once, remember_default);
+    if (default_create_array && c->reader->fn) { /* array replies bounded (MAX_REPLY_ELEMENTS) */
+        r->reply_fn = *c->reader->fn;
+        r->reply_fn.createArray = bounded_create_array;
+        c->reader->fn = &r->reply_fn;
+    }
     r->ctx = c;
     r->backoff_ms = 0;
     return FLAME_OK;
@@ -69,8 +104,10 @@ static flame_status ensure_conn(redis_source *r)
 
 static flame_status io_error(redis_source *r, const char *what)
 {
-    flame_status st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: %s: %s", r->host, r->port, what,
-                               r->ctx && r->ctx->err ? r->ctx->errstr : "unexpected reply");
+    const char *why = !r->ctx || !r->ctx->err        ? "unexpected reply"
+                      : r->ctx->err == REDIS_ERR_OOM ? "an array reply longer than 65536 elements, or out of memory"
+                                                     : r->ctx->errstr;
+    flame_status st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: %s: %s", r->host, r->port, what, why);
     drop_conn(r);
     return st;
 }
