@@ -55,24 +55,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p)
                  : "memory");
 }
 
-// 2^x in one instruction (MUFU.EX2, relative error ~2^-22; -inf gives 0).
-__device__ __forceinline__ float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float quad_max(float v)
-{
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v)
-{
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
 
 // Running softmax state of one query row, as one lane of its quad holds it.
 struct row_state {

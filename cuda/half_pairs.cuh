@@ -1,5 +1,6 @@
-// Pairs of 16-bit floats in one 32-bit register, the operand format of the tensor-core
-// instructions (mma.sync and wgmma register fragments) for fp16 and bf16.
+// What both tensor-core attention kernels (mma.sync and wgmma) need in registers: pairs of
+// 16-bit floats in one 32-bit register (the fp16/bf16 operand format of their fragments), and
+// the online softmax's exp2 and reductions over the 4 lanes that hold one fragment row.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,6 +29,25 @@ template <> __device__ __forceinline__ float2 unpack<__half>(uint32_t v)
 template <> __device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v)
 {
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
+}
+
+// 2^x in one instruction (MUFU.EX2, relative error ~2^-22; -inf gives 0).
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 } // namespace fl_half_pairs
