@@ -5,7 +5,8 @@
 // threads copy block i + 1 while block i is used, two CTA barriers per block) and
 // warp-specialised (a third warpgroup copies blocks three deep and signals them on mbarriers;
 // the consumers release each stage and run at their own pace, optionally taking turns issuing
-// QK^T). fl_cuda_attention_wg picks by head dim and CTA count (measured, docs/benchmarks.md).
+// QK^T, or overlapping each block's softmax with the previous block's P V product).
+// fl_cuda_attention_wg picks by head dim and CTA count (measured, docs/benchmarks.md).
 //
 //   S = Q K^T : wgmma m64nBNk16, A = Q and B = K from shared memory (both K-major);
 //   softmax   : online, in registers, base 2 with the scale folded into the exponent;
@@ -24,6 +25,13 @@
 // blocks that cross its first row's nvis (the diagonal block, or a candidate tile's partial
 // last block). Candidate-candidate blocks are never computed: a candidate's own key is one
 // extra scalar score per row (CUDA cores) folded into the softmax before normalising.
+//
+// Order: CTA i takes tile i % num_tiles of head i / num_tiles. The tile list is sorted longest
+// first over the whole batch, so with heads outermost the CTAs running at once work on one
+// head, and a sequence's K/V blocks, read by each of its tiles, stay in L2 between those reads
+// while the head's K/V of the batch (rows x DH x 4 bytes) fits there; with heads innermost
+// consecutive CTAs took eight different heads of one tile, and K/V came from DRAM about once
+// per tile length (L2 hit rate 40% at B32 L1024 M512 Dh128).
 //
 // Precision: scores and softmax in float32; P enters P V rounded to the input dtype (bf16: 8
 // bits of mantissa, as FlashAttention and cuDNN do), accumulation in float32.
@@ -99,6 +107,14 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 
 
 
+// Which (tile, head) CTA `item` computes: heads outermost (head_major) or innermost (see Order
+// at the top).
+struct item_order {
+    int32_t num_tiles, heads, head_major;
+    __device__ __forceinline__ int64_t tile(int64_t item) const { return head_major ? item % num_tiles : item / heads; }
+    __device__ __forceinline__ int64_t head(int64_t item) const { return head_major ? item / num_tiles : item % heads; }
+};
+
 template <int DH, int BN, int STAGES> struct layout {
     static constexpr int Q_BYTES = QT * DH * 2;
     static constexpr int KV_BYTES = BN * DH * 2; // one of K or V, one stage
@@ -162,12 +178,13 @@ __device__ __forceinline__ void issue_s(float (&s)[BN / 2], uint32_t qa, uint32_
     wg_commit();
 }
 
-// Softmax of the scores of one block (S complete in registers): P in the A-operand layout,
-// the running max and sums updated, and the factor the output must be rescaled by (the
-// output itself is left alone: a P V product may still be accumulating into it).
-template <typename T, int DH, int BN>
-__device__ __forceinline__ void softmax_p(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
-                                          float scale_log2, uint32_t (&p)[BN / 16][4], float (&alpha)[2])
+// Softmax of the scores of one block (S complete in registers), in place: s then holds the
+// unnormalised probabilities exp2(s * scale - m); the running max and sums are updated, and
+// alpha is the factor the output must be rescaled by (the output itself is left alone: a P V
+// product may still be accumulating into it).
+template <int DH, int BN>
+__device__ __forceinline__ void softmax_s(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
+                                          float scale_log2, float (&alpha)[2])
 {
     // accumulator element 4j + e: row g + 8 (e >> 1), key kb + 8j + 2t + (e & 1)
     float mx[2] = {-INFINITY, -INFINITY};
@@ -190,17 +207,30 @@ __device__ __forceinline__ void softmax_p(row_acc<DH> &a, float (&s)[BN / 2], co
         a.l[i] *= alpha[i];
     }
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        float e4[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            e4[e] = fast_exp2(fmaf(s[4 * j + e], scale_log2, -sub[e >> 1]));
-            a.l[e >> 1] += e4[e];
-        }
-        // n-tile j of S is half of k-step j / 2 of P: (c0, c1) -> a0 or a2, (c2, c3) -> a1 or a3
-        p[j >> 1][(j & 1) * 2] = pack<T>(e4[0], e4[1]);
-        p[j >> 1][(j & 1) * 2 + 1] = pack<T>(e4[2], e4[3]);
+    for (int j = 0; j < BN / 2; j++) {
+        s[j] = fast_exp2(fmaf(s[j], scale_log2, -sub[(j >> 1) & 1]));
+        a.l[(j >> 1) & 1] += s[j];
     }
+}
+
+// The probabilities as the A operand of P V: n-tile j of S is half of k-step j / 2 of P,
+// (c0, c1) -> a0 or a2, (c2, c3) -> a1 or a3.
+template <typename T, int BN>
+__device__ __forceinline__ void pack_p(const float (&s)[BN / 2], uint32_t (&p)[BN / 16][4])
+{
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        p[j >> 1][(j & 1) * 2] = pack<T>(s[4 * j], s[4 * j + 1]);
+        p[j >> 1][(j & 1) * 2 + 1] = pack<T>(s[4 * j + 2], s[4 * j + 3]);
+    }
+}
+
+template <typename T, int DH, int BN>
+__device__ __forceinline__ void softmax_p(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
+                                          float scale_log2, uint32_t (&p)[BN / 16][4], float (&alpha)[2])
+{
+    softmax_s<DH, BN>(a, s, tr, kb, t, scale_log2, alpha);
+    pack_p<T, BN>(s, p);
 }
 
 template <int DH> __device__ __forceinline__ void rescale(row_acc<DH> &a, const float (&alpha)[2])
@@ -311,6 +341,26 @@ __device__ __forceinline__ void stage_kv(uint32_t kd, uint32_t vd, const fl_attn
     }
 }
 
+// stage_kv for a producer warpgroup with few registers: one 16-byte column chunk per thread,
+// rows stepped through in a loop (unrolled, the 32 addresses of a block would not fit).
+template <int DH, int BN, int NTHR>
+__device__ __forceinline__ void stage_kv_lean(uint32_t kd, uint32_t vd, const fl_attn_tile &tile, int kb, int kend,
+                                              const void *k, const void *v, int64_t ldkv, int64_t col, int me)
+{
+    constexpr int CH = DH / 8, RSTEP = NTHR / CH;
+    static_assert(NTHR % CH == 0 && BN % RSTEP == 0, "whole rounds");
+    const int ch = me % CH;
+    const int64_t first = (tile.seq_row * ldkv + col + ch * 8) * 2, row_bytes = ldkv * 2;
+    const uint8_t *kp = static_cast<const uint8_t *>(k) + first, *vp = static_cast<const uint8_t *>(v) + first;
+#pragma unroll 2
+    for (int r = me / CH; r < BN; r += RSTEP) {
+        const bool ok = kb + r < kend;
+        const int64_t off = (ok ? kb + r : 0) * row_bytes;
+        cp16(kd + swz(BN, r, ch), kp + off, ok);
+        cp16(vd + swz(BN, r, ch), vp + off, ok);
+    }
+}
+
 // Rows [r0, r0 + rows) of the tile's queries (rows from nq on as zeros) into the swizzled Q tile.
 template <int DH>
 __device__ __forceinline__ void stage_q(uint32_t qs, const fl_attn_tile &tile, const void *q, int64_t ldq,
@@ -329,7 +379,7 @@ __device__ __forceinline__ void stage_q(uint32_t qs, const fl_attn_tile &tile, c
 // use it between two CTA barriers.
 template <typename T, int DH, int BN>
 __global__ void __launch_bounds__(THREADS, 1)
-    attn_wg_kernel(const fl_attn_tile *tiles, const int32_t *qpos, int heads, float scale_log2, const T *q,
+    attn_wg_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
 {
 #ifdef FL_WG_DEVICE
@@ -338,8 +388,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
     const uint32_t qs = base, ks0 = base + L::Q_BYTES, vs0 = ks0 + 2 * L::KV_BYTES;
     const int64_t item = blockIdx.x;
-    const fl_attn_tile tile = tiles[item / heads];
-    const int64_t col = (int64_t)(item % heads) * DH;
+    const fl_attn_tile tile = tiles[ord.tile(item)];
+    const int64_t col = (int64_t)ord.head(item) * DH;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
     const int nblk = (tr.kend + BN - 1) / BN;
@@ -410,7 +460,7 @@ constexpr int WS_THREADS = THREADS + 128; // two consumer warpgroups and a produ
 // the other's matrix products (FlashAttention-3's inter-warpgroup schedule).
 template <typename T, int DH, int BN, int STAGES, bool PINGPONG>
 __global__ void __launch_bounds__(WS_THREADS, 1)
-    attn_ws_kernel(const fl_attn_tile *tiles, const int32_t *qpos, int heads, float scale_log2, const T *q,
+    attn_ws_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
 {
 #ifdef FL_WG_DEVICE
@@ -420,8 +470,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const uint32_t qs = base, ks0 = base + L::Q_BYTES, vs0 = ks0 + STAGES * L::KV_BYTES;
     const uint32_t full0 = base + L::BAR, empty0 = full0 + 8 * STAGES;
     const int64_t item = blockIdx.x;
-    const fl_attn_tile tile = tiles[item / heads];
-    const int64_t col = (int64_t)(item % heads) * DH;
+    const fl_attn_tile tile = tiles[ord.tile(item)];
+    const int64_t col = (int64_t)ord.head(item) * DH;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     if (tid == 0)
         for (int st = 0; st < STAGES; st++) {
@@ -479,15 +529,131 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #endif
 }
 
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// keeps P (the A operand of an in-flight P V) in its registers until the product has read it
+template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&p)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(p[i][0]), "+r"(p[i][1]), "+r"(p[i][2]), "+r"(p[i][3])::"memory");
+}
+
+// Registers per thread after the split (setmaxnreg): the producer only computes addresses, the
+// consumers hold S, P and O at once. 128 x 24 + 256 x 240 = 64,512 = the 168 x 384 the CTA is
+// launched with (__launch_bounds__(384, 1)).
+constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+
+// Warp-specialised kernel with the softmax of block j overlapped with the P V product of
+// block j - 1 inside each warpgroup (FlashAttention-3's intra-warpgroup pipelining): per block,
+// issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}, wait for S_j only, compute P_j while the tensor
+// cores accumulate O, then wait for O and rescale it by the factor block j's max brought. The
+// producer warpgroup stages blocks as in attn_ws_kernel; a stage is released once its V has
+// been used, so two stages are held at a time (K_j and V_{j-1}) and STAGES >= 3 keeps one
+// in flight.
+template <typename T, int DH, int BN, int STAGES>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    attn_ovl_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
+                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
+{
+#ifdef FL_WG_DEVICE
+    static_assert(STAGES >= 2, "K_j and V_{j-1} are held at once");
+    using L = layout<DH, BN, STAGES>;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t qs = base, ks0 = base + L::Q_BYTES, vs0 = ks0 + STAGES * L::KV_BYTES;
+    const uint32_t full0 = base + L::BAR, empty0 = full0 + 8 * STAGES;
+    const int64_t item = blockIdx.x;
+    const fl_attn_tile tile = tiles[ord.tile(item)];
+    const int64_t col = (int64_t)ord.head(item) * DH;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    if (tid == 0)
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(full0 + 8 * st, 128);
+            mbar_init(empty0 + 8 * st, 8);
+        }
+    __syncthreads();
+    if (wg == 2) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        const tile_rows tr = rows_of(tile, qpos, 0, 0, 0);
+        const int nblk = (tr.kend + BN - 1) / BN;
+        for (int blk = 0; blk < nblk; blk++) {
+            const int st = blk % STAGES;
+            if (blk >= STAGES) mbar_wait(empty0 + 8 * st, (uint32_t)((blk / STAGES - 1) & 1));
+            stage_kv_lean<DH, BN, 128>(ks0 + st * L::KV_BYTES, vs0 + st * L::KV_BYTES, tile, blk * BN, tr.kend, k, v, ldkv,
+                                  col, tid - THREADS);
+            mbar_arrive_cp(full0 + 8 * st);
+        }
+        cp_wait<0>();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
+    const int nblk = (tr.kend + BN - 1) / BN;
+    const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN); // blocks this warpgroup's rows see
+    if (nblk > 0) {
+        stage_q<DH>(qs, tile, q, ldq, col, wg * 64, 64, tid & 127, 128);
+        cp_commit();
+        cp_wait<0>();
+        fence_async_smem();
+        named_sync(1 + wg, 128);
+    }
+    auto wait_full = [&](int blk) {
+        mbar_wait(full0 + 8 * (blk % STAGES), (uint32_t)((blk / STAGES) & 1));
+        fence_async_smem(); // the copies (generic proxy) are read by the tensor cores (async proxy)
+    };
+    auto release = [&](int blk) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * (blk % STAGES));
+    };
+    const uint32_t qa = qs + wg * 64 * 128;
+    row_acc<DH> a;
+    a.init();
+    if (nwork > 0) {
+        float s[BN / 2], alpha[2];
+        uint32_t p[BN / 16][4];
+        wait_full(0);
+        issue_s<T, DH, BN>(s, qa, ks0);
+        wg_wait0();
+        fence_regs(s);
+        softmax_s<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
+        pack_p<T, BN>(s, p);
+        for (int blk = 1; blk < nwork; blk++) {
+            const int st = blk % STAGES, prev = (blk - 1) % STAGES;
+            wait_full(blk);
+            issue_s<T, DH, BN>(s, qa, ks0 + st * L::KV_BYTES);
+            issue_pv<T, DH, BN>(a, p, vs0 + prev * L::KV_BYTES);
+            wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+            fence_regs(s);
+            softmax_s<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
+            wg_wait0();
+            keep_regs(p);
+            fence_regs(a.o);
+            release(blk - 1);
+            rescale(a, alpha);
+            pack_p<T, BN>(s, p);
+        }
+        issue_pv<T, DH, BN>(a, p, vs0 + ((nwork - 1) % STAGES) * L::KV_BYTES);
+        wg_wait0();
+        keep_regs(p);
+        fence_regs(a.o);
+        release(nwork - 1);
+    }
+    for (int blk = nwork; blk < nblk; blk++) { // blocks past this warpgroup's rows: handed back
+        wait_full(blk);
+        release(blk);
+    }
+    finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
+#endif
+}
+
 template <typename T, int DH, int BN>
 flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
-                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s)
+                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major)
 {
     constexpr int smem = layout<DH, BN, 2>::SMEM;
     // above the default 48 KiB; set on every launch, as the attribute is per device
     FL_CUDA_TRY(cudaFuncSetAttribute(attn_wg_kernel<T, DH, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
-    attn_wg_kernel<T, DH, BN><<<(unsigned)(num_tiles * heads), THREADS, smem, s>>>(tiles, qpos, heads, scale_log2, q,
+    attn_wg_kernel<T, DH, BN><<<(unsigned)(num_tiles * heads), THREADS, smem, s>>>(tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q,
                                                                                    ldq, k, v, ldkv, out, ldo);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
@@ -495,14 +661,28 @@ flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t 
 
 template <typename T, int DH, int BN, int STAGES, bool PP>
 flame_status launch_ws(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
-                       int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s)
+                       int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major)
 {
     constexpr int smem = layout<DH, BN, STAGES>::SMEM;
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     FL_CUDA_TRY(cudaFuncSetAttribute(attn_ws_kernel<T, DH, BN, STAGES, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
     attn_ws_kernel<T, DH, BN, STAGES, PP><<<(unsigned)(num_tiles * heads), WS_THREADS, smem, s>>>(
-        tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo);
+        tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
+template <typename T, int DH, int BN, int STAGES>
+flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
+                        int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major)
+{
+    constexpr int smem = layout<DH, BN, STAGES>::SMEM;
+    static_assert(smem <= 227 * 1024, "shared memory of one CTA");
+    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
+    attn_ovl_kernel<T, DH, BN, STAGES><<<(unsigned)(num_tiles * heads), WS_THREADS, smem, s>>>(
+        tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }
@@ -542,26 +722,35 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     if (heads <= 0 || num_tiles > INT32_MAX / heads)
         return fl_error(FLAME_ERR_INVALID_ARG, "wgmma attention: %lld tiles x %d heads exceed one launch (2^31 - 1 CTAs)",
                         (long long)num_tiles, heads);
-    // measured on an H200 (docs/benchmarks.md): head dim 128, the producer warpgroup (B32 L1024
-    // M512 446 us against 486 lock-step); 64, lock-step with 64-key blocks once the CTAs fill
-    // the GPU (B8 L1024 M512 69 us against 81), the producer warpgroup below (B1 L1024 M128,
-    // 72 CTAs: 19.8 us against 23.7)
+    // measured on an H200 (docs/benchmarks.md): head dim 128, the producer warpgroup with the
+    // softmax overlapped and 128-key blocks (B32 L1024 M512 420 us against 439 without the
+    // overlap, B8 L4096 M512 777 against 839); 64, lock-step with 64-key blocks once the CTAs
+    // fill the GPU (B8 L1024 M512 70 us against 81), the producer warpgroup below (B1 L1024
+    // M128, 72 CTAs: 19.6 us against 23.3)
     const int which = variant                      ? variant
-                      : dh == 128                  ? FL_WG_WS
+                      : dh == 128                  ? FL_WG_OVL128
                       : num_tiles * heads >= 132   ? FL_WG_LOCK64
                                                    : FL_WG_WS;
-#define ARGS tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv, out, ldo, s
+    // heads outermost for head dim 128 (B32 L1024 M512: 420 us against 430, L2 hit rate 68%
+    // against 40%), innermost for 64 (B8 L1024 M512: 70 us against 83; with 128-byte rows of a
+    // head, the heads of one tile read whole rows together)
+    const int head_major = dh == 128;
+#define ARGS tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv, out, ldo, s, head_major
     if (dh == 64) switch (which) {
         case FL_WG_LOCK64: return launch<T, 64, 64>(ARGS);
         case FL_WG_LOCK128: return launch<T, 64, 128>(ARGS);
         case FL_WG_WS: return launch_ws<T, 64, 128, 3, false>(ARGS);
-        default: return launch_ws<T, 64, 128, 3, true>(ARGS);
+        case FL_WG_WS_PP: return launch_ws<T, 64, 128, 3, true>(ARGS);
+        case FL_WG_OVL64: return launch_ovl<T, 64, 64, 4>(ARGS);
+        default: return launch_ovl<T, 64, 128, 3>(ARGS);
         }
     switch (which) {
     case FL_WG_LOCK64: return launch<T, 128, 64>(ARGS);
     case FL_WG_LOCK128: return launch<T, 128, 128>(ARGS);
     case FL_WG_WS: return launch_ws<T, 128, 64, 3, false>(ARGS);
-    default: return launch_ws<T, 128, 64, 3, true>(ARGS);
+    case FL_WG_WS_PP: return launch_ws<T, 128, 64, 3, true>(ARGS);
+    case FL_WG_OVL64: return launch_ovl<T, 128, 64, 4>(ARGS);
+    default: return launch_ovl<T, 128, 128, 3>(ARGS);
     }
 #undef ARGS
 }

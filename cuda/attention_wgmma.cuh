@@ -14,9 +14,20 @@ bool fl_cuda_attention_wg_fits(int32_t dh, const T *q, int64_t ldq, const T *k, 
                                const T *out, int64_t ldo);
 
 // Kernel variants (attention_wgmma.cu), for tests and benchmarks: lock-step (all threads stage
-// each key block, key blocks of 64 or 128), warp-specialised (a producer warp stages blocks
-// three deep), and warp-specialised with the warpgroups taking turns on the tensor cores.
-enum { FL_WG_DEFAULT = 0, FL_WG_LOCK64 = 1, FL_WG_LOCK128 = 2, FL_WG_WS = 3, FL_WG_WS_PP = 4 };
+// each key block, key blocks of 64 or 128), warp-specialised (a producer warpgroup stages
+// blocks three deep), warp-specialised with the warpgroups taking turns on the tensor cores,
+// and warp-specialised with each warpgroup's softmax overlapped with its previous P V product
+// (key blocks of 64 or 128).
+enum {
+    FL_WG_DEFAULT = 0,
+    FL_WG_LOCK64 = 1,
+    FL_WG_LOCK128 = 2,
+    FL_WG_WS = 3,
+    FL_WG_WS_PP = 4,
+    FL_WG_OVL64 = 5,
+    FL_WG_OVL128 = 6,
+    FL_WG_LAST = FL_WG_OVL128
+};
 
 // Contract of fl_cuda_attention for tiles of up to FL_ATTN_QT_WG queries, processed in list
 // order (longest first keeps the last wave short). FLAME_ERR_UNSUPPORTED when it does not fit;

@@ -1,7 +1,8 @@
 /* The CUDA SUMI attention kernels against a float64 reference on fresh random inputs: the
  * tensor-core kernel (fp16, bf16), the Hopper wgmma kernel (fp16, bf16, head dims 64 and 128,
  * 128-query tiles, every variant: lock-step with key blocks of 64 and 128, warp-specialised,
- * warp-specialised taking turns) and the CUDA-core kernel (fp32, and fp16/bf16
+ * warp-specialised taking turns, warp-specialised with the softmax overlapped, key blocks of
+ * 64 and 128; heads innermost for 64, outermost for 128) and the CUDA-core kernel (fp32, and fp16/bf16
  * head dims the tensor-core kernel does not take), for tiles over whole sequences (every token
  * a query) and for the last block's selected queries (positions through qpos). Histories cross
  * the key steps and blocks (0, 1, 15..17, 31..33, 63..65, 127..129, 257, 4097, and 65,537 for
@@ -255,7 +256,7 @@ static bool need_wg(void)
 static const int wg_hists[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 500};
 template <typename T> static void check_wg(const char *name, int dh, double tol)
 {
-    for (int bn = FL_WG_LOCK64; bn <= FL_WG_WS_PP; bn++) /* every kernel variant */
+    for (int bn = FL_WG_LOCK64; bn <= FL_WG_LAST; bn++) /* every kernel variant */
         for (int last = 0; last < 2; last++)
             for (int rep = 0; rep < 4; rep++) {
                 const int heads = 1 + (int)tu_below(3), max_m = rep == 0 ? 0 : rep == 1 ? 1 : 300;
