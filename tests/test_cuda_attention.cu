@@ -269,6 +269,17 @@ template <typename T> static void check_wg(const char *name, int dh, double tol)
                     fail_msg("%s dh %d variant %d heads %d last %d max_m %d: relative error %.3g >= %.3g", name, dh, bn, heads,
                              last, max_m, err, tol);
             }
+    // more (tile, head) items than the GPU has SMs, so the persistent variant's CTAs walk
+    // several items each (its stages and mbarrier phases run on across items); under
+    // FLAME_ATTN_QUICK only that variant
+    for (int bn = quick() ? FL_WG_OVL128_PERSISTENT : FL_WG_LOCK64; bn <= FL_WG_LAST; bn++) {
+        std::vector<seq> many;
+        for (int i = 0; i < 14; i++) many.push_back({(int)tu_below(1100), (int)tu_below(200), 0});
+        double worst;
+        const double err = run_problem<T>(many, dh, 2, false, WGMMA, bn, quick() ? 11 : 5, &worst);
+        fprintf(stderr, "# %s dh %d variant %d, 14 sequences x 2 heads: relative error %.2e\n", name, dh, bn, err);
+        if (!(err < tol)) fail_msg("%s dh %d variant %d, 14 sequences: relative error %.3g >= %.3g", name, dh, bn, err, tol);
+    }
     if (quick()) return;
     // long histories: 4097 (every token a query, every 7th row checked), and 65,537 keys seen
     // by a few selected candidates (positions and rows well past 16 bits)
