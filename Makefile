@@ -68,6 +68,7 @@ TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 TESTS    += $(if $(filter 1,$(CUDA)),$(patsubst tests/%.cu,build/tests/%,$(wildcard tests/test_*.cu)))
 BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
 BENCHES  += bench/cache-bench
+BENCHES  += bench/slot-pool-bench # executor hand-off: tail latency of concurrent callers
 BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention kernels (nvcc)
@@ -132,6 +133,9 @@ bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
 # item cache hit ratio vs LRU, hit-path throughput, flame_score through the cache
 bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
+# the executor slot pool against a mutex and one condition variable (internal: static library)
+bench/slot-pool-bench: bench/slot_pool_bench.c src/core/slot_pool.h $(STLIB)
+	$(CC) $(PROG_CFLAGS) -Isrc -o $@ $< $(STLIB) $(LDLIBS)
 # flame_score_batch end to end on any device (bench/run_gpu_bench.py drives it)
 bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ bench/e2e_bench.c bench/e2e_clients.c $(PROG_LDFLAGS) -lcjson

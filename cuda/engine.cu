@@ -283,7 +283,6 @@ extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_w
     fl_cuda_engine *g = new (std::nothrow) fl_cuda_engine();
     if (!g) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
     pthread_mutex_init(&g->pool_lock, nullptr);
-    pthread_cond_init(&g->pool_cond, nullptr);
     g->device = device;
     g->cfg = *mc;
     g->num_items = num_items;
@@ -300,8 +299,8 @@ extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_w
     for (int i = 0; !st && i < n; i++) {
         st = make_executor(g, cfg, &g->ex[i]);
         g->num_ex = i + 1; // destroy frees what was made
-        g->free_ex.push_back(i);
     }
+    if (!st) st = fl_slot_pool_init(&g->ex_pool, n);
     if (!st) st = flame_pinned_pool_create(nullptr, &g->pinned);
     if (!st) st = upload_model(g, *w);
     if (st) {
@@ -325,7 +324,7 @@ extern "C" void fl_cuda_engine_destroy(fl_cuda_engine *g)
     for (size_t i = 0; i < g->num_allocs; i++) cudaFree(g->allocs[i]);
     free(g->allocs);
     free(g->blocks);
-    pthread_cond_destroy(&g->pool_cond);
+    fl_slot_pool_destroy(&g->ex_pool);
     pthread_mutex_destroy(&g->pool_lock);
     delete g;
 }

@@ -13,6 +13,7 @@
 #include "kernels.cuh"
 
 extern "C" {
+#include "core/slot_pool.h"
 #include "engine/cuda_backend.h"
 }
 
@@ -92,12 +93,11 @@ struct fl_cuda_engine {
     int32_t num_tails = 0;
     void **allocs = nullptr; // every weight allocation, freed at destroy
     size_t num_allocs = 0;
-    // executors, handed out under pool_lock
+    // executors, handed out first come, first served (core/slot_pool.h says why)
     fl_cuda_executor *ex = nullptr;
     int num_ex = 0;
-    std::vector<int> free_ex;
+    fl_slot_pool ex_pool = {};
     pthread_mutex_t pool_lock;
-    pthread_cond_t pool_cond;
     // device memory, under pool_lock once executors exist
     uint64_t budget = 0, weight_bytes = 0, buffer_bytes = 0, workspace_bytes = 0;
 };

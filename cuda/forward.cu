@@ -545,11 +545,7 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
 
 extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores)
 {
-    pthread_mutex_lock(&g->pool_lock); // take a free executor, waiting for one if all are busy
-    while (g->free_ex.empty()) pthread_cond_wait(&g->pool_cond, &g->pool_lock);
-    fl_cuda_executor *x = &g->ex[g->free_ex.back()];
-    g->free_ex.pop_back();
-    pthread_mutex_unlock(&g->pool_lock);
+    fl_cuda_executor *x = &g->ex[fl_slot_acquire(&g->ex_pool)]; // waits its turn while all are busy
     flame_status st = FLAME_OK;
     cudaError_t e = cudaSetDevice(g->device);
     if (e != cudaSuccess) st = fl_error(FLAME_ERR_INTERNAL, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(e));
@@ -563,9 +559,6 @@ extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *re
             st = run<float>(g, p, scores);
     }
     if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
-    pthread_mutex_lock(&g->pool_lock);
-    g->free_ex.push_back((int)(x - g->ex));
-    pthread_cond_signal(&g->pool_cond);
-    pthread_mutex_unlock(&g->pool_lock);
+    fl_slot_release(&g->ex_pool, (int)(x - g->ex));
     return st;
 }
