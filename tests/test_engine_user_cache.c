@@ -348,6 +348,38 @@ static void test_short_records_warn(void **state)
     flame_user_cache_unlink(short_name);
 }
 
+/* A table whose records carry dense values (not read by the engine) scores as one without. */
+static void test_records_with_dense_values(void **state)
+{
+    fixture *f = *state;
+    char dense_name[80];
+    snprintf(dense_name, sizeof dense_name, "%s-dense", name);
+    flame_user_cache_unlink(dense_name);
+    flame_user_cache_params p = {.struct_size = sizeof p, .capacity = 16, .max_ids = 8, .max_dense = 5};
+    flame_user_cache *t = NULL;
+    assert_int_equal(flame_user_cache_open(dense_name, FLAME_USER_CACHE_CREATE, &p, &t), FLAME_OK);
+    int64_t hist[6], cand[4];
+    random_ids(hist, 6);
+    random_ids(cand, 4);
+    uint32_t lens[1] = {6};
+    float dense[5] = {0.5f, -1.0f, 2.0f, 3.5f, 4.0f};
+    flame_user_features uf = {.struct_size = sizeof uf, .ids = hist, .num_ids = 6, .slot_lens = lens, .dense = dense,
+                              .num_dense = 5};
+    assert_int_equal(flame_user_cache_put(t, 77, &uf), FLAME_OK);
+    assert_int_equal(flame_engine_set_user_cache(f->plain_dot, t), FLAME_OK);
+    flame_request want_r = explicit_req(77, hist, 6, cand, 4), got_r = user_req(77, cand, 4, 0);
+    float want[4], got[4];
+    tu_poison(want, 4);
+    tu_poison(got, 4);
+    assert_int_equal(flame_score(f->plain_dot, &want_r, want, 4), FLAME_OK);
+    assert_int_equal(flame_score(f->plain_dot, &got_r, got, 4), FLAME_OK);
+    assert_memory_equal(want, got, sizeof want);
+    assert_int_equal(stats_of(f->plain_dot).user_cache_hits, 1);
+    assert_int_equal(flame_engine_set_user_cache(f->plain_dot, NULL), FLAME_OK);
+    flame_user_cache_destroy(t);
+    flame_user_cache_unlink(dense_name);
+}
+
 static void test_errors_write_nothing(void **state)
 {
     fixture *f = *state;
@@ -695,6 +727,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_side_features_through_item_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_miss_scores_empty_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short_records_warn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_records_with_dense_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_write_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_older_layout_callers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_layout_callers, setup, teardown),
