@@ -281,6 +281,20 @@ static void test_feature_sources(void **state)
               END(flame_item_cache_stats, bytes), offsetof(flame_item_cache_stats, refreshes));
     flame_feature_batch_destroy(b);
     flame_item_cache_destroy(ic);
+
+    /* item cache params: an older caller's struct ends before shards (GARBAGE there is more
+     * than 4096 shards: refused if read); a newer one has fields this library ignores */
+    flame_item_cache_params icp = {.struct_size = sizeof icp, .max_entries = 100, .manual_refresh = 1};
+    const size_t icut = offsetof(flame_item_cache_params, shards);
+    assert_status_msg(flame_item_cache_create(src, input(&icp, icut, sizeof icp), &ic), FLAME_ERR_INVALID_ARG,
+                      "flame_item_cache_params.shards"); /* (control) */
+    assert_null(ic);
+    assert_int_equal(flame_item_cache_create(src, input(&icp, icut, icut), &ic), FLAME_OK);
+    flame_item_cache_destroy(ic);
+    assert_int_equal(flame_item_cache_create(src, input(&icp, sizeof icp, sizeof icp + TAIL), &ic), FLAME_OK);
+    flame_item_cache_destroy(ic);
+    assert_status_msg(flame_item_cache_create(src, input(&icp, 4, 4), &ic), FLAME_ERR_INVALID_ARG,
+                      "flame_item_cache_params.struct_size = 4");
     flame_feature_source_destroy(src);
 
     /* Redis options: an older caller's struct ends before num_slots (GARBAGE would be -1

@@ -66,13 +66,15 @@ static int setup(void **state)
     fixture *f = calloc(1, sizeof *f);
     flame_feature_source *s;
     flame_config *cfg;
+    flame_item_cache_params icp = {.struct_size = sizeof icp, .manual_refresh = 1};
     atomic_store(&calls, 0);
+    /* the cached engine is given its cache at creation */
     if (flame_model_create_random(sumi_config, 3, &f->model) || flame_engine_create(f->model, NULL, &f->plain) ||
-        flame_engine_create(f->model, NULL, &f->cached) ||
-        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) || flame_config_create(&cfg))
+        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) ||
+        flame_item_cache_create(s, &icp, &f->cache) || flame_config_create(&cfg) ||
+        flame_config_set_pointer(cfg, FLAME_OPT_ITEM_CACHE, f->cache) ||
+        flame_engine_create(f->model, cfg, &f->cached))
         return -1;
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
-    if (flame_item_cache_create(s, cfg, &f->cache) || flame_engine_set_item_cache(f->cached, f->cache)) return -1;
     flame_config_destroy(cfg);
     flame_feature_source_destroy(s);
     *state = f;
@@ -190,6 +192,18 @@ static void test_failures_write_nothing(void **state)
     assert_int_equal(flame_item_cache_create(s1, NULL, &c1), FLAME_OK);
     assert_status_msg(flame_engine_set_item_cache(f->plain, c1), FLAME_ERR_INVALID_ARG,
                       "the item cache's records have 1 slots, the model has 2 side features");
+    /* and at creation */
+    flame_config *cfg;
+    flame_engine *e = (flame_engine *)1;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_pointer(cfg, FLAME_OPT_ITEM_CACHE, c1), FLAME_OK);
+    void *back = NULL;
+    assert_int_equal(flame_config_get_pointer(cfg, FLAME_OPT_ITEM_CACHE, &back), FLAME_OK);
+    assert_ptr_equal(back, c1);
+    assert_status_msg(flame_engine_create(f->model, cfg, &e), FLAME_ERR_INVALID_ARG,
+                      "the item cache's records have 1 slots, the model has 2 side features");
+    assert_null(e);
+    flame_config_destroy(cfg);
     flame_item_cache_destroy(c1);
     flame_feature_source_destroy(s1);
     assert_int_equal(flame_engine_set_item_cache(f->plain, NULL), FLAME_OK);

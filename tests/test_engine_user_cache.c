@@ -82,20 +82,23 @@ static int setup(void **state)
     flame_user_cache_params p = {.struct_size = sizeof p, .capacity = 1024, .num_slots = 2, .max_ids = MAX_IDS,
                                  .mode = 0600};
     flame_feature_source *s;
-    flame_config *cfg;
+    flame_config *dot_cfg, *sumi_cfg;
+    flame_item_cache_params icp = {.struct_size = sizeof icp, .manual_refresh = 1};
+    /* the caching engines are given their caches at creation */
     if (flame_model_create_random(dot_config, 9, &f->dot) || flame_model_create_random(sumi_config, 3, &f->sumi) ||
-        flame_engine_create(f->dot, NULL, &f->plain_dot) || flame_engine_create(f->dot, NULL, &f->dot_uc) ||
-        flame_engine_create(f->sumi, NULL, &f->plain_sumi) || flame_engine_create(f->sumi, NULL, &f->sumi_uc) ||
+        flame_engine_create(f->dot, NULL, &f->plain_dot) || flame_engine_create(f->sumi, NULL, &f->plain_sumi) ||
         flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &f->uc) ||
-        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) || flame_config_create(&cfg)) {
+        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) || flame_item_cache_create(s, &icp, &f->ic) ||
+        flame_config_create(&dot_cfg) || flame_config_create(&sumi_cfg) ||
+        flame_config_set_pointer(dot_cfg, FLAME_OPT_USER_CACHE, f->uc) ||
+        flame_config_set_pointer(sumi_cfg, FLAME_OPT_USER_CACHE, f->uc) ||
+        flame_config_set_pointer(sumi_cfg, FLAME_OPT_ITEM_CACHE, f->ic) ||
+        flame_engine_create(f->dot, dot_cfg, &f->dot_uc) || flame_engine_create(f->sumi, sumi_cfg, &f->sumi_uc)) {
         fprintf(stderr, "setup: %s\n", flame_last_error());
         return -1;
     }
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
-    if (flame_item_cache_create(s, cfg, &f->ic) || flame_engine_set_item_cache(f->sumi_uc, f->ic) ||
-        flame_engine_set_user_cache(f->dot_uc, f->uc) || flame_engine_set_user_cache(f->sumi_uc, f->uc))
-        return -1;
-    flame_config_destroy(cfg);
+    flame_config_destroy(dot_cfg);
+    flame_config_destroy(sumi_cfg);
     flame_feature_source_destroy(s);
     *state = f;
     return 0;
@@ -684,12 +687,11 @@ static void test_gpu_engine(void **state)
     flame_engine *gd, *gs;
     assert_int_equal(flame_config_create(&cfg), FLAME_OK);
     assert_int_equal(flame_config_set_string(cfg, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_config_set_pointer(cfg, FLAME_OPT_USER_CACHE, f->uc), FLAME_OK);
     assert_int_equal(flame_engine_create(f->dot, cfg, &gd), FLAME_OK);
+    assert_int_equal(flame_config_set_pointer(cfg, FLAME_OPT_ITEM_CACHE, f->ic), FLAME_OK);
     assert_int_equal(flame_engine_create(f->sumi, cfg, &gs), FLAME_OK);
     flame_config_destroy(cfg);
-    assert_int_equal(flame_engine_set_user_cache(gd, f->uc), FLAME_OK);
-    assert_int_equal(flame_engine_set_user_cache(gs, f->uc), FLAME_OK);
-    assert_int_equal(flame_engine_set_item_cache(gs, f->ic), FLAME_OK);
     int64_t hist[3][30], cand[3][5];
     const size_t lens[3] = {3, 12, 30};
     flame_request want_d[3], got_d[3], want_s[3], got_s[3];

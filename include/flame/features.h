@@ -316,20 +316,20 @@ FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
  *   replace entries and free the old ones only once no reader can hold them (epoch-based
  *   reclamation, docs/memory.md). The ids of one call are looked up with their cache misses
  *   overlapped, so large calls are much cheaper per id than one-id calls.
- * - Bounded by entries and bytes (FLAME_OPT_ITEM_CACHE_MAX_*); eviction by S3-FIFO (a small
+ * - Bounded by entries and bytes (flame_item_cache_params); eviction by S3-FIFO (a small
  *   probationary FIFO, a main FIFO with reinsertion of entries hit since their last pass,
  *   and a ghost FIFO of recently evicted keys), which keeps one-hit wonders out of the main
  *   queue (docs/benchmarks.md compares it with LRU).
  * - TTL per entry from its popularity: ttl_fn(id, hits during the previous lifetime); the
- *   default grows linearly from COLD_TTL (0 hits) to HOT_TTL (HOT_HITS hits or more).
- * - Refresh-ahead: a hit past REFRESH_PERCENT of its TTL on an entry hit REFRESH_MIN_HITS
+ *   default grows linearly from cold_ttl_us (0 hits) to hot_ttl_us (hot_hits hits or more).
+ * - Refresh-ahead: a hit past refresh_percent of its TTL on an entry hit refresh_min_hits
  *   times schedules a background refresh; the old value is served meanwhile. A failed
  *   refresh keeps the value (served stale after expiry, counted) and is retried with
  *   exponential backoff until it succeeds or the entry is evicted or overwritten.
  * - Single-flight: concurrent misses of one id cause one fetch; all the misses of one call
  *   go to the source in one batched fetch.
  * - Negative caching: an id the source reports missing is cached as missing for
- *   NEGATIVE_TTL; readers get "missing" (the engine then uses empty bags, which pool to zero
+ *   negative_ttl_us; readers get "missing" (the engine then uses empty bags, which pool to zero
  *   vectors: docs/model-format.md).
  * - No lost updates: a fetch or refresh that started before a flame_item_cache_put or
  *   flame_item_cache_invalidate of the same id never installs its (older) result.
@@ -340,25 +340,76 @@ FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
  *   would wait for that thread forever). Pre-fork servers create their caches in the workers. */
 typedef struct flame_item_cache flame_item_cache;
 
+/* A clock in microseconds on any monotonic base. */
+typedef uint64_t (*flame_clock_fn)(void *user);
+
+/* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
+ * hits the id's entry had during its previous lifetime (0 for a first insert). Any value up
+ * to UINT64_MAX is valid: the expiry (now + TTL) and the refresh-ahead point (now +
+ * refresh_percent of the TTL) saturate at UINT64_MAX, so UINT64_MAX, or any TTL reaching past
+ * the clock's range, means "never expires" (refresh-ahead still applies). Hits are counted
+ * one by one up to 1024, then sampled (an unbiased estimate, within a few percent) so that
+ * hot entries are not written on every hit; two threads hitting one entry at the same instant
+ * may count once. Called with a shard lock held: it must be fast and must not call into the
+ * cache. */
+typedef uint64_t (*flame_ttl_fn)(int64_t id, uint64_t previous_hits, void *user);
+
+/* A field left 0 (or NULL) takes its default, so a zeroed struct (with struct_size set) is
+ * valid; the fields an older (shorter) struct lacks take their defaults too. Times are
+ * microseconds, at most a year (31536000000000). */
+typedef struct flame_item_cache_params {
+    size_t struct_size;          /* sizeof(flame_item_cache_params) */
+    uint64_t max_entries;        /* most entries held (negative entries included); 0 = 1000000;
+                                    up to 2^32 */
+    uint64_t max_bytes;          /* most bytes of records held (the record encoding of
+                                    docs/features.md plus 64 bytes of bookkeeping per entry);
+                                    0 = 1 GiB; 4096..2^48 */
+    uint64_t hot_ttl_us;         /* TTL of the hottest entries under the default TTL function;
+                                    0 = 30 min; at least cold_ttl_us */
+    uint64_t cold_ttl_us;        /* TTL of cold entries (never hit) under it; 0 = 1 min */
+    uint64_t hot_hits;           /* hits during an entry's previous lifetime that make it fully hot
+                                    (the default TTL grows linearly from cold to hot up to this
+                                    many hits); 0 = 32; up to 2^32 */
+    uint64_t negative_ttl_us;    /* TTL of negative entries (ids the source does not know);
+                                    0 = 10 s */
+    uint64_t refresh_min_hits;   /* hits an entry needs in its current lifetime before a hit may
+                                    schedule a refresh ("popular"); 0 = 2; up to 2^32 */
+    uint64_t retry_min_us;       /* first retry delay after a failed refresh, doubling per failure
+                                    up to retry_max_us; 0 = 100 ms */
+    uint64_t retry_max_us;       /* 0 = 30 s; at least retry_min_us */
+    uint32_t shards;             /* independent locks, rounded up to a power of two; 0 = 64;
+                                    up to 4096 */
+    uint32_t refresh_percent;    /* refresh-ahead point: percent of the TTL after which a hit
+                                    schedules a background refresh; 0 = 80; 1..99; 100 =
+                                    refresh-ahead off */
+    int32_t manual_refresh;      /* 0 (default): a background thread runs refreshes; 1: none, the
+                                    caller runs them with flame_item_cache_run_refresh */
+    flame_ttl_fn ttl_fn;         /* TTL policy; NULL = the default above */
+    void *ttl_user;              /* passed to ttl_fn; borrowed for the cache's life */
+    flame_clock_fn clock_fn;     /* clock of TTLs and retries (for tests); NULL = CLOCK_MONOTONIC */
+    void *clock_user;            /* passed to clock_fn; borrowed for the cache's life */
+} flame_item_cache_params;
+
 /*
  * flame_item_cache_create: a cache in front of a feature source.
  *
- * Starts the refresh thread unless FLAME_OPT_ITEM_CACHE_REFRESH_THREAD is 0.
+ * Starts the refresh thread unless params->manual_refresh is 1.
  *
  * Parameters:
  *   source   the source misses and refreshes are fetched from; the cache holds a reference.
- *   config   the FLAME_OPT_ITEM_CACHE_* options, copied (the other options are not read);
- *            NULL = the defaults.
+ *   params   read by the struct_size rule and copied; NULL = the defaults.
  *   out      receives the cache; the caller's reference, released with
  *            flame_item_cache_destroy.
  * Thread-safety: thread-safe.
- * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source or out, HOT_TTL below COLD_TTL,
- *   RETRY_MAX below RETRY_MIN: the message gives both); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (the
- *   refresh thread could not be started). On failure *out is NULL.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source or out, struct_size outside 8..4096, a
+ *   field out of its range above, hot_ttl_us below cold_ttl_us, retry_max_us below
+ *   retry_min_us: the message names the field and its bounds or both values);
+ *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (the refresh thread could not be started). On failure
+ *   *out is NULL.
  * Math: eviction by S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
  *   SOSP 2023).
  */
-FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_config *config,
+FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_item_cache_params *params,
                                                flame_item_cache **out);
 
 /*
@@ -377,13 +428,11 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
  */
 FLAME_API void flame_item_cache_destroy(flame_item_cache *cache);
 
-/* A clock in microseconds on any monotonic base. */
-typedef uint64_t (*flame_clock_fn)(void *user);
-
 /*
- * flame_item_cache_set_clock: the clock of TTLs and retry times.
+ * flame_item_cache_set_clock: the clock of TTLs and retry times, after creation.
  *
- * For tests; the default is CLOCK_MONOTONIC.
+ * Kept for 0.2.x programs written against it; flame_item_cache_params.clock_fn gives the
+ * clock at creation. For tests; the default is CLOCK_MONOTONIC.
  *
  * Parameters:
  *   cache    the cache.
@@ -395,24 +444,16 @@ typedef uint64_t (*flame_clock_fn)(void *user);
  */
 FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
 
-/* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
- * hits the id's entry had during its previous lifetime (0 for a first insert). Any value up
- * to UINT64_MAX is valid: the expiry (now + TTL) and the refresh-ahead point (now +
- * REFRESH_PERCENT of the TTL) saturate at UINT64_MAX, so UINT64_MAX, or any TTL reaching past
- * the clock's range, means "never expires" (refresh-ahead still applies). Hits are counted
- * one by one up to 1024, then sampled (an unbiased estimate, within a few percent) so that
- * hot entries are not written on every hit; two threads hitting one entry at the same instant
- * may count once. Called with a shard lock held: it must be fast and must not call into the
- * cache. */
-typedef uint64_t (*flame_ttl_fn)(int64_t id, uint64_t previous_hits, void *user);
-
 /*
- * flame_item_cache_set_ttl_fn: the TTL policy of the cache's fresh values.
+ * flame_item_cache_set_ttl_fn: the TTL policy of the cache's fresh values, after creation.
+ *
+ * Kept for 0.2.x programs written against it; flame_item_cache_params.ttl_fn gives the policy
+ * at creation.
  *
  * Parameters:
  *   cache    the cache.
- *   fn       the policy (flame_ttl_fn); NULL restores the default (linear from COLD_TTL at 0
- *            hits to HOT_TTL at HOT_HITS hits).
+ *   fn       the policy (flame_ttl_fn); NULL restores the default (linear from cold_ttl_us at 0
+ *            hits to hot_ttl_us at hot_hits hits).
  *   user     passed to fn unchanged; borrowed while fn is installed.
  * Thread-safety: before the cache is shared (entries in it keep their TTLs).
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache).
@@ -480,7 +521,7 @@ FLAME_API flame_status flame_item_cache_invalidate(flame_item_cache *cache, int6
 /*
  * flame_item_cache_run_refresh: runs the refreshes due now, in the calling thread.
  *
- * For caches made with REFRESH_THREAD 0, and tests.
+ * For caches made with manual_refresh 1, and tests.
  *
  * Parameters:
  *   cache      the cache.

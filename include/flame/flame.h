@@ -290,44 +290,23 @@ typedef enum flame_option {
      * both; 1..256 otherwise. Results do not depend on it (bitwise). */
     FLAME_OPT_THREADS = 9,
 
-    /* ---- item cache options, read by flame_item_cache_create; numbered from 100.
-     * Times are microseconds. */
-    /* int: most entries held (negative entries included). 1..2^32, default 1000000. */
-    FLAME_OPT_ITEM_CACHE_MAX_ENTRIES = 100,
-    /* int: most bytes of records held (the record encoding of docs/features.md plus 64 bytes
-     * of bookkeeping per entry). 4096..2^48, default 1 GiB. */
-    FLAME_OPT_ITEM_CACHE_MAX_BYTES = 101,
-    /* int: shards (independent locks); rounded up to a power of two. 1..4096, default 64. */
-    FLAME_OPT_ITEM_CACHE_SHARDS = 102,
-    /* int: TTL of the hottest entries under the default TTL function. default 30 min. */
-    FLAME_OPT_ITEM_CACHE_HOT_TTL_US = 103,
-    /* int: TTL of cold entries (never hit) under the default TTL function. default 1 min. */
-    FLAME_OPT_ITEM_CACHE_COLD_TTL_US = 104,
-    /* int: hits during an entry's previous lifetime that make it fully hot (the default TTL
-     * grows linearly from cold to hot up to this many hits). 1..2^32, default 32. */
-    FLAME_OPT_ITEM_CACHE_HOT_HITS = 105,
-    /* int: TTL of negative entries (ids the source does not know). default 10 s. */
-    FLAME_OPT_ITEM_CACHE_NEGATIVE_TTL_US = 106,
-    /* int: refresh-ahead point, percent of the TTL after which a hit schedules a background
-     * refresh (0 = refresh-ahead off). 0..99, default 80. */
-    FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT = 107,
-    /* int: hits an entry needs in its current lifetime before a hit may schedule a refresh
-     * ("popular"). 1..2^32, default 2. */
-    FLAME_OPT_ITEM_CACHE_REFRESH_MIN_HITS = 108,
-    /* int: 1 = a background thread runs refreshes (default); 0 = none, the caller runs them
-     * with flame_item_cache_run_refresh. */
-    FLAME_OPT_ITEM_CACHE_REFRESH_THREAD = 109,
-    /* int: first retry delay after a failed refresh; doubles per failure up to the max.
-     * defaults 100 ms and 30 s. */
-    FLAME_OPT_ITEM_CACHE_RETRY_MIN_US = 110,
-    FLAME_OPT_ITEM_CACHE_RETRY_MAX_US = 111
+    /* pointer: an item cache (flame/features.h) the engine fills the side features of
+     * id-only requests from (flame_score); NULL (default) = none. The engine takes a reference
+     * at creation, so the cache may be destroyed by the caller after flame_engine_create; until
+     * then the caller keeps it alive (the config stores the pointer as given). Its records
+     * must have the model's num_side_features slots. */
+    FLAME_OPT_ITEM_CACHE = 10,
+    /* pointer: a user cache handle (flame/memory.h) requests with history_from_user_cache = 1
+     * read their history from; NULL (default) = none. Held as FLAME_OPT_ITEM_CACHE is. */
+    FLAME_OPT_USER_CACHE = 11
 } flame_option;
 
 /*
  * flame_config_create: a configuration holding the defaults of every option.
  *
- * Engines (and item caches) copy what they need at creation, so a config may be changed,
- * reused or destroyed right after.
+ * The configuration of engines, read by flame_engine_create; an engine copies what it needs
+ * (and takes its own references to the caches named), so a config may be changed, reused or
+ * destroyed right after.
  *
  * Parameters:
  *   out      receives the config; the caller's, freed with flame_config_destroy.
@@ -404,7 +383,8 @@ FLAME_API flame_status flame_config_set_string(flame_config *config, flame_optio
 FLAME_API flame_status flame_config_get_string(const flame_config *config, flame_option option, char *buf, size_t buf_len);
 
 /*
- * flame_config_set_pointer: sets a pointer option (FLAME_OPT_CUDA_STREAM).
+ * flame_config_set_pointer: sets a pointer option (FLAME_OPT_CUDA_STREAM, FLAME_OPT_ITEM_CACHE,
+ * FLAME_OPT_USER_CACHE).
  *
  * Parameters:
  *   config   the config.
@@ -443,13 +423,18 @@ typedef struct flame_engine flame_engine;
  *
  * Parameters:
  *   model    the model; the engine holds a reference to it.
- *   config   the options (FLAME_OPT_DEVICE ... FLAME_OPT_THREADS), copied; NULL = the defaults.
+ *   config   the options, copied; NULL = the defaults. The caches it names
+ *            (FLAME_OPT_ITEM_CACHE, FLAME_OPT_USER_CACHE) are the engine's for its whole
+ *            life: it takes a reference to each (flame_engine_set_item_cache and
+ *            flame_engine_set_user_cache describe what they do).
  *   out      receives the engine; the caller's, freed with flame_engine_destroy.
  * Thread-safety: thread-safe. On the engine made, flame_score and flame_score_batch may be
  *   called concurrently from any number of threads: each call takes a private scratch
  *   workspace from the engine's pool, so calls never share buffers, and results do not depend
  *   on concurrency (bitwise identical).
- * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model or out); FLAME_ERR_NO_DEVICE
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model or out, an item cache whose records have
+ *   a slot count other than the model's num_side_features: the message gives both);
+ *   FLAME_ERR_NO_DEVICE
  *   ("cuda"/"cuda:N" asked for but this build or machine has no such GPU, or cuBLASLt cannot
  *   be loaded: the message says why); FLAME_ERR_UNSUPPORTED (a GPU engine for a model the CUDA backend cannot run: head
  *   dimension above 128); FLAME_ERR_NOMEM (host memory, or GPU memory /
@@ -621,9 +606,11 @@ struct flame_item_cache;
 struct flame_user_cache;
 
 /*
- * flame_engine_set_item_cache: attaches an item cache to an engine.
+ * flame_engine_set_item_cache: attaches an item cache to an engine after its creation.
  *
- * Then a request that gives no side features (history_side NULL and, under the sumi head,
+ * Kept for 0.2.x programs written against it; an engine is best given its item cache at
+ * creation (FLAME_OPT_ITEM_CACHE), so that it does not change while it may be scoring. With
+ * a cache, a request that gives no side features (history_side NULL and, under the sumi head,
  * candidate_side NULL) to a model with side features gets them from the cache: one
  * flame_item_cache_get per call for all the distinct item ids of the call's requests
  * (history tokens inside the window, and the candidates under the sumi head); a missing
@@ -648,9 +635,11 @@ struct flame_user_cache;
 FLAME_API flame_status flame_engine_set_item_cache(flame_engine *engine, struct flame_item_cache *cache);
 
 /*
- * flame_engine_set_user_cache: attaches a user cache to an engine.
+ * flame_engine_set_user_cache: attaches a user cache to an engine after its creation.
  *
- * Then requests can give a user id and candidates only (flame_request.history_from_user_cache
+ * Kept for 0.2.x programs written against it; an engine is best given its user cache at
+ * creation (FLAME_OPT_USER_CACHE), so that it does not change while it may be scoring. With
+ * a cache, requests can give a user id and candidates only (flame_request.history_from_user_cache
  * = 1, flame_score). Record convention: slot 0 of a user's record holds the user's history,
  * item ids oldest first (the newest last, as flame_request.history); the engine uses its most
  * recent max_len ids (flame_model_info.max_len). Every id of slot 0 must be a valid item id
