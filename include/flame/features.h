@@ -243,7 +243,8 @@ typedef struct flame_redis_options {
  *   connection, as above).
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL options or out, struct_size outside 8..4096, a
  *   value out of its range above: the message names it); FLAME_ERR_UNAVAILABLE (cannot
- *   connect: the message names host, port and the reason); FLAME_ERR_NOMEM. On failure *out
+ *   connect: the message names host, port and the reason); FLAME_ERR_NOMEM;
+ *   FLAME_ERR_UNSUPPORTED (a library built without Redis, make WITH_REDIS=0). On failure *out
  *   is NULL.
  */
 FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_options *options,
@@ -263,7 +264,7 @@ FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_optio
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path, options' num_slots other than the
  *   file's: the message gives both); the statuses of flame_feature_source_create_file and
  *   flame_feature_source_create_redis; FLAME_ERR_UNAVAILABLE (a write failed: the message names
- *   the server).
+ *   the server); FLAME_ERR_UNSUPPORTED (a library built without Redis, make WITH_REDIS=0).
  */
 FLAME_API flame_status flame_redis_load_features(const flame_redis_options *options, const char *path,
                                                  uint64_t *written);

@@ -43,7 +43,8 @@ typedef struct flame_numa_info {
  *            struct_size.
  * Thread-safety: thread-safe.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL info, info->struct_size outside 8..4096;
- *   *info untouched).
+ *   *info untouched); FLAME_ERR_UNSUPPORTED (a library built without libnuma, make
+ *   WITH_NUMA=0: there the pinned pool takes node FLAME_NUMA_NODE_LOCAL or 0, plain memory).
  */
 FLAME_API flame_status flame_numa_get_info(flame_numa_info *info);
 
@@ -61,8 +62,8 @@ FLAME_API flame_status flame_numa_get_info(flame_numa_info *info);
  *   out      receives the memory; the caller's, freed with flame_numa_free(ptr, bytes).
  * Thread-safety: thread-safe.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, bytes 0, a node this machine lacks: the
- *   message names it); FLAME_ERR_NOMEM (the kernel refused the mapping). *out is NULL on
- *   failure.
+ *   message names it); FLAME_ERR_NOMEM (the kernel refused the mapping); FLAME_ERR_UNSUPPORTED
+ *   (a library built without libnuma, make WITH_NUMA=0). *out is NULL on failure.
  */
 FLAME_API flame_status flame_numa_alloc(size_t bytes, int32_t node, void **out);
 /*
@@ -87,7 +88,8 @@ FLAME_API void flame_numa_free(void *ptr, size_t bytes);
  *   node     0..num_nodes-1.
  * Thread-safety: thread-safe; affects the calling thread only.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (FLAME_NUMA_NODE_LOCAL, a node this machine lacks,
- *   or a node the thread may not run on: the message names it).
+ *   or a node the thread may not run on: the message names it); FLAME_ERR_UNSUPPORTED (a
+ *   library built without libnuma, make WITH_NUMA=0).
  */
 FLAME_API flame_status flame_numa_bind_thread(int32_t node);
 
