@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "testutil.h"
+#include "tu_models.h"
 
 #define TAIL 64
 #define BIG (4096 + TAIL)
@@ -109,13 +110,7 @@ static flame_status get_item_cache_stats(void *c, void *out)
 
 #define END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
-static const char *config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":50,\"dim\":16}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
-    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":8},"
-    "\"blocks\":{\"count\":1,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
-    "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+static const char *config = TU_DOT_CONFIG(50, 1, "");
 
 static void test_model_engine_scheduler(void **state)
 {

@@ -12,31 +12,15 @@
 #include <sys/wait.h>
 
 #include "testutil.h"
+#include "tu_models.h"
 #include "ucache/user_cache.h"
 #include "core/device.h"
 
 /* SASRec-style dot model, no side features, window 8 */
-static const char *dot_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
-    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":8},\"input_layernorm\":true,"
-    "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
-    "\"layernorm\":{\"eps\":1e-12},\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+static const char *dot_config = TU_DOT_CONFIG(100, 2, "\"input_layernorm\":true,\"layernorm\":{\"eps\":1e-12},");
 
-/* sumi ranker with two side features, window 12 (as tests/test_engine_cache.c) */
-static const char *sumi_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":12,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
-    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
-    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
-    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
-    "\"combine\":\"concat\",\"projection\":true,"
-    "\"position\":{\"rule\":\"from_recent\",\"rows\":13,\"candidate_position\":12},"
-    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
-    "\"final_layernorm\":true,"
-    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+/* sumi ranker with two side features, window 12 */
+static const char *sumi_config = TU_SUMI_SIDE_CONFIG(100, 12, 13, gelu_tanh);
 
 #define MAX_IDS 40 /* record bound: slot 0 (history) + slot 1 (read by nobody) */
 
@@ -51,23 +35,13 @@ typedef struct fixture {
 } fixture;
 
 /* item i: artist i % 20, genres {i % 5, (i + 1) % 5} for odd i, none for even */
-static int64_t rec_offs(int64_t item, int64_t *offs, int64_t *ids)
-{
-    offs[0] = 0;
-    ids[0] = item % 20;
-    offs[1] = 1;
-    int64_t n = 1;
-    if (item % 2) ids[n++] = item % 5, ids[n++] = (item + 1) % 5;
-    offs[2] = n;
-    return n;
-}
 
 static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
 {
     (void)user;
     for (size_t i = 0; i < n; i++) {
         int64_t offs[3], v[3];
-        rec_offs(ids[i], offs, v);
+        tu_item_record(ids[i], offs, v);
         flame_feature_batch_set(out, i, offs, v, (size_t)offs[2], NULL, 0);
     }
     return FLAME_OK;
@@ -199,26 +173,6 @@ static void test_dot_matches_explicit_history(void **state)
     assert_int_equal(stats_of(f->plain_dot).user_cache_hits, 0);
 }
 
-/* Explicit bags of a token list, as the item cache resolves them. */
-typedef struct bags2 {
-    int64_t off[2][64], ids[2][200];
-    flame_bags b[2];
-} bags2;
-
-static void build(bags2 *g, const int64_t *items, size_t n)
-{
-    g->off[0][0] = g->off[1][0] = 0;
-    for (size_t t = 0; t < n; t++) {
-        int64_t offs[3], v[3];
-        rec_offs(items[t], offs, v);
-        for (int s = 0; s < 2; s++) {
-            int64_t k = g->off[s][t];
-            for (int64_t i = offs[s]; i < offs[s + 1]; i++) g->ids[s][k++] = v[i];
-            g->off[s][t + 1] = k;
-        }
-    }
-    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s], (size_t)g->off[s][n]};
-}
 
 /* Sumi model with side features: the history's bags (and the candidates') come through the
  * item cache; equal to the same request with every bag given on an engine without caches. */
@@ -231,9 +185,9 @@ static void test_side_features_through_item_cache(void **state)
         random_ids(hist, lens[u]);
         random_ids(cand, 5);
         put_history(f->uc, -7 - u, hist, lens[u], 0);
-        static bags2 hb, cb;
-        build(&hb, hist, lens[u]);
-        build(&cb, cand, 5);
+        static tu_side_bags hb, cb;
+        tu_side_bags_build(&hb, hist, lens[u], NULL);
+        tu_side_bags_build(&cb, cand, 5, NULL);
         flame_request want_r = explicit_req(-7 - u, hist, lens[u], cand, 5);
         want_r.history_side = hb.b, want_r.candidate_side = cb.b, want_r.num_side_features = 2;
         flame_request got_r = user_req(-7 - u, cand, 5, 2);
