@@ -205,10 +205,10 @@ run: deps
 SHARED ?= $(or $(FLAME_SHARED_DIR),../shared)
 BEAUTY_FLAME := build/beauty.flame.safetensors
 
-$(BEAUTY_FLAME): python/flame/convert.py | $(VENV)/.installed
+$(BEAUTY_FLAME): python/flame/tools/convert.py | $(VENV)/.installed
 	@mkdir -p build
 	@if [ -f "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" ]; then \
-	    PYTHONPATH=python $(VENV_PY) -m flame.convert iclrec "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" $@; \
+	    PYTHONPATH=python $(VENV_PY) -m flame.tools.convert iclrec "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" $@; \
 	else echo "note: $(SHARED)/data/amazon-beauty absent: the Beauty tests will say they are skipped"; fi
 
 test: deps-test
