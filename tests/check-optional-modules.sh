@@ -8,7 +8,11 @@
 set -e
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$dir"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then # the checkout's files, untracked ones too
+    git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$dir"
+else # an unpacked source tarball: everything but build outputs
+    tar -cf - --exclude=./build --exclude='./build-*' --exclude=./.venv --exclude='./lib/libflame*' . | tar -xf - -C "$dir"
+fi
 make -C "$dir" -j2 CUDA=0 WITH_REDIS=0 WITH_NUMA=0 lib >"$dir/build.log" 2>&1 ||
     { tail -30 "$dir/build.log"; echo "optional modules: FAILED, make lib without them"; exit 1; }
 if grep -E -- '-lhiredis|-lnuma' "$dir/build.log" >/dev/null; then
