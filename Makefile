@@ -1,7 +1,9 @@
 # libflame build. `make` builds lib/ and examples/ (no network, no Python); `make run` installs
 # what the build lacks, then runs the main job on the embedded default; `make test` installs what
 # the build and tests lack, then runs every test. CUDA objects are built when nvcc is found
-# (override with CUDA=0 or CUDA=1). Python tooling runs from the checkout's virtual environment
+# (override with CUDA=0 or CUDA=1); the Redis feature source (hiredis) and NUMA placement
+# (libnuma) are built unless WITH_REDIS=0 / WITH_NUMA=0, which leave stand-ins returning
+# FLAME_ERR_UNSUPPORTED (tests/check-optional-modules.sh builds and tests that). Python tooling runs from the checkout's virtual environment
 # (VENV, default .venv, made by `make venv` from PYTHON with requirements.txt's pins).
 
 VERSION := $(shell sed -n 's/^\#define FLAME_VERSION_STRING "\(.*\)"/\1/p' include/flame/flame.h)
@@ -29,15 +31,24 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFLAME_BUILDING \
                -Iinclude -Isrc $(shell pkg-config --cflags openblas 2>/dev/null || pkg-config --cflags cblas 2>/dev/null)
-LDLIBS  := -lcjson -lopenblas -lhiredis -fopenmp -lpthread -lm
+LDLIBS  := -lcjson -lopenblas -fopenmp -lpthread -lm
+
+# ---- optional modules: each is its library's code, or (=0) a stand-in file whose entry points
+# return FLAME_ERR_UNSUPPORTED; tests learn which through FLAME_WITH_REDIS / FLAME_WITH_NUMA
+WITH_REDIS ?= 1
+WITH_NUMA  ?= 1
+OPTIONAL_OFF := $(if $(filter 1,$(WITH_REDIS)),src/features/no_redis.c,src/features/redis.c) \
+                $(if $(filter 1,$(WITH_NUMA)),src/mem/no_numa.c,src/mem/numa.c)
+OPTIONAL_LIBS := $(if $(filter 1,$(WITH_REDIS)),-lhiredis) $(if $(filter 1,$(WITH_NUMA)),-lnuma)
+OPTIONAL_DEFS := -DFLAME_WITH_REDIS=$(if $(filter 1,$(WITH_REDIS)),1,0) -DFLAME_WITH_NUMA=$(if $(filter 1,$(WITH_NUMA)),1,0)
+LDLIBS += $(OPTIONAL_LIBS)
 
 SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
 SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
 # ---- the batch-profile scheduler
 SRC += $(wildcard src/sched/*.c)
-SRC := $(sort $(SRC))
-LDLIBS += -lnuma
+SRC := $(sort $(filter-out $(OPTIONAL_OFF),$(SRC)))
 # ---- end memory
 OBJ := $(SRC:%.c=build/%.o)
 
@@ -63,7 +74,9 @@ SONAME   := libflame.so.$(MAJOR)
 SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
 EXAMPLES := examples/flame-score
-TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+# (test_numa is libnuma's: without it, test_optional_modules checks the stand-in)
+C_TESTS  := $(filter-out $(if $(filter 1,$(WITH_NUMA)),,tests/test_numa.c),$(wildcard tests/test_*.c))
+TESTS    := $(patsubst tests/%.c,build/tests/%,$(C_TESTS))
 # kernel tests that call the CUDA launch wrappers (nvcc; CUDA=1 builds only)
 TESTS    += $(if $(filter 1,$(CUDA)),$(patsubst tests/%.cu,build/tests/%,$(wildcard tests/test_*.cu)))
 BENCHES  := $(if $(wildcard bench/beauty_bench.c),bench/beauty-bench)
@@ -121,7 +134,7 @@ PC_SED := -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INC
 
 # Programs link the shared library found next to them (rpath $ORIGIN/../lib).
 PROG_LDFLAGS := -Llib -Wl,-rpath,'$$ORIGIN/../lib' -lflame -lm -lpthread
-PROG_CFLAGS  := -std=c11 $(WARN) -D_DEFAULT_SOURCE -Iinclude -Isrc $(CFLAGS)
+PROG_CFLAGS  := -std=c11 $(WARN) -D_DEFAULT_SOURCE -Iinclude -Isrc $(OPTIONAL_DEFS) $(CFLAGS)
 
 examples: $(EXAMPLES)
 examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*.h) $(SHLIB) lib/libflame.so
@@ -196,10 +209,10 @@ run: deps
 SHARED ?= $(or $(FLAME_SHARED_DIR),../shared)
 BEAUTY_FLAME := build/beauty.flame.safetensors
 
-$(BEAUTY_FLAME): python/flame/convert.py | $(VENV)/.installed
+$(BEAUTY_FLAME): python/flame/tools/convert.py | $(VENV)/.installed
 	@mkdir -p build
 	@if [ -f "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" ]; then \
-	    PYTHONPATH=python $(VENV_PY) -m flame.convert iclrec "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" $@; \
+	    PYTHONPATH=python $(VENV_PY) -m flame.tools.convert iclrec "$(SHARED)/data/amazon-beauty/iclrec-beauty.safetensors" $@; \
 	else echo "note: $(SHARED)/data/amazon-beauty absent: the Beauty tests will say they are skipped"; fi
 
 test: deps-test
@@ -227,8 +240,8 @@ SAN_DIR   ?= build-san
 SAN       ?= address,undefined
 SAN_FLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all -g
 SAN_CFLAGS := $(filter-out -DFLAME_WITH_CUDA,$(BASE_CFLAGS))
-SAN_LIBS  := -lcjson -lopenblas -lhiredis -lnuma -lpthread -lm
-SAN_TESTS := $(patsubst tests/%.c,$(SAN_DIR)/tests/%,$(wildcard tests/test_*.c))
+SAN_LIBS  := -lcjson -lopenblas $(OPTIONAL_LIBS) -lpthread -lm
+SAN_TESTS := $(patsubst tests/%.c,$(SAN_DIR)/tests/%,$(C_TESTS))
 
 test-sanitize: $(BEAUTY_FLAME)
 	$(MAKE) --no-print-directory san-run SAN=thread SAN_DIR=build-tsan
@@ -312,7 +325,7 @@ FUZZ_CC      ?= clang
 FUZZ_DIR     := build-fuzz
 FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
 FUZZ_CFLAGS  := $(filter-out -Werror -DFLAME_WITH_CUDA,$(BASE_CFLAGS))
-FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(filter-out $(if $(filter 1,$(WITH_REDIS)),,tests/fuzz/fuzz_redis.c),$(wildcard tests/fuzz/fuzz_*.c)))
 FUZZ_OBJ     := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(sort $(SRC) src/engine/no_cuda.c))
 
 .PHONY: fuzz fuzz-build fuzz-deps
@@ -347,7 +360,7 @@ $(FUZZ_DIR)/libflame.a: $(FUZZ_OBJ)
 
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_DIR)/libflame.a
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Werror -D_GNU_SOURCE $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_DIR)/libflame.a \
-	    -lcjson -lopenblas -lhiredis -lnuma -lpthread -lm
+	    -lcjson -lopenblas $(OPTIONAL_LIBS) -lpthread -lm
 
 # the header dependencies the compiler wrote (see DEPFLAGS)
 -include $(wildcard $(OBJ:.o=.d) build/cuda/no_cuda.d $(SAN_DIR)/obj/src/*/*.d $(FUZZ_DIR)/obj/src/*/*.d)

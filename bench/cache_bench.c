@@ -189,18 +189,16 @@ static flame_status tiny_fetch(void *user, const int64_t *ids, size_t n, flame_f
 
 static flame_item_cache *new_cache(flame_feature_source *s, int64_t entries, int64_t shards)
 {
-    flame_config *cfg;
-    flame_config_create(&cfg);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, entries);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_SHARDS, shards);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 0);
+    flame_item_cache_params p = {.struct_size = sizeof p};
+    p.max_entries = entries;
+    p.shards = shards;
+    p.manual_refresh = 1;
+    p.refresh_percent = 100; /* no refresh-ahead */
     flame_item_cache *c;
-    if (flame_item_cache_create(s, cfg, &c)) {
+    if (flame_item_cache_create(s, &p, &c)) {
         fprintf(stderr, "cache: %s\n", flame_last_error());
         exit(1);
     }
-    flame_config_destroy(cfg);
     return c;
 }
 

@@ -19,7 +19,7 @@ fuses LayerNorm, Gelu and MatMul+Add on session creation.
 
 verify: scores of a few users (short, medium and longer-than-50 histories) from ONNX Runtime,
 from libflame (the Python binding in python/flame) and from the float64 numpy reference
-(python/flame/reference.py); prints the max abs differences as JSON, exit 1 if any is >= 1e-4.
+(python/flame/tools/reference.py); prints the max abs differences as JSON, exit 1 if any is >= 1e-4.
 
 time: ONNX Runtime on the CPU provider, intra_op_num_threads = --threads, inter_op 1,
 sequential execution. Users are chosen exactly as beauty-bench does (batch 1: line
@@ -82,7 +82,7 @@ def build(flame_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from flame import st_io, layout
+    from flame.tools import st_io, layout
 
     meta, t, _ = st_io.read(flame_path)
     cfg = layout.parse(meta["flame.config"])
@@ -199,7 +199,7 @@ def cmd_build(a):
 
 
 def cmd_verify(a):
-    from flame import reference
+    from flame.tools import reference
     try:
         from flame import Engine, Model  # the public binding (python/flame/engine.py)
     except ImportError:

@@ -5,8 +5,8 @@
 Steps (each a subprocess whose raw output goes to DIR; progress lines carry timestamps):
   1. models: the reference GR configuration (bench/ref_gr_config.json: 4 pre-LN blocks,
      d_model 512, 8 heads, FFN 2048 GELU, 4 single-id features pooled into 64 dims and
-     projected to 512, SUMI, 3 sigmoid task heads) with random weights (flame.reference),
-     and the Beauty model converted from $FLAME_SHARED_DIR/data/amazon-beauty (flame.convert);
+     projected to 512, SUMI, 3 sigmoid task heads) with random weights (flame.tools.reference),
+     and the Beauty model converted from $FLAME_SHARED_DIR/data/amazon-beauty (flame.tools.convert);
   2. embedding: bench/embedding-bench (the TBE kernel, device copy bandwidth) and
      bench/torch_embedding.py (F.embedding_bag, one call over concatenated tables);
   3. end to end, fp16, B1 L256 M128, B8 L256 M128, B1 L1024 M128: bench/e2e-bench (through
@@ -96,7 +96,7 @@ class Runner:
 
 def make_models(args, work):
     """The reference model file (random weights, F16 on disk) and the converted Beauty model."""
-    from flame import reference
+    from flame.tools import reference
     with open(os.path.join(ROOT, "bench", "ref_gr_config.json")) as f:
         cfg = json.load(f)
     if args.cpu:  # tiny: the same architecture, scaled down
@@ -165,7 +165,7 @@ def main(argv=None):
     beauty = None
     if beauty_src:
         beauty = beauty_src[0]
-        R.run("convert_beauty", [py, "-m", "flame.convert", "iclrec", beauty_src[1], beauty], 120, want_json=False)
+        R.run("convert_beauty", [py, "-m", "flame.tools.convert", "iclrec", beauty_src[1], beauty], 120, want_json=False)
         if not args.dry_run and not os.path.exists(beauty):
             beauty = None
 
@@ -267,7 +267,7 @@ def main(argv=None):
     for dt, suffix in (("fp16", ""), ("fp32", "_fp32")):
         mine, peer = bl.get(dt) or {}, bt.get(dt) or {}
         res.append(entry(f"beauty_fullsort_gpu{suffix}_users_per_s", mine.get("requests_per_s"), "users/s",
-                         f"PyTorch {dt} (flame.torch_ref layers + one GEMM against the item table, scores to host), "
+                         f"PyTorch {dt} (flame.tools.torch_ref layers + one GEMM against the item table, scores to host), "
                          "batch 256, same run", peer.get("users_per_s")))
 
     machine = args.machine

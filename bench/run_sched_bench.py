@@ -61,7 +61,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="flame-sched-bench-")
     if os.path.exists(os.path.join(beauty_dir, "Beauty.txt")):
         model = os.path.join(tmp, "beauty.flame")
-        subprocess.run([sys.executable, "-m", "flame.convert", "iclrec",
+        subprocess.run([sys.executable, "-m", "flame.tools.convert", "iclrec",
                         os.path.join(beauty_dir, "iclrec-beauty.safetensors"), model], check=True,
                        env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")), capture_output=True)
         workloads.append(("beauty_fullsort", "Beauty, dot head, 12,103 candidates a user", 32, 32,

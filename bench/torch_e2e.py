@@ -1,4 +1,4 @@
-"""The PyTorch peer of bench/e2e-bench: the same flame model file in PyTorch (flame.torch_ref),
+"""The PyTorch peer of bench/e2e-bench: the same flame model file in PyTorch (flame.tools.torch_ref),
 the same request shapes, timed eager and under torch.compile(mode="reduce-overhead"), and the
 scores compared with libflame's (flame.Engine on the same device and dtype) on the same inputs.
 
@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import flame  # noqa: E402
-from flame import layout  # noqa: E402
-from flame.torch_ref import FlameModel, pad_histories  # noqa: E402
+from flame.tools import layout  # noqa: E402
+from flame.tools.torch_ref import FlameModel, pad_histories  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

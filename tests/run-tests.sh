@@ -20,8 +20,10 @@ for t in "$@"; do run "$t"; done
 for t in "$@"; do case "$t" in */test_engine | */test_kernels) OPENBLAS_CORETYPE=Prescott run "$t" ;; esac; done
 if [ -z "$FLAME_C_ONLY" ]; then # FLAME_C_ONLY=1: the cmocka suites only (make test-sanitize)
     run ./tests/check-exports.sh lib/libflame.so
+    run "$PYTHON" tests/check_header_docs.py include/flame/*.h
     run ./tests/check-abi.sh "$(readlink -f lib/libflame.so)"
     run ./tests/check-install.sh
+    run ./tests/check-optional-modules.sh
     run ./tests/check-python-package.sh "$PYTHON"
     PYTHONDONTWRITEBYTECODE=1 run "$PYTHON" -m pytest -q -rs tests/python
 fi

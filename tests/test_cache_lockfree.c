@@ -186,15 +186,13 @@ static void *writer(void *p)
 
 static flame_item_cache *make_cache(flame_feature_source **s, int64_t max_entries, int64_t shards)
 {
-    flame_config *cfg;
+    flame_item_cache_params p = {.struct_size = sizeof p};
     flame_item_cache *c;
     assert_int_equal(flame_feature_source_create_callback(1, fetch, NULL, NULL, s), FLAME_OK);
-    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_SHARDS, shards);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, max_entries);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
-    assert_int_equal(flame_item_cache_create(*s, cfg, &c), FLAME_OK);
-    flame_config_destroy(cfg);
+    p.shards = shards;
+    p.max_entries = max_entries;
+    p.manual_refresh = 1;
+    assert_int_equal(flame_item_cache_create(*s, &p, &c), FLAME_OK);
     return c;
 }
 

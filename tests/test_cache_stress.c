@@ -107,18 +107,17 @@ static void test_stress_against_model(void **state)
     tu_seed();
     for (int k = 0; k < KEYS; k++) pthread_mutex_init(&key_lock[k], NULL);
     flame_feature_source *s;
-    flame_config *cfg;
+    flame_item_cache_params p = {.struct_size = sizeof p};
     flame_item_cache *c;
     assert_int_equal(flame_feature_source_create_callback(1, fetch, NULL, NULL, &s), FLAME_OK);
-    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_SHARDS, 4);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, 24); /* evictions too */
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_COLD_TTL_US, 300000);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_HOT_TTL_US, 3000000);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_HOT_HITS, 8);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 30);
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_RETRY_MIN_US, 1000);
-    assert_int_equal(flame_item_cache_create(s, cfg, &c), FLAME_OK);
+    p.shards = 4;
+    p.max_entries = 24; /* evictions too */
+    p.cold_ttl_us = 300000;
+    p.hot_ttl_us = 3000000;
+    p.hot_hits = 8;
+    p.refresh_percent = 30;
+    p.retry_min_us = 1000;
+    assert_int_equal(flame_item_cache_create(s, &p, &c), FLAME_OK);
     flame_item_cache_set_clock(c, clock_fn, NULL);
     atomic_store(&fail_rate, 10);
     pthread_t th[THREADS];
@@ -139,7 +138,6 @@ static void test_stress_against_model(void **state)
     assert_true(st.hits > 0 && st.misses > 0 && st.evictions > 0);
     assert_true(st.entries <= 24);
     flame_item_cache_destroy(c);
-    flame_config_destroy(cfg);
     flame_feature_source_destroy(s);
 }
 

@@ -4,33 +4,17 @@
 #include <stdatomic.h>
 
 #include "testutil.h"
+#include "tu_models.h"
 #include "core/device.h"
 #include "model/model.h"
 #include "cpu/kernels.h"
 #include "engine/engine.h"
 
 /* sumi ranker with two side features (sum and mean) on concat + projection */
-static const char *sumi_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":12,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
-    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
-    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
-    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
-    "\"combine\":\"concat\",\"projection\":true,"
-    "\"position\":{\"rule\":\"from_recent\",\"rows\":13,\"candidate_position\":12},"
-    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
-    "\"final_layernorm\":true,"
-    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+static const char *sumi_config = TU_SUMI_SIDE_CONFIG(100, 12, 13, gelu_tanh);
 
 /* SASRec-style dot model */
-static const char *dot_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
-    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":8},\"input_layernorm\":true,"
-    "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
-    "\"layernorm\":{\"eps\":1e-12},\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+static const char *dot_config = TU_DOT_CONFIG(100, 2, "\"input_layernorm\":true,\"layernorm\":{\"eps\":1e-12},");
 
 typedef struct fixture {
     flame_model *sumi, *dot;

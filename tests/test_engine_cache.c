@@ -5,31 +5,11 @@
 #include <stdbool.h>
 
 #include "testutil.h"
+#include "tu_models.h"
 
-static const char *sumi_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":12,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
-    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
-    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
-    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
-    "\"combine\":\"concat\",\"projection\":true,"
-    "\"position\":{\"rule\":\"from_recent\",\"rows\":13,\"candidate_position\":12},"
-    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
-    "\"final_layernorm\":true,"
-    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+static const char *sumi_config = TU_SUMI_SIDE_CONFIG(100, 12, 13, gelu_tanh);
 
-/* item i: artist i % 20, genres {i % 5, (i + 1) % 5} for odd i, none for even; 50..59 unknown */
-static int64_t rec_offs(int64_t item, int64_t *offs, int64_t *ids)
-{
-    offs[0] = 0;
-    ids[0] = item % 20;
-    offs[1] = 1;
-    int64_t n = 1;
-    if (item % 2) ids[n++] = item % 5, ids[n++] = (item + 1) % 5;
-    offs[2] = n;
-    return n;
-}
+/* item i: tu_item_record (tests/tu_models.h); 50..59 and ids outside 0..99 unknown */
 static bool known(int64_t item)
 {
     return item >= 0 && item < 100 && !(item >= 50 && item < 60);
@@ -47,7 +27,7 @@ static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_featur
             continue;
         }
         int64_t offs[3], v[3];
-        rec_offs(ids[i], offs, v);
+        tu_item_record(ids[i], offs, v);
         if (atomic_load(&bad_artist) && ids[i] == 7) v[0] = 25;
         flame_feature_batch_set(out, i, offs, v, (size_t)offs[2], NULL, 0);
     }
@@ -66,13 +46,15 @@ static int setup(void **state)
     fixture *f = calloc(1, sizeof *f);
     flame_feature_source *s;
     flame_config *cfg;
+    flame_item_cache_params icp = {.struct_size = sizeof icp, .manual_refresh = 1};
     atomic_store(&calls, 0);
+    /* the cached engine is given its cache at creation */
     if (flame_model_create_random(sumi_config, 3, &f->model) || flame_engine_create(f->model, NULL, &f->plain) ||
-        flame_engine_create(f->model, NULL, &f->cached) ||
-        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) || flame_config_create(&cfg))
+        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) ||
+        flame_item_cache_create(s, &icp, &f->cache) || flame_config_create(&cfg) ||
+        flame_config_set_pointer(cfg, FLAME_OPT_ITEM_CACHE, f->cache) ||
+        flame_engine_create(f->model, cfg, &f->cached))
         return -1;
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
-    if (flame_item_cache_create(s, cfg, &f->cache) || flame_engine_set_item_cache(f->cached, f->cache)) return -1;
     flame_config_destroy(cfg);
     flame_feature_source_destroy(s);
     *state = f;
@@ -90,28 +72,8 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Explicit bags for a token list, as the cache would resolve them. */
-typedef struct bags2 {
-    int64_t off[2][129], ids[2][400];
-    flame_bags b[2];
-} bags2;
 
-static void build(bags2 *g, const int64_t *items, size_t n)
-{
-    g->off[0][0] = g->off[1][0] = 0;
-    for (size_t t = 0; t < n; t++) {
-        int64_t offs[3] = {0, 0, 0}, v[3];
-        if (known(items[t])) rec_offs(items[t], offs, v);
-        for (int s = 0; s < 2; s++) {
-            int64_t k = g->off[s][t];
-            for (int64_t i = offs[s]; i < offs[s + 1]; i++) g->ids[s][k++] = v[i];
-            g->off[s][t + 1] = k;
-        }
-    }
-    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s], (size_t)g->off[s][n]};
-}
-
-static flame_request req(const int64_t *h, size_t n, const int64_t *c, size_t m, const bags2 *hb, const bags2 *cb)
+static flame_request req(const int64_t *h, size_t n, const int64_t *c, size_t m, const tu_side_bags *hb, const tu_side_bags *cb)
 {
     return (flame_request){.struct_size = sizeof(flame_request), .history = h, .history_len = n, .candidates = c,
                            .num_candidates = m, .history_side = hb ? hb->b : NULL,
@@ -127,9 +89,9 @@ static void test_id_only_matches_explicit_bags(void **state)
         for (size_t i = 0; i < n; i++) h[i] = tu_below(100);
         for (size_t i = 0; i < m; i++) c[i] = tu_below(100);
         h[0] = 55; /* unknown to the source: empty bags */
-        static bags2 hb, cb;
-        build(&hb, h, n);
-        build(&cb, c, m);
+        static tu_side_bags hb, cb;
+        tu_side_bags_build(&hb, h, n, known);
+        tu_side_bags_build(&cb, c, m, known);
         flame_request explicit = req(h, n, c, m, &hb, &cb), ids_only = req(h, n, c, m, NULL, NULL);
         float want[32], got[32];
         tu_poison(got, 32);
@@ -146,9 +108,9 @@ static void test_batch_mixed_and_one_fetch_per_call(void **state)
 {
     fixture *f = *state;
     int64_t h1[5] = {1, 2, 3, 2, 1}, c1[3] = {4, 5, 1}, h2[3] = {9, 8, 7}, c2[2] = {6, 3};
-    static bags2 hb, cb;
-    build(&hb, h2, 3);
-    build(&cb, c2, 2);
+    static tu_side_bags hb, cb;
+    tu_side_bags_build(&hb, h2, 3, known);
+    tu_side_bags_build(&cb, c2, 2, known);
     flame_request two[2] = {req(h1, 5, c1, 3, NULL, NULL), req(h2, 3, c2, 2, &hb, &cb)};
     float got[10];
     int before = atomic_load(&calls);
@@ -159,9 +121,9 @@ static void test_batch_mixed_and_one_fetch_per_call(void **state)
     assert_int_equal(st.entries, 5);
     assert_int_equal(flame_score_batch(f->cached, two, 2, got, 10), FLAME_OK);
     assert_int_equal(atomic_load(&calls), before + 1); /* all hits */
-    static bags2 hb1, cb1;
-    build(&hb1, h1, 5);
-    build(&cb1, c1, 3);
+    static tu_side_bags hb1, cb1;
+    tu_side_bags_build(&hb1, h1, 5, known);
+    tu_side_bags_build(&cb1, c1, 3, known);
     flame_request explicit[2] = {req(h1, 5, c1, 3, &hb1, &cb1), two[1]};
     float want[10];
     assert_int_equal(flame_score_batch(f->plain, explicit, 2, want, 10), FLAME_OK);
@@ -190,6 +152,18 @@ static void test_failures_write_nothing(void **state)
     assert_int_equal(flame_item_cache_create(s1, NULL, &c1), FLAME_OK);
     assert_status_msg(flame_engine_set_item_cache(f->plain, c1), FLAME_ERR_INVALID_ARG,
                       "the item cache's records have 1 slots, the model has 2 side features");
+    /* and at creation */
+    flame_config *cfg;
+    flame_engine *e = (flame_engine *)1;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_pointer(cfg, FLAME_OPT_ITEM_CACHE, c1), FLAME_OK);
+    void *back = NULL;
+    assert_int_equal(flame_config_get_pointer(cfg, FLAME_OPT_ITEM_CACHE, &back), FLAME_OK);
+    assert_ptr_equal(back, c1);
+    assert_status_msg(flame_engine_create(f->model, cfg, &e), FLAME_ERR_INVALID_ARG,
+                      "the item cache's records have 1 slots, the model has 2 side features");
+    assert_null(e);
+    flame_config_destroy(cfg);
     flame_item_cache_destroy(c1);
     flame_feature_source_destroy(s1);
     assert_int_equal(flame_engine_set_item_cache(f->plain, NULL), FLAME_OK);
@@ -217,10 +191,10 @@ static void test_refused_requests_fetch_nothing(void **state)
     c[1] = 5;
     assert_status_msg(flame_score(f->cached, &r, s, 5), FLAME_ERR_BUFFER_TOO_SMALL, "room for 5 floats");
     /* a valid id-only request beside a bad one: the call is refused before either is fetched */
-    static bags2 hb, cb;
+    static tu_side_bags hb, cb;
     int64_t h2[2] = {7, 8}, c2[1] = {9};
-    build(&hb, h2, 2);
-    build(&cb, c2, 1);
+    tu_side_bags_build(&hb, h2, 2, known);
+    tu_side_bags_build(&cb, c2, 1, known);
     hb.ids[0][1] = 20; /* artist table has 20 rows */
     flame_request two[2] = {r, req(h2, 2, c2, 1, &hb, &cb)};
     float s2[8];

@@ -12,31 +12,15 @@
 #include <sys/wait.h>
 
 #include "testutil.h"
+#include "tu_models.h"
 #include "ucache/user_cache.h"
 #include "core/device.h"
 
 /* SASRec-style dot model, no side features, window 8 */
-static const char *dot_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
-    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":8},\"input_layernorm\":true,"
-    "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
-    "\"layernorm\":{\"eps\":1e-12},\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+static const char *dot_config = TU_DOT_CONFIG(100, 2, "\"input_layernorm\":true,\"layernorm\":{\"eps\":1e-12},");
 
-/* sumi ranker with two side features, window 12 (as tests/test_engine_cache.c) */
-static const char *sumi_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":12,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":100,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
-    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
-    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
-    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
-    "\"combine\":\"concat\",\"projection\":true,"
-    "\"position\":{\"rule\":\"from_recent\",\"rows\":13,\"candidate_position\":12},"
-    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
-    "\"final_layernorm\":true,"
-    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+/* sumi ranker with two side features, window 12 */
+static const char *sumi_config = TU_SUMI_SIDE_CONFIG(100, 12, 13, gelu_tanh);
 
 #define MAX_IDS 40 /* record bound: slot 0 (history) + slot 1 (read by nobody) */
 
@@ -51,23 +35,13 @@ typedef struct fixture {
 } fixture;
 
 /* item i: artist i % 20, genres {i % 5, (i + 1) % 5} for odd i, none for even */
-static int64_t rec_offs(int64_t item, int64_t *offs, int64_t *ids)
-{
-    offs[0] = 0;
-    ids[0] = item % 20;
-    offs[1] = 1;
-    int64_t n = 1;
-    if (item % 2) ids[n++] = item % 5, ids[n++] = (item + 1) % 5;
-    offs[2] = n;
-    return n;
-}
 
 static flame_status fetch(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
 {
     (void)user;
     for (size_t i = 0; i < n; i++) {
         int64_t offs[3], v[3];
-        rec_offs(ids[i], offs, v);
+        tu_item_record(ids[i], offs, v);
         flame_feature_batch_set(out, i, offs, v, (size_t)offs[2], NULL, 0);
     }
     return FLAME_OK;
@@ -82,20 +56,23 @@ static int setup(void **state)
     flame_user_cache_params p = {.struct_size = sizeof p, .capacity = 1024, .num_slots = 2, .max_ids = MAX_IDS,
                                  .mode = 0600};
     flame_feature_source *s;
-    flame_config *cfg;
+    flame_config *dot_cfg, *sumi_cfg;
+    flame_item_cache_params icp = {.struct_size = sizeof icp, .manual_refresh = 1};
+    /* the caching engines are given their caches at creation */
     if (flame_model_create_random(dot_config, 9, &f->dot) || flame_model_create_random(sumi_config, 3, &f->sumi) ||
-        flame_engine_create(f->dot, NULL, &f->plain_dot) || flame_engine_create(f->dot, NULL, &f->dot_uc) ||
-        flame_engine_create(f->sumi, NULL, &f->plain_sumi) || flame_engine_create(f->sumi, NULL, &f->sumi_uc) ||
+        flame_engine_create(f->dot, NULL, &f->plain_dot) || flame_engine_create(f->sumi, NULL, &f->plain_sumi) ||
         flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &f->uc) ||
-        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) || flame_config_create(&cfg)) {
+        flame_feature_source_create_callback(2, fetch, NULL, NULL, &s) || flame_item_cache_create(s, &icp, &f->ic) ||
+        flame_config_create(&dot_cfg) || flame_config_create(&sumi_cfg) ||
+        flame_config_set_pointer(dot_cfg, FLAME_OPT_USER_CACHE, f->uc) ||
+        flame_config_set_pointer(sumi_cfg, FLAME_OPT_USER_CACHE, f->uc) ||
+        flame_config_set_pointer(sumi_cfg, FLAME_OPT_ITEM_CACHE, f->ic) ||
+        flame_engine_create(f->dot, dot_cfg, &f->dot_uc) || flame_engine_create(f->sumi, sumi_cfg, &f->sumi_uc)) {
         fprintf(stderr, "setup: %s\n", flame_last_error());
         return -1;
     }
-    flame_config_set_int(cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
-    if (flame_item_cache_create(s, cfg, &f->ic) || flame_engine_set_item_cache(f->sumi_uc, f->ic) ||
-        flame_engine_set_user_cache(f->dot_uc, f->uc) || flame_engine_set_user_cache(f->sumi_uc, f->uc))
-        return -1;
-    flame_config_destroy(cfg);
+    flame_config_destroy(dot_cfg);
+    flame_config_destroy(sumi_cfg);
     flame_feature_source_destroy(s);
     *state = f;
     return 0;
@@ -196,26 +173,6 @@ static void test_dot_matches_explicit_history(void **state)
     assert_int_equal(stats_of(f->plain_dot).user_cache_hits, 0);
 }
 
-/* Explicit bags of a token list, as the item cache resolves them. */
-typedef struct bags2 {
-    int64_t off[2][64], ids[2][200];
-    flame_bags b[2];
-} bags2;
-
-static void build(bags2 *g, const int64_t *items, size_t n)
-{
-    g->off[0][0] = g->off[1][0] = 0;
-    for (size_t t = 0; t < n; t++) {
-        int64_t offs[3], v[3];
-        rec_offs(items[t], offs, v);
-        for (int s = 0; s < 2; s++) {
-            int64_t k = g->off[s][t];
-            for (int64_t i = offs[s]; i < offs[s + 1]; i++) g->ids[s][k++] = v[i];
-            g->off[s][t + 1] = k;
-        }
-    }
-    for (int s = 0; s < 2; s++) g->b[s] = (flame_bags){g->off[s], g->ids[s], (size_t)g->off[s][n]};
-}
 
 /* Sumi model with side features: the history's bags (and the candidates') come through the
  * item cache; equal to the same request with every bag given on an engine without caches. */
@@ -228,9 +185,9 @@ static void test_side_features_through_item_cache(void **state)
         random_ids(hist, lens[u]);
         random_ids(cand, 5);
         put_history(f->uc, -7 - u, hist, lens[u], 0);
-        static bags2 hb, cb;
-        build(&hb, hist, lens[u]);
-        build(&cb, cand, 5);
+        static tu_side_bags hb, cb;
+        tu_side_bags_build(&hb, hist, lens[u], NULL);
+        tu_side_bags_build(&cb, cand, 5, NULL);
         flame_request want_r = explicit_req(-7 - u, hist, lens[u], cand, 5);
         want_r.history_side = hb.b, want_r.candidate_side = cb.b, want_r.num_side_features = 2;
         flame_request got_r = user_req(-7 - u, cand, 5, 2);
@@ -346,6 +303,38 @@ static void test_short_records_warn(void **state)
     assert_int_equal(flame_engine_set_user_cache(f->plain_dot, NULL), FLAME_OK);
     flame_user_cache_destroy(t);
     flame_user_cache_unlink(short_name);
+}
+
+/* A table whose records carry dense values (not read by the engine) scores as one without. */
+static void test_records_with_dense_values(void **state)
+{
+    fixture *f = *state;
+    char dense_name[80];
+    snprintf(dense_name, sizeof dense_name, "%s-dense", name);
+    flame_user_cache_unlink(dense_name);
+    flame_user_cache_params p = {.struct_size = sizeof p, .capacity = 16, .max_ids = 8, .max_dense = 5};
+    flame_user_cache *t = NULL;
+    assert_int_equal(flame_user_cache_open(dense_name, FLAME_USER_CACHE_CREATE, &p, &t), FLAME_OK);
+    int64_t hist[6], cand[4];
+    random_ids(hist, 6);
+    random_ids(cand, 4);
+    uint32_t lens[1] = {6};
+    float dense[5] = {0.5f, -1.0f, 2.0f, 3.5f, 4.0f};
+    flame_user_features uf = {.struct_size = sizeof uf, .ids = hist, .num_ids = 6, .slot_lens = lens, .dense = dense,
+                              .num_dense = 5};
+    assert_int_equal(flame_user_cache_put(t, 77, &uf), FLAME_OK);
+    assert_int_equal(flame_engine_set_user_cache(f->plain_dot, t), FLAME_OK);
+    flame_request want_r = explicit_req(77, hist, 6, cand, 4), got_r = user_req(77, cand, 4, 0);
+    float want[4], got[4];
+    tu_poison(want, 4);
+    tu_poison(got, 4);
+    assert_int_equal(flame_score(f->plain_dot, &want_r, want, 4), FLAME_OK);
+    assert_int_equal(flame_score(f->plain_dot, &got_r, got, 4), FLAME_OK);
+    assert_memory_equal(want, got, sizeof want);
+    assert_int_equal(stats_of(f->plain_dot).user_cache_hits, 1);
+    assert_int_equal(flame_engine_set_user_cache(f->plain_dot, NULL), FLAME_OK);
+    flame_user_cache_destroy(t);
+    flame_user_cache_unlink(dense_name);
 }
 
 static void test_errors_write_nothing(void **state)
@@ -652,12 +641,11 @@ static void test_gpu_engine(void **state)
     flame_engine *gd, *gs;
     assert_int_equal(flame_config_create(&cfg), FLAME_OK);
     assert_int_equal(flame_config_set_string(cfg, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_config_set_pointer(cfg, FLAME_OPT_USER_CACHE, f->uc), FLAME_OK);
     assert_int_equal(flame_engine_create(f->dot, cfg, &gd), FLAME_OK);
+    assert_int_equal(flame_config_set_pointer(cfg, FLAME_OPT_ITEM_CACHE, f->ic), FLAME_OK);
     assert_int_equal(flame_engine_create(f->sumi, cfg, &gs), FLAME_OK);
     flame_config_destroy(cfg);
-    assert_int_equal(flame_engine_set_user_cache(gd, f->uc), FLAME_OK);
-    assert_int_equal(flame_engine_set_user_cache(gs, f->uc), FLAME_OK);
-    assert_int_equal(flame_engine_set_item_cache(gs, f->ic), FLAME_OK);
     int64_t hist[3][30], cand[3][5];
     const size_t lens[3] = {3, 12, 30};
     flame_request want_d[3], got_d[3], want_s[3], got_s[3];
@@ -695,6 +683,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_side_features_through_item_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_miss_scores_empty_history, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short_records_warn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_records_with_dense_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_write_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_older_layout_callers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_layout_callers, setup, teardown),

@@ -96,7 +96,7 @@ static void set_fail(int64_t id, bool f)
 
 typedef struct fixture {
     flame_feature_source *source;
-    flame_config *cfg;
+    flame_item_cache_params p;
     flame_item_cache *cache;
     flame_feature_batch *out;
 } fixture;
@@ -105,11 +105,11 @@ static int setup(void **state)
 {
     reset_source();
     fixture *f = calloc(1, sizeof *f);
-    if (flame_feature_source_create_callback(2, fetch, NULL, NULL, &f->source) || flame_config_create(&f->cfg) ||
+    if (flame_feature_source_create_callback(2, fetch, NULL, NULL, &f->source) ||
         flame_feature_batch_create(2, &f->out))
         return -1;
-    /* deterministic by default: refreshes run only when a test asks */
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 0);
+    /* deterministic by default: refreshes run only when a test asks, on the test's clock */
+    f->p = (flame_item_cache_params){.struct_size = sizeof f->p, .manual_refresh = 1, .clock_fn = test_clock};
     *state = f;
     return 0;
 }
@@ -119,7 +119,6 @@ static int teardown(void **state)
     fixture *f = *state;
     flame_item_cache_destroy(f->cache);
     flame_feature_batch_destroy(f->out);
-    flame_config_destroy(f->cfg);
     flame_feature_source_destroy(f->source);
     free(f);
     return 0;
@@ -127,8 +126,7 @@ static int teardown(void **state)
 
 static void make_cache(fixture *f)
 {
-    assert_int_equal(flame_item_cache_create(f->source, f->cfg, &f->cache), FLAME_OK);
-    assert_int_equal(flame_item_cache_set_clock(f->cache, test_clock, NULL), FLAME_OK);
+    assert_int_equal(flame_item_cache_create(f->source, &f->p, &f->cache), FLAME_OK);
 }
 
 /* The version served for id (slot 0 = id * 100 + version), -1 if missing. */
@@ -189,7 +187,7 @@ static void test_batch_hits_misses(void **state)
 static void test_ttl_from_popularity(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 0);
+    f->p.refresh_percent = 100; /* no refresh-ahead */
     make_cache(f);
     assert_int_equal(served(f, 7), 0);
     atomic_fetch_add(&now_us, 59 * SEC); /* cold TTL is 1 min */
@@ -217,9 +215,9 @@ static uint64_t ttl_fn(int64_t id, uint64_t previous_hits, void *user)
 static void test_custom_ttl_fn(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 0);
+    f->p.refresh_percent = 100; /* no refresh-ahead */
+    f->p.ttl_fn = ttl_fn;           /* given at creation */
     make_cache(f);
-    assert_int_equal(flame_item_cache_set_ttl_fn(f->cache, ttl_fn, NULL), FLAME_OK);
     served(f, 5), served(f, 6);
     atomic_fetch_add(&now_us, 6 * SEC);
     served(f, 5), served(f, 6);
@@ -261,7 +259,7 @@ static void test_huge_ttls_saturate(void **state)
 static void test_refresh_ahead_manual(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 50);
+    f->p.refresh_percent = 50;
     make_cache(f);
     assert_int_equal(served(f, 9), 0);
     atomic_fetch_add(&now_us, 31 * SEC); /* past 50% of the 60 s TTL */
@@ -283,7 +281,7 @@ static void test_refresh_ahead_manual(void **state)
 static void test_refresh_thread(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 1);
+    f->p.manual_refresh = 0;
     make_cache(f);
     served(f, 11);
     atomic_fetch_add(&now_us, 50 * SEC); /* past the default 80% of 60 s */
@@ -318,9 +316,9 @@ static void test_last_reference_dropped_on_the_refresh_thread(void **state)
     fixture *f = *state;
     flame_feature_source *source;
     assert_int_equal(flame_feature_source_create_callback(2, release_fetch, NULL, NULL, &source), FLAME_OK);
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, 1);
+    f->p.manual_refresh = 0;
     flame_item_cache *c;
-    assert_int_equal(flame_item_cache_create(source, f->cfg, &c), FLAME_OK);
+    assert_int_equal(flame_item_cache_create(source, &f->p, &c), FLAME_OK);
     flame_feature_source_destroy(source); /* the cache holds it */
     assert_int_equal(flame_item_cache_set_clock(c, test_clock, NULL), FLAME_OK);
     rel.main = pthread_self();
@@ -339,9 +337,9 @@ static void test_last_reference_dropped_on_the_refresh_thread(void **state)
 static void test_stale_on_error_with_backoff(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 50);
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_RETRY_MIN_US, 100000);
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_RETRY_MAX_US, 400000);
+    f->p.refresh_percent = 50;
+    f->p.retry_min_us = 100000;
+    f->p.retry_max_us = 400000;
     make_cache(f);
     served(f, 20), served(f, 21);
     atomic_fetch_add(&now_us, 40 * SEC);
@@ -432,7 +430,7 @@ static void test_single_flight(void **state)
 static void test_negative_caching(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_NEGATIVE_TTL_US, 2 * SEC);
+    f->p.negative_ttl_us = 2 * SEC;
     make_cache(f);
     int64_t ids[2] = {5000, 3};
     assert_int_equal(flame_item_cache_get(f->cache, ids, 2, f->out), FLAME_OK);
@@ -457,8 +455,8 @@ static void test_negative_caching(void **state)
 static void test_s3fifo_eviction_order(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_SHARDS, 1);
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, 10); /* small queue: 1 entry */
+    f->p.shards = 1;
+    f->p.max_entries = 10; /* small queue: 1 entry */
     make_cache(f);
     for (int64_t k = 1; k <= 11; k++) served(f, k); /* 11 evicts the oldest, 1 (FIFO) */
     served(f, 2), served(f, 2);                     /* 2 is hit twice... */
@@ -486,8 +484,8 @@ static void test_s3fifo_eviction_order(void **state)
 static void test_bound_with_hot_small_and_ghost_return(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_SHARDS, 1);
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, 1);
+    f->p.shards = 1;
+    f->p.max_entries = 1;
     make_cache(f);
     served(f, 1), served(f, 2), served(f, 2), served(f, 2), served(f, 1); /* 1 returns from the ghost */
     assert_int_equal(stats(f).entries, 1);
@@ -501,8 +499,8 @@ static void test_bound_with_hot_small_and_ghost_return(void **state)
 static void test_byte_bound(void **state)
 {
     fixture *f = *state;
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_SHARDS, 1);
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_BYTES, 4096);
+    f->p.shards = 1;
+    f->p.max_bytes = 4096;
     make_cache(f);
     for (int64_t k = 0; k < 200; k++) served(f, k);
     flame_item_cache_stats s = stats(f);
@@ -606,7 +604,7 @@ static void test_record_ids_must_match_final_offset(void **state)
     flame_feature_source *s0;
     flame_item_cache *c0;
     assert_int_equal(flame_feature_source_create_callback(0, fetch, NULL, NULL, &s0), FLAME_OK);
-    assert_int_equal(flame_item_cache_create(s0, f->cfg, &c0), FLAME_OK);
+    assert_int_equal(flame_item_cache_create(s0, &f->p, &c0), FLAME_OK);
     assert_status_msg(flame_item_cache_put(c0, key, NULL, ids, 1, NULL, 0), FLAME_ERR_INVALID_ARG,
                       "record 0: num_ids = 1, but the records have no slots");
     assert_int_equal(flame_item_cache_put(c0, key, NULL, NULL, 0, NULL, 0), FLAME_OK);
@@ -621,17 +619,34 @@ static void test_arguments_and_options(void **state)
     flame_item_cache *c = (flame_item_cache *)1;
     assert_status_msg(flame_item_cache_create(NULL, NULL, &c), FLAME_ERR_INVALID_ARG, "NULL source");
     assert_null(c);
-    assert_status_msg(flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, 100), FLAME_ERR_INVALID_ARG,
-                      "FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT = 100 is out of range [0, 99]");
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_COLD_TTL_US, 10 * SEC);
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_HOT_TTL_US, 5 * SEC);
-    assert_status_msg(flame_item_cache_create(f->source, f->cfg, &c), FLAME_ERR_INVALID_ARG, "HOT_TTL_US = 5000000 is below");
-    int64_t v;
-    assert_int_equal(flame_config_get_int(f->cfg, FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, &v), FLAME_OK);
-    assert_int_equal(v, 1000000);
+    /* each field's bounds, named */
+    const struct {
+        flame_item_cache_params p;
+        const char *msg;
+    } bad[] = {
+        {{.struct_size = sizeof(flame_item_cache_params), .refresh_percent = 101},
+         "refresh_percent = 101 is out of range [1, 100]"},
+        {{.struct_size = sizeof(flame_item_cache_params), .shards = 4097}, "shards = 4097 is out of range [1, 4096]"},
+        {{.struct_size = sizeof(flame_item_cache_params), .max_bytes = 4095},
+         "max_bytes = 4095 is out of range [4096, 281474976710656]"},
+        {{.struct_size = sizeof(flame_item_cache_params), .max_entries = (1ull << 32) + 1}, "max_entries = 4294967297"},
+        {{.struct_size = sizeof(flame_item_cache_params), .negative_ttl_us = 31536000000001ull}, "negative_ttl_us"},
+        {{.struct_size = sizeof(flame_item_cache_params), .manual_refresh = 2}, "manual_refresh = 2, expected 0 or 1"},
+        {{.struct_size = sizeof(flame_item_cache_params), .cold_ttl_us = 10 * SEC, .hot_ttl_us = 5 * SEC},
+         "hot_ttl_us = 5000000 is below cold_ttl_us = 10000000"},
+        {{.struct_size = sizeof(flame_item_cache_params), .retry_min_us = 2 * SEC, .retry_max_us = SEC},
+         "retry_max_us = 1000000 is below retry_min_us = 2000000"},
+        /* a cold TTL above the default hot one (30 min) needs a hot one given */
+        {{.struct_size = sizeof(flame_item_cache_params), .cold_ttl_us = 3600 * SEC}, "is below cold_ttl_us"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c = (flame_item_cache *)1;
+        assert_status_msg(flame_item_cache_create(f->source, &bad[i].p, &c), FLAME_ERR_INVALID_ARG, bad[i].msg);
+        assert_null(c);
+    }
     flame_item_cache_destroy(NULL);
     flame_item_cache_stats s = {.struct_size = 4};
-    flame_config_set_int(f->cfg, FLAME_OPT_ITEM_CACHE_HOT_TTL_US, 50 * SEC);
+    f->p.cold_ttl_us = 10 * SEC, f->p.hot_ttl_us = 50 * SEC;
     make_cache(f);
     assert_status_msg(flame_item_cache_get_stats(f->cache, &s), FLAME_ERR_INVALID_ARG, "struct_size = 4");
 }

@@ -1,5 +1,5 @@
-/* Model loader: one test per malformed-file class of docs/model-format.md, each asserting
- * the status and the message; plus the dtypes that load. */
+/* Model loader: the malformed-file classes of docs/model-format.md, each asserting the status
+ * and the message (the header cases as one table); plus the dtypes that load. */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -56,7 +56,7 @@ static void test_valid_tiny_model_loads(void **state)
 
 static void test_header_length_beyond_file(void **state)
 {
-    /* the example: a header length of 132,095,296 in a 1 KB file */
+    /* a header length of 132,095,296 in a 1 KB file */
     char junk[1017]; /* 1016 characters + 8 length bytes = 1 KiB */
     memset(junk, ' ', sizeof junk - 1);
     junk[sizeof junk - 1] = '\0';
@@ -85,87 +85,60 @@ static void test_file_too_short(void **state)
     assert_status_msg(load(path), FLAME_ERR_FORMAT, "too short");
 }
 
-static void test_byte_range_disagrees_with_shape(void **state)
-{
-    /* the example: an F32 [1000, 1000] tensor declared over 4 bytes */
-    const char *p = tu_write_st("size.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[1000,"
-                                                               "1000],\"data_offsets\":[0,4]}"),
-                                0, data, 160);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT,
-                      "tensor 'tables.item.weight': byte range is 4 bytes but shape [1000, 1000] x F32 needs 4000000");
-}
+/* Malformed headers over the tiny config, one row each: the tensors of the header, the bytes
+ * of the data buffer, and what the FLAME_ERR_FORMAT message must say. */
+#define T_ITEM(dtype, shape, begin, end)                                                                             \
+    "\"tables.item.weight\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #begin "," #end "]}"
+#define T_ANY(name, dtype, shape, begin, end)                                                                        \
+    "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #begin "," #end "]}"
+static const struct header_case {
+    const char *name, *tensors;
+    size_t data_bytes;
+    const char *want;
+} header_cases[] = {
+    /* an F32 [1000, 1000] tensor declared over 4 bytes */
+    {"size", T_ITEM("F32", "[1000,1000]", 0, 4), 160,
+     "tensor 'tables.item.weight': byte range is 4 bytes but shape [1000, 1000] x F32 needs 4000000"},
+    {"overlap", T_ITEM("F32", "[10,4]", 0, 160) "," T_ANY("x", "F32", "[4]", 150, 166), 200, "overlap"},
+    {"shared", T_ITEM("F32", "[10,4]", 0, 160) "," T_ANY("alias", "F32", "[10,4]", 0, 160), 160,
+     "tensors 'alias' [0, 160) and 'tables.item.weight' [0, 160) overlap"},
+    {"past", T_ITEM("F32", "[10,4]", 0, 160), 100, "ends at byte 160, past the data buffer (100 bytes)"},
+    {"dtype", T_ITEM("I7", "[10,4]", 0, 160), 160, "unsupported dtype 'I7'"},
+    /* the range checks do not depend on knowing the dtype: the overlap is found first */
+    {"dtype_overlap", T_ANY("a", "Q3", "[3]", 0, 100) "," T_ANY("b", "Q3", "[3]", 50, 120), 200, "overlap"},
+    {"dtype_past", T_ANY("a", "Q3", "[3]", 0, 900), 200, "past the data buffer"},
+    {"missing", "", 0, "missing tensor 'tables.item.weight'"},
+    {"shape", T_ITEM("F32", "[10,3]", 0, 120), 120, "tensor 'tables.item.weight' has shape [10, 3], expected [10, 4]"},
+    {"extra", T_ITEM("F32", "[10,4]", 0, 160) "," T_ANY("blocks.0.attn.q.weight", "F32", "[1]", 160, 164), 164,
+     "unexpected tensor 'blocks.0.attn.q.weight'"},
+    /* the data buffer is the tensors' ranges and nothing else: unindexed bytes before, between
+     * or after them are refused, naming the gap */
+    {"gap_end", T_ITEM("F32", "[10,4]", 0, 160), 200,
+     "bytes [160, 200) of the data buffer belong to no tensor (after the last, 'tables.item.weight')"},
+    {"gap_start", T_ITEM("F32", "[10,4]", 40, 200), 200,
+     "bytes [0, 40) of the data buffer belong to no tensor (a gap before 'tables.item.weight')"},
+    {"gap_mid", T_ANY("a", "F32", "[4]", 0, 16) "," T_ITEM("F32", "[10,4]", 32, 192), 192,
+     "bytes [16, 32) of the data buffer belong to no tensor (a gap between 'a' and 'tables.item.weight')"},
+    {"gap_all", "", 16, "the data buffer has 16 bytes but the header lists no tensor"},
+    {"gap_empty", T_ITEM("F32", "[10,4]", 0, 160) "," T_ANY("e", "F32", "[0]", 80, 80), 160,
+     "empty tensor 'e' at byte 80 lies inside 'tables.item.weight' [0, 160)"},
+    /* an empty tensor where the covered bytes end is laid out right (and then refused as extra) */
+    {"empty_end", T_ITEM("F32", "[10,4]", 0, 160) "," T_ANY("e", "F32", "[0]", 160, 160), 160,
+     "unexpected tensor 'e'"},
+};
 
-static void test_overlapping_ranges(void **state)
+static void test_malformed_headers(void **state)
 {
-    const char *p = tu_write_st("overlap.st",
-                                header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
-                                                    "\"data_offsets\":[0,160]},\"x\":{\"dtype\":\"F32\",\"shape\":[4],"
-                                                    "\"data_offsets\":[150,166]}"),
-                                0, data, 200);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "overlap");
-}
-
-static void test_shared_range(void **state)
-{
-    const char *p = tu_write_st("shared.st",
-                                header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
-                                                    "\"data_offsets\":[0,160]},\"alias\":{\"dtype\":\"F32\",\"shape\":"
-                                                    "[10,4],\"data_offsets\":[0,160]}"),
-                                0, data, 160);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensors 'alias' [0, 160) and 'tables.item.weight' [0, 160) overlap");
-}
-
-static void test_range_past_end(void **state)
-{
-    const char *p = tu_write_st("past.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
-                                                               "\"data_offsets\":[0,160]}"),
-                                0, data, 100);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "ends at byte 160, past the data buffer (100 bytes)");
-}
-
-static void test_unknown_dtype(void **state)
-{
-    const char *p = tu_write_st("dtype.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"I7\",\"shape\":[10,4],"
-                                                                "\"data_offsets\":[0,160]}"),
-                                0, data, 160);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "unsupported dtype 'I7'");
-}
-
-static void test_unknown_dtype_still_range_checked(void **state)
-{
-    /* strict checks do not depend on knowing the dtype: the overlap is found first */
-    const char *p = tu_write_st("dtype2.st",
-                                header(tiny_config, "\"a\":{\"dtype\":\"Q3\",\"shape\":[3],\"data_offsets\":[0,100]},"
-                                                    "\"b\":{\"dtype\":\"Q3\",\"shape\":[3],\"data_offsets\":[50,120]}"),
-                                0, data, 200);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "overlap");
-    p = tu_write_st("dtype3.st", header(tiny_config, "\"a\":{\"dtype\":\"Q3\",\"shape\":[3],\"data_offsets\":[0,900]}"), 0,
-                    data, 200);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "past the data buffer");
-}
-
-static void test_missing_tensor(void **state)
-{
-    const char *p = tu_write_st("missing.st", header(tiny_config, ""), 0, data, 0);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "missing tensor 'tables.item.weight'");
-}
-
-static void test_wrong_shape(void **state)
-{
-    const char *p = tu_write_st("shape.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,3],"
-                                                                "\"data_offsets\":[0,120]}"),
-                                0, data, 120);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "tensor 'tables.item.weight' has shape [10, 3], expected [10, 4]");
-}
-
-static void test_unexpected_tensor(void **state)
-{
-    const char *p = tu_write_st("extra.st",
-                                header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
-                                                    "\"data_offsets\":[0,160]},\"blocks.0.attn.q.weight\":{\"dtype\":"
-                                                    "\"F32\",\"shape\":[1],\"data_offsets\":[160,164]}"),
-                                0, data, 164);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "unexpected tensor 'blocks.0.attn.q.weight'");
+    for (size_t i = 0; i < sizeof header_cases / sizeof header_cases[0]; i++) {
+        const struct header_case *c = &header_cases[i];
+        char file[64];
+        snprintf(file, sizeof file, "%s.st", c->name);
+        const char *p = tu_write_st(file, header(tiny_config, c->tensors), 0, data, c->data_bytes);
+        flame_status st = load(p);
+        if (st != FLAME_ERR_FORMAT || !strstr(flame_last_error(), c->want))
+            fail_msg("case '%s': %s (%s), expected FLAME_ERR_FORMAT saying \"%s\"", c->name, flame_status_string(st),
+                     flame_last_error(), c->want);
+    }
 }
 
 static void test_config_out_of_range(void **state)
@@ -255,40 +228,6 @@ static void test_half_dtypes_convert(void **state)
         assert_int_equal(info.num_items, 10);
         flame_model_destroy(m);
     }
-}
-
-/* The data buffer is the tensors' ranges and nothing else: unindexed bytes before, between
- * or after them are refused, naming the gap. */
-static void test_unindexed_bytes(void **state)
-{
-    const char *p = tu_write_st("gap_end.st", header(tiny_config, tiny_tensor), 0, data, 200);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT,
-                      "bytes [160, 200) of the data buffer belong to no tensor (after the last, 'tables.item.weight')");
-    p = tu_write_st("gap_start.st", header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],"
-                                                        "\"data_offsets\":[40,200]}"),
-                    0, data, 200);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT,
-                      "bytes [0, 40) of the data buffer belong to no tensor (a gap before 'tables.item.weight')");
-    p = tu_write_st("gap_mid.st",
-                    header(tiny_config, "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-                                        "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":"
-                                        "[32,192]}"),
-                    0, data, 192);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT,
-                      "bytes [16, 32) of the data buffer belong to no tensor (a gap between 'a' and 'tables.item.weight')");
-    p = tu_write_st("gap_all.st", header(tiny_config, ""), 0, data, 16);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "the data buffer has 16 bytes but the header lists no tensor");
-    p = tu_write_st("gap_empty.st",
-                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":"
-                                        "[0,160]},\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[80,80]}"),
-                    0, data, 160);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "empty tensor 'e' at byte 80 lies inside 'tables.item.weight' [0, 160)");
-    /* an empty tensor where the covered bytes end is laid out right (and then refused as extra) */
-    p = tu_write_st("empty_end.st",
-                    header(tiny_config, "\"tables.item.weight\":{\"dtype\":\"F32\",\"shape\":[10,4],\"data_offsets\":"
-                                        "[0,160]},\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[160,160]}"),
-                    0, data, 160);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "unexpected tensor 'e'");
 }
 
 /* Duplicate keys are found by sorting: a header of 100,000 metadata keys (1.5 MB) loads in
@@ -638,22 +577,13 @@ int main(void)
         cmocka_unit_test(test_header_length_beyond_file),
         cmocka_unit_test(test_header_length_beyond_cap),
         cmocka_unit_test(test_file_too_short),
-        cmocka_unit_test(test_byte_range_disagrees_with_shape),
-        cmocka_unit_test(test_overlapping_ranges),
-        cmocka_unit_test(test_shared_range),
-        cmocka_unit_test(test_range_past_end),
-        cmocka_unit_test(test_unknown_dtype),
-        cmocka_unit_test(test_unknown_dtype_still_range_checked),
-        cmocka_unit_test(test_missing_tensor),
-        cmocka_unit_test(test_wrong_shape),
-        cmocka_unit_test(test_unexpected_tensor),
+        cmocka_unit_test(test_malformed_headers),
         cmocka_unit_test(test_config_out_of_range),
         cmocka_unit_test(test_no_config_and_bad_json),
         cmocka_unit_test(test_io_error_names_file),
         cmocka_unit_test(test_ambiguous_headers),
         cmocka_unit_test(test_fifo_is_refused_not_waited_on),
         cmocka_unit_test(test_half_dtypes_convert),
-        cmocka_unit_test(test_unindexed_bytes),
         cmocka_unit_test(test_large_header_is_not_quadratic),
         cmocka_unit_test(test_non_finite_weights),
         cmocka_unit_test(test_int8_table_loads_and_scores),

@@ -7,32 +7,16 @@
 #include <stdatomic.h>
 
 #include "testutil.h"
+#include "tu_models.h"
 #include "tu_gpu.h"
 #include "engine/engine.h"
 #include "sched/latency.h"
 #include "sched/sched.h"
 
 /* 2 side slots, sumi head with 2 tasks: candidates are tokens, so long requests are split */
-static const char *sumi_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":16,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":500,\"dim\":16},{\"name\":\"artist\",\"rows\":20,\"dim\":8},"
-    "{\"name\":\"genre\",\"rows\":5,\"dim\":8}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"},"
-    "{\"name\":\"artist\",\"table\":\"artist\",\"input\":\"side\"},"
-    "{\"name\":\"genre\",\"table\":\"genre\",\"input\":\"side\",\"pooling\":\"mean\"}],"
-    "\"combine\":\"concat\",\"projection\":true,"
-    "\"position\":{\"rule\":\"from_recent\",\"rows\":17,\"candidate_position\":16},"
-    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_erf\"},"
-    "\"final_layernorm\":true,"
-    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}";
+static const char *sumi_config = TU_SUMI_SIDE_CONFIG(500, 16, 17, gelu_erf);
 
-static const char *dot_config =
-    "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":8,"
-    "\"tables\":[{\"name\":\"item\",\"rows\":2000,\"dim\":16}],"
-    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
-    "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":8},"
-    "\"blocks\":{\"count\":1,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
-    "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+static const char *dot_config = TU_DOT_CONFIG(2000, 1, "");
 
 #define SLOTS 2
 #define MAXC 400

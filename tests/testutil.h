@@ -17,6 +17,15 @@
 
 #include "flame/flame.h"
 
+/* The optional modules the library under test was built with (the Makefile says; a test built
+ * by hand assumes the full library). */
+#ifndef FLAME_WITH_REDIS
+#define FLAME_WITH_REDIS 1
+#endif
+#ifndef FLAME_WITH_NUMA
+#define FLAME_WITH_NUMA 1
+#endif
+
 /* Fresh inputs each run unless FLAME_TEST_SEED pins them; the seed is printed on failure
  * paths through the test name so a run can be replayed. */
 static uint64_t tu_rng_state;

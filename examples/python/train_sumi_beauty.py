@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1] / "python")]  # beauty_data, and 
 import torch  # noqa: E402
 
 import flame  # noqa: E402
-from flame import torch_ref  # noqa: E402
+from flame.tools import torch_ref  # noqa: E402
 from beauty_data import POP_BUCKETS, Beauty  # noqa: E402
 from metrics import auc, hit_rate  # noqa: E402
 
@@ -136,7 +136,7 @@ def main(argv=None):
     train_s = time.time() - t0
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    flame.export(model, args.out)
+    flame.tools.export(model, args.out)
     requests = data.test_requests(args.eval_negatives)
     t0 = time.time()
     st = scores_torch(model, data, requests, args.device)

@@ -27,43 +27,121 @@ extern "C" {
  * not know the id). Sources write into one; callers read from one. */
 typedef struct flame_feature_batch flame_feature_batch;
 
-/* Creates an empty batch for records of num_slots slots (0..64). Not thread-safe per handle,
- * except flame_feature_batch_complete. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out,
- * num_slots out of range); FLAME_ERR_NOMEM. On failure *out is NULL. */
+/*
+ * flame_feature_batch_create: an empty batch for records of num_slots slots.
+ *
+ * Parameters:
+ *   num_slots  slots per record, 0..64.
+ *   out        receives the batch; the caller's, freed with flame_feature_batch_destroy.
+ * Thread-safety: thread-safe; the batch made is not (one thread writes or reads it at a time),
+ *   except flame_feature_batch_complete.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, num_slots out of range: the message
+ *   names it); FLAME_ERR_NOMEM. On failure *out is NULL.
+ */
 FLAME_API flame_status flame_feature_batch_create(int32_t num_slots, flame_feature_batch **out);
+
+/*
+ * flame_feature_batch_destroy: frees a batch and the records it holds.
+ *
+ * Parameters:
+ *   batch    the caller's batch; NULL is a no-op. Pointers from get_slot/get_dense die with it.
+ * Thread-safety: not concurrently with other calls on the same batch.
+ * Returns: nothing.
+ */
 FLAME_API void flame_feature_batch_destroy(flame_feature_batch *batch);
 
-/* Number of records the batch holds (set by the fetch that filled it). NULL gives 0. */
+/*
+ * flame_feature_batch_size: the number of records the batch holds.
+ *
+ * Parameters:
+ *   batch    the batch (its size is set by the fetch or get that filled it); NULL gives 0.
+ * Thread-safety: not concurrently with a write of the same batch.
+ * Returns: the record count, indices 0..count-1.
+ */
 FLAME_API size_t flame_feature_batch_size(const flame_feature_batch *batch);
 
-/* Writes record `index` (< size): its bags in CSR form over the slots (slot s's ids are
- * ids[slot_offsets[s] .. slot_offsets[s+1]-1]; slot_offsets has num_slots + 1 entries,
- * slot_offsets[0] == 0, non-decreasing, slot_offsets[num_slots] == num_ids, the length of
- * ids; slot_offsets may be NULL when num_slots is 0, ids when num_ids is 0; a slot holds at
- * most 2^32 - 1 ids) and num_dense floats (dense may be NULL when 0; at most 65536). The data
- * is copied. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch, index out of range,
- * offsets that break a rule above or contradict num_ids: the message names the record, the
- * slot and both numbers; NULL arrays with content; a record above 4 GiB); FLAME_ERR_NOMEM.
- * On failure the record is left as it was. */
+/*
+ * flame_feature_batch_set: writes record `index` (found).
+ *
+ * Parameters:
+ *   batch         the batch.
+ *   index         the record, < flame_feature_batch_size.
+ *   slot_offsets  [num_slots + 1] int64 CSR offsets over the slots: slot s's ids are
+ *                 ids[slot_offsets[s] .. slot_offsets[s+1]-1]; slot_offsets[0] == 0,
+ *                 non-decreasing, slot_offsets[num_slots] == num_ids; a slot holds at most
+ *                 2^32 - 1 ids. May be NULL when num_slots is 0. Copied.
+ *   ids           [num_ids] int64 ids; may be NULL when num_ids is 0. Copied.
+ *   num_ids       length of ids.
+ *   dense         [num_dense] float32 values; may be NULL when num_dense is 0. Copied.
+ *   num_dense     0..65536.
+ * Thread-safety: not concurrently with other calls on the same batch.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch, index out of range, offsets that break
+ *   a rule above or contradict num_ids: the message names the record, the slot and both
+ *   numbers; NULL arrays with content; num_dense above 65536; a record above 4 GiB);
+ *   FLAME_ERR_NOMEM. On failure the record is left as it was.
+ */
 FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *batch, size_t index, const int64_t *slot_offsets,
                                                const int64_t *ids, size_t num_ids, const float *dense,
                                                size_t num_dense);
-/* Marks record `index` as missing: the source does not know the id. FLAME_ERR_INVALID_ARG
- * for an index out of range. */
+/*
+ * flame_feature_batch_set_missing: marks record `index` as missing (the source does not know
+ * the id).
+ *
+ * Parameters:
+ *   batch    the batch.
+ *   index    the record, < flame_feature_batch_size.
+ * Thread-safety: not concurrently with other calls on the same batch.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch, index out of range: the message gives
+ *   the range).
+ */
 FLAME_API flame_status flame_feature_batch_set_missing(flame_feature_batch *batch, size_t index);
 
-/* Reads record `index`: *found = 1 and the bag of `slot` as ids[0..*count-1] (pointer into
- * the batch, valid until the batch is next written or destroyed), or *found = 0 for a
- * missing record (then *ids = NULL, *count = 0). Returns FLAME_OK; FLAME_ERR_INVALID_ARG
- * (NULL argument, index or slot out of range, record never written). */
+/*
+ * flame_feature_batch_get_slot: reads one bag of record `index`.
+ *
+ * Parameters:
+ *   batch    the batch.
+ *   index    the record, < flame_feature_batch_size.
+ *   slot     0..num_slots-1.
+ *   found    receives 1 for a found record, 0 for a missing one.
+ *   ids      receives the bag, int64 [*count], a pointer into the batch (valid until the batch
+ *            is next written or destroyed); NULL for a missing record.
+ *   count    receives the bag's length (0 for a missing record).
+ * Thread-safety: concurrent reads are safe; not concurrently with a write of the same batch.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch or output, index or slot out of range,
+ *   record never written: the message names it; the outputs untouched).
+ */
 FLAME_API flame_status flame_feature_batch_get_slot(const flame_feature_batch *batch, size_t index, int32_t slot,
                                                     int32_t *found, const int64_t **ids, size_t *count);
-/* Reads the dense floats of record `index` (count 0 when none or missing). As get_slot. */
+/*
+ * flame_feature_batch_get_dense: reads the dense values of record `index`.
+ *
+ * Parameters:
+ *   batch    the batch.
+ *   index    the record, < flame_feature_batch_size.
+ *   dense    receives float32 [*count], a pointer into the batch (valid until the batch is
+ *            next written or destroyed); NULL when the record is missing.
+ *   count    receives the number of values (0 when none or missing).
+ * Thread-safety: as flame_feature_batch_get_slot.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch or output, index out of range, record
+ *   never written; the outputs untouched).
+ */
 FLAME_API flame_status flame_feature_batch_get_dense(const flame_feature_batch *batch, size_t index,
                                                      const float **dense, size_t *count);
 
-/* Async completion: a flame_feature_fetch_async_fn calls this exactly once, from any thread,
- * after writing every record (status FLAME_OK) or with the failure status. Thread-safe. */
+/*
+ * flame_feature_batch_complete: ends an asynchronous fetch into the batch.
+ *
+ * A flame_feature_fetch_async_fn calls this exactly once, from any thread, after writing every
+ * record (status FLAME_OK) or with the failure status; the libflame thread waiting for the
+ * fetch then goes on, so the batch must not be touched after.
+ *
+ * Parameters:
+ *   batch    the batch the fetch was given; NULL is a no-op.
+ *   status   FLAME_OK, or the status the whole fetch fails with (FLAME_ERR_UNAVAILABLE ...).
+ * Thread-safety: thread-safe.
+ * Returns: nothing.
+ */
 FLAME_API void flame_feature_batch_complete(flame_feature_batch *batch, flame_status status);
 
 /* ---------------------------------------------------------------- feature sources */
@@ -84,70 +162,151 @@ typedef flame_status (*flame_feature_fetch_fn)(void *user, const int64_t *ids, s
  * completion (its own work is batched, so one wait covers all the misses of a call). */
 typedef void (*flame_feature_fetch_async_fn)(void *user, const int64_t *ids, size_t n, flame_feature_batch *out);
 
-/* Creates a source backed by a callback (exactly one of fetch / fetch_async non-NULL) whose
- * records have num_slots slots (0..64). `user` is passed back unchanged. Thread-safety of a
- * source: flame_feature_source_fetch may be called concurrently.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG; FLAME_ERR_NOMEM. On failure *out is NULL. */
+/*
+ * flame_feature_source_create_callback: a source backed by the host's callback.
+ *
+ * Parameters:
+ *   num_slots    slots of the source's records, 0..64.
+ *   fetch        the batched callback, or NULL when fetch_async is given.
+ *   fetch_async  the asynchronous callback, or NULL when fetch is given (exactly one).
+ *   user         passed back to the callback unchanged; borrowed for the source's life.
+ *   out          receives the source; the caller's reference, released with
+ *                flame_feature_source_destroy.
+ * Thread-safety: thread-safe; flame_feature_source_fetch may then be called concurrently on
+ *   the source (the callback must be thread-safe).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, both or neither callback, num_slots out
+ *   of range); FLAME_ERR_NOMEM. On failure *out is NULL.
+ */
 FLAME_API flame_status flame_feature_source_create_callback(int32_t num_slots, flame_feature_fetch_fn fetch,
                                                             flame_feature_fetch_async_fn fetch_async, void *user,
                                                             flame_feature_source **out);
 
-/* Creates a source holding a feature file in memory (text format of docs/features.md; ids
- * not in the file are missing). For tests and the embedded default.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL); FLAME_ERR_IO (cannot read);
- * FLAME_ERR_FORMAT (a malformed line: the message names the line number); FLAME_ERR_NOMEM. */
+/*
+ * flame_feature_source_create_file: a source holding a feature file in memory.
+ *
+ * The text format of docs/features.md; ids not in the file are missing. The file is read
+ * whole here and not again. For tests and the embedded default.
+ *
+ * Parameters:
+ *   path     the file name, NUL-terminated; borrowed.
+ *   out      receives the source; the caller's reference, released with
+ *            flame_feature_source_destroy.
+ * Thread-safety: thread-safe; fetches from the source may run concurrently.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path or out); FLAME_ERR_IO (cannot open or
+ *   read: the message carries strerror); FLAME_ERR_FORMAT (no header line, a malformed line, a
+ *   negative or repeated id: the message names the file and line number); FLAME_ERR_NOMEM.
+ *   On failure *out is NULL.
+ */
 FLAME_API flame_status flame_feature_source_create_file(const char *path, flame_feature_source **out);
 
+/* A field left 0 (or NULL) takes its default, so a zeroed struct (with struct_size set) is
+ * valid. */
 typedef struct flame_redis_options {
     size_t struct_size;          /* sizeof(flame_redis_options) */
-    const char *host;            /* NULL = "127.0.0.1" (copied) */
-    int32_t port;                /* 0 = 6379 */
-    const char *key_prefix;      /* NULL = "flame:item:"; key = prefix + decimal id (copied) */
+    const char *host;            /* NULL = "127.0.0.1"; at most 255 bytes (copied) */
+    int32_t port;                /* 0 = 6379; 0..65535 */
+    const char *key_prefix;      /* NULL = "flame:item:"; key = prefix + decimal id; at most 127
+                                    bytes (copied) */
     int32_t num_slots;           /* slots per record, 0..64 */
-    int32_t connect_timeout_ms;  /* 0 = 200 */
+    int32_t connect_timeout_ms;  /* 0 = 200; 0..600000 */
     int32_t read_timeout_ms;     /* per fetch: all its replies are in within this of its sending (however
                                     slowly a server trickles bytes), and it waits no longer for the
-                                    connection; 0 = 200 */
-    int32_t keys_per_command;    /* keys per MGET; the MGETs of one fetch are pipelined. 0 = 256 */
-    int32_t backoff_min_ms;      /* first delay before reconnecting after a failure; 0 = 10 */
-    int32_t backoff_max_ms;      /* the delay doubles per failure up to this; 0 = 2000 */
+                                    connection; 0 = 200; 0..600000 */
+    int32_t keys_per_command;    /* keys per MGET; the MGETs of one fetch are pipelined. 0 = 256;
+                                    0..65536 */
+    int32_t backoff_min_ms;      /* first delay before reconnecting after a failure; 0 = 10; 0..600000 */
+    int32_t backoff_max_ms;      /* the delay doubles per failure up to this; 0 = 2000; 0..600000
+                                    (raised to backoff_min_ms when below it) */
 } flame_redis_options;
 
-/* Creates a source reading records from a Redis server through hiredis (encoding:
- * docs/features.md). The connection is made at creation (a failure is reported then) and
- * remade on demand: a fetch whose connection broke since the last one is retried once on a
- * fresh connection, within the same read deadline; after a failed connect, fetches fail at
- * once with FLAME_ERR_UNAVAILABLE until the backoff delay has passed. A fetch holds the
- * source's connection for its duration (concurrent fetches are serialized): a fetch waits at
- * most read_timeout_ms for it, then connects if needed (connect_timeout_ms) and reads its
- * replies within read_timeout_ms, so it returns within about connect_timeout_ms + 2 x
- * read_timeout_ms whatever the server does (FLAME_ERR_UNAVAILABLE on a timeout, naming it;
- * an MGET reply of the wrong length or type too, naming both lengths or the type). A value
- * that does not decode makes the
- * fetch fail with FLAME_ERR_FORMAT naming the key.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096, values out of
- * range); FLAME_ERR_UNAVAILABLE (cannot connect: the message names host, port and the
- * reason); FLAME_ERR_NOMEM. On failure *out is NULL. */
+/*
+ * flame_feature_source_create_redis: a source reading records from a Redis server.
+ *
+ * Through hiredis; encoding and keys: docs/features.md. The connection is made at creation (a
+ * failure is reported then) and remade on demand: a fetch whose connection broke since the
+ * last one is retried once on a fresh connection, within the same read deadline; after a
+ * failed connect, fetches fail at once with FLAME_ERR_UNAVAILABLE until the backoff delay has
+ * passed. A fetch holds the source's connection for its duration (concurrent fetches are
+ * serialized): it waits at most read_timeout_ms for it, then connects if needed
+ * (connect_timeout_ms) and reads its replies within read_timeout_ms, so it returns within
+ * about connect_timeout_ms + 2 x read_timeout_ms whatever the server does
+ * (FLAME_ERR_UNAVAILABLE on a timeout, naming it; an MGET reply of the wrong length or type
+ * too, naming both lengths or the type, and an array reply announcing more than 65536
+ * elements). A value that does not decode makes the fetch fail with FLAME_ERR_FORMAT naming
+ * the key.
+ *
+ * Parameters:
+ *   options  read by the struct_size rule; the strings are copied.
+ *   out      receives the source; the caller's reference, released with
+ *            flame_feature_source_destroy.
+ * Thread-safety: thread-safe; fetches from the source may run concurrently (serialized on its
+ *   connection, as above).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL options or out, struct_size outside 8..4096, a
+ *   value out of its range above: the message names it); FLAME_ERR_UNAVAILABLE (cannot
+ *   connect: the message names host, port and the reason); FLAME_ERR_NOMEM;
+ *   FLAME_ERR_UNSUPPORTED (a library built without Redis, make WITH_REDIS=0). On failure *out
+ *   is NULL.
+ */
 FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_options *options,
                                                          flame_feature_source **out);
 
-/* Writes every record of a feature file (docs/features.md) into Redis under the options'
- * prefix, pipelined; *written (may be NULL) gets the number of records. Existing keys are
- * overwritten. Returns FLAME_OK; the statuses of flame_feature_source_create_file and
- * flame_feature_source_create_redis; FLAME_ERR_UNAVAILABLE for a failed write. */
+/*
+ * flame_redis_load_features: writes every record of a feature file into Redis.
+ *
+ * Under the options' prefix, pipelined (SET, 1000 a round trip); existing keys are
+ * overwritten. A failure part-way leaves the records written before it in Redis.
+ *
+ * Parameters:
+ *   options  as flame_feature_source_create_redis; num_slots must equal the file's.
+ *   path     the feature file (docs/features.md), NUL-terminated; borrowed.
+ *   written  receives the number of records written, also on failure (may be NULL).
+ * Thread-safety: thread-safe (its own connection).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path, options' num_slots other than the
+ *   file's: the message gives both); the statuses of flame_feature_source_create_file and
+ *   flame_feature_source_create_redis; FLAME_ERR_UNAVAILABLE (a write failed: the message names
+ *   the server); FLAME_ERR_UNSUPPORTED (a library built without Redis, make WITH_REDIS=0).
+ */
 FLAME_API flame_status flame_redis_load_features(const flame_redis_options *options, const char *path,
                                                  uint64_t *written);
 
-/* Records the source's slot count. NULL gives -1. */
+/*
+ * flame_feature_source_num_slots: the slot count of the source's records.
+ *
+ * Parameters:
+ *   source   the source; NULL gives -1.
+ * Thread-safety: thread-safe.
+ * Returns: the slot count (0..64), or -1 for NULL.
+ */
 FLAME_API int32_t flame_feature_source_num_slots(const flame_feature_source *source);
 
-/* Fetches the records of ids[0..n-1] into `out` (reset to size n; out's num_slots must
- * equal the source's). Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG; the source's
- * failure (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT); FLAME_ERR_NOMEM. */
+/*
+ * flame_feature_source_fetch: fetches the records of ids from the source, uncached.
+ *
+ * Parameters:
+ *   source   the source.
+ *   ids      [n] int64 item ids; may be NULL when n is 0; borrowed.
+ *   n        the number of ids.
+ *   out      reset to size n and written (record i for ids[i]); its num_slots must equal the
+ *            source's.
+ * Thread-safety: thread-safe (concurrent fetches on one source), each with its own out.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source or out, NULL ids with n > 0, slot
+ *   counts that differ, a callback that returned FLAME_OK with a record unwritten: the message
+ *   names the record and id); the source's failure (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT,
+ *   or the status a callback returned); FLAME_ERR_NOMEM.
+ */
 FLAME_API flame_status flame_feature_source_fetch(flame_feature_source *source, const int64_t *ids, size_t n,
                                                   flame_feature_batch *out);
 
-/* Releases the caller's reference; caches using the source hold their own. NULL is a no-op. */
+/*
+ * flame_feature_source_destroy: releases the caller's reference to a source.
+ *
+ * Caches using the source hold their own; the source goes with the last reference.
+ *
+ * Parameters:
+ *   source   the caller's source; NULL is a no-op.
+ * Thread-safety: not concurrently with the caller's other calls on the same handle.
+ * Returns: nothing.
+ */
 FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
 
 /* ---------------------------------------------------------------- item cache */
@@ -158,20 +317,20 @@ FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
  *   replace entries and free the old ones only once no reader can hold them (epoch-based
  *   reclamation, docs/memory.md). The ids of one call are looked up with their cache misses
  *   overlapped, so large calls are much cheaper per id than one-id calls.
- * - Bounded by entries and bytes (FLAME_OPT_ITEM_CACHE_MAX_*); eviction by S3-FIFO (a small
+ * - Bounded by entries and bytes (flame_item_cache_params); eviction by S3-FIFO (a small
  *   probationary FIFO, a main FIFO with reinsertion of entries hit since their last pass,
  *   and a ghost FIFO of recently evicted keys), which keeps one-hit wonders out of the main
  *   queue (docs/benchmarks.md compares it with LRU).
  * - TTL per entry from its popularity: ttl_fn(id, hits during the previous lifetime); the
- *   default grows linearly from COLD_TTL (0 hits) to HOT_TTL (HOT_HITS hits or more).
- * - Refresh-ahead: a hit past REFRESH_PERCENT of its TTL on an entry hit REFRESH_MIN_HITS
+ *   default grows linearly from cold_ttl_us (0 hits) to hot_ttl_us (hot_hits hits or more).
+ * - Refresh-ahead: a hit past refresh_percent of its TTL on an entry hit refresh_min_hits
  *   times schedules a background refresh; the old value is served meanwhile. A failed
  *   refresh keeps the value (served stale after expiry, counted) and is retried with
  *   exponential backoff until it succeeds or the entry is evicted or overwritten.
  * - Single-flight: concurrent misses of one id cause one fetch; all the misses of one call
  *   go to the source in one batched fetch.
  * - Negative caching: an id the source reports missing is cached as missing for
- *   NEGATIVE_TTL; readers get "missing" (the engine then uses empty bags, which pool to zero
+ *   negative_ttl_us; readers get "missing" (the engine then uses empty bags, which pool to zero
  *   vectors: docs/model-format.md).
  * - No lost updates: a fetch or refresh that started before a flame_item_cache_put or
  *   flame_item_cache_invalidate of the same id never installs its (older) result.
@@ -182,68 +341,197 @@ FLAME_API void flame_feature_source_destroy(flame_feature_source *source);
  *   would wait for that thread forever). Pre-fork servers create their caches in the workers. */
 typedef struct flame_item_cache flame_item_cache;
 
-/* Creates a cache in front of `source` (the cache holds a reference) with the item cache
- * options of `config` (NULL = defaults). Starts the refresh thread unless
- * FLAME_OPT_ITEM_CACHE_REFRESH_THREAD is 0.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source/out, HOT_TTL < COLD_TTL,
- * RETRY_MAX < RETRY_MIN); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (thread creation failed).
- * On failure *out is NULL. */
-FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_config *config,
-                                               flame_item_cache **out);
-
-/* Releases the caller's reference; engines using the cache hold their own. The refresh
- * thread stops (after finishing the fetch it is in) when the last reference goes. No call
- * on this handle may run concurrently by the caller. The last reference may go on the refresh
- * thread itself, from the source's callback (a host language's garbage collector may drop it
- * there): that thread then frees the cache when its refresh is done. NULL is a no-op. */
-FLAME_API void flame_item_cache_destroy(flame_item_cache *cache);
-
-/* Clock used for TTLs and retry times, in microseconds on any monotonic base. For tests;
- * default CLOCK_MONOTONIC. fn NULL restores the default. Call before the cache is shared
- * (not thread-safe). Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
+/* A clock in microseconds on any monotonic base. */
 typedef uint64_t (*flame_clock_fn)(void *user);
-FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
 
 /* TTL policy: returns the TTL in us (0 is raised to 1) of a fresh value of `id` given the
  * hits the id's entry had during its previous lifetime (0 for a first insert). Any value up
  * to UINT64_MAX is valid: the expiry (now + TTL) and the refresh-ahead point (now +
- * REFRESH_PERCENT of the TTL) saturate at UINT64_MAX, so UINT64_MAX, or any TTL reaching past
- * the clock's range, means "never expires" (refresh-ahead still applies). Hits are
- * counted one by one up to 1024, then sampled (an unbiased estimate, within a few percent) so
- * that hot entries are not written on every hit; two threads hitting one entry at the same
- * instant may count once. Called with a shard lock held: it must be fast and must not call
- * into the cache. fn NULL restores the default. Call before the cache is shared (not
- * thread-safe). Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
+ * refresh_percent of the TTL) saturate at UINT64_MAX, so UINT64_MAX, or any TTL reaching past
+ * the clock's range, means "never expires" (refresh-ahead still applies). Hits are counted
+ * one by one up to 1024, then sampled (an unbiased estimate, within a few percent) so that
+ * hot entries are not written on every hit; two threads hitting one entry at the same instant
+ * may count once. Called with a shard lock held: it must be fast and must not call into the
+ * cache. */
 typedef uint64_t (*flame_ttl_fn)(int64_t id, uint64_t previous_hits, void *user);
+
+/* A field left 0 (or NULL) takes its default, so a zeroed struct (with struct_size set) is
+ * valid; the fields an older (shorter) struct lacks take their defaults too. Times are
+ * microseconds, at most a year (31536000000000). */
+typedef struct flame_item_cache_params {
+    size_t struct_size;          /* sizeof(flame_item_cache_params) */
+    uint64_t max_entries;        /* most entries held (negative entries included); 0 = 1000000;
+                                    up to 2^32 */
+    uint64_t max_bytes;          /* most bytes of records held (the record encoding of
+                                    docs/features.md plus 64 bytes of bookkeeping per entry);
+                                    0 = 1 GiB; 4096..2^48 */
+    uint64_t hot_ttl_us;         /* TTL of the hottest entries under the default TTL function;
+                                    0 = 30 min; at least cold_ttl_us */
+    uint64_t cold_ttl_us;        /* TTL of cold entries (never hit) under it; 0 = 1 min */
+    uint64_t hot_hits;           /* hits during an entry's previous lifetime that make it fully hot
+                                    (the default TTL grows linearly from cold to hot up to this
+                                    many hits); 0 = 32; up to 2^32 */
+    uint64_t negative_ttl_us;    /* TTL of negative entries (ids the source does not know);
+                                    0 = 10 s */
+    uint64_t refresh_min_hits;   /* hits an entry needs in its current lifetime before a hit may
+                                    schedule a refresh ("popular"); 0 = 2; up to 2^32 */
+    uint64_t retry_min_us;       /* first retry delay after a failed refresh, doubling per failure
+                                    up to retry_max_us; 0 = 100 ms */
+    uint64_t retry_max_us;       /* 0 = 30 s; at least retry_min_us */
+    uint32_t shards;             /* independent locks, rounded up to a power of two; 0 = 64;
+                                    up to 4096 */
+    uint32_t refresh_percent;    /* refresh-ahead point: percent of the TTL after which a hit
+                                    schedules a background refresh; 0 = 80; 1..99; 100 =
+                                    refresh-ahead off */
+    int32_t manual_refresh;      /* 0 (default): a background thread runs refreshes; 1: none, the
+                                    caller runs them with flame_item_cache_run_refresh */
+    flame_ttl_fn ttl_fn;         /* TTL policy; NULL = the default above */
+    void *ttl_user;              /* passed to ttl_fn; borrowed for the cache's life */
+    flame_clock_fn clock_fn;     /* clock of TTLs and retries (for tests); NULL = CLOCK_MONOTONIC */
+    void *clock_user;            /* passed to clock_fn; borrowed for the cache's life */
+} flame_item_cache_params;
+
+/*
+ * flame_item_cache_create: a cache in front of a feature source.
+ *
+ * Starts the refresh thread unless params->manual_refresh is 1.
+ *
+ * Parameters:
+ *   source   the source misses and refreshes are fetched from; the cache holds a reference.
+ *   params   read by the struct_size rule and copied; NULL = the defaults.
+ *   out      receives the cache; the caller's reference, released with
+ *            flame_item_cache_destroy.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source or out, struct_size outside 8..4096, a
+ *   field out of its range above, hot_ttl_us below cold_ttl_us, retry_max_us below
+ *   retry_min_us: the message names the field and its bounds or both values);
+ *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (the refresh thread could not be started). On failure
+ *   *out is NULL.
+ * Math: eviction by S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
+ *   SOSP 2023).
+ */
+FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_item_cache_params *params,
+                                               flame_item_cache **out);
+
+/*
+ * flame_item_cache_destroy: releases the caller's reference to a cache.
+ *
+ * Engines using the cache hold their own. When the last reference goes, the refresh thread
+ * stops (after finishing the fetch it is in) and the cache is freed. The last reference may go
+ * on the refresh thread itself, from the source's callback (a host language's garbage
+ * collector may drop it there): that thread then frees the cache when its refresh is done.
+ *
+ * Parameters:
+ *   cache    the caller's cache; NULL is a no-op.
+ * Thread-safety: not concurrently with the caller's other calls on the same handle (engines'
+ *   calls use their own reference).
+ * Returns: nothing.
+ */
+FLAME_API void flame_item_cache_destroy(flame_item_cache *cache);
+
+/*
+ * flame_item_cache_set_clock: the clock of TTLs and retry times, after creation.
+ *
+ * Kept for 0.2.x programs written against it; flame_item_cache_params.clock_fn gives the
+ * clock at creation. For tests; the default is CLOCK_MONOTONIC.
+ *
+ * Parameters:
+ *   cache    the cache.
+ *   fn       the clock; NULL restores the default. Called from scoring and refresh threads.
+ *   user     passed to fn unchanged; borrowed while fn is installed.
+ * Thread-safety: before the cache is shared (entries stamped by another clock keep their
+ *   times).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache).
+ */
+FLAME_API flame_status flame_item_cache_set_clock(flame_item_cache *cache, flame_clock_fn fn, void *user);
+
+/*
+ * flame_item_cache_set_ttl_fn: the TTL policy of the cache's fresh values, after creation.
+ *
+ * Kept for 0.2.x programs written against it; flame_item_cache_params.ttl_fn gives the policy
+ * at creation.
+ *
+ * Parameters:
+ *   cache    the cache.
+ *   fn       the policy (flame_ttl_fn); NULL restores the default (linear from cold_ttl_us at 0
+ *            hits to hot_ttl_us at hot_hits hits).
+ *   user     passed to fn unchanged; borrowed while fn is installed.
+ * Thread-safety: before the cache is shared (entries in it keep their TTLs).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache).
+ */
 FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *cache, flame_ttl_fn fn, void *user);
 
-/* Gets the records of ids[0..n-1] into `out` (reset to size n; its num_slots must equal the
- * source's): hits are copied, the misses of the call fetched in one batch (joining fetches
- * of other threads already in flight), cached and copied. Missing ids come back missing.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG; the source's failure status when the fetch of a
- * miss failed (nothing is cached for those ids; other records are still written);
- * FLAME_ERR_NOMEM. */
+/*
+ * flame_item_cache_get: the records of ids, from the cache or fetched.
+ *
+ * Hits are copied; the misses of the call are fetched in one batch (joining fetches of other
+ * threads already in flight), cached and copied. Missing ids come back missing.
+ *
+ * Parameters:
+ *   cache    the cache.
+ *   ids      [n] int64 item ids (repeats allowed); may be NULL when n is 0; borrowed.
+ *   n        the number of ids.
+ *   out      reset to size n and written (record i for ids[i]); its num_slots must equal the
+ *            source's.
+ * Thread-safety: thread-safe (hits take no lock), each call with its own out.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or out, NULL ids with n > 0, slot counts
+ *   that differ); the source's failure status when the fetch of a miss failed (nothing is
+ *   cached for those ids, whose records in out read as never written; the others are
+ *   written); FLAME_ERR_NOMEM.
+ */
 FLAME_API flame_status flame_item_cache_get(flame_item_cache *cache, const int64_t *ids, size_t n,
                                             flame_feature_batch *out);
 
-/* Writes a record for `id`, replacing any value and cancelling the installation of fetches
- * already in flight for it: its bags as flame_feature_batch_set takes them (slot_offsets
- * [num_slots + 1] with slot_offsets[num_slots] == num_ids, ids [num_ids]; NULL slot_offsets
- * with num_slots 0) and dense [num_dense]. Its TTL comes from the TTL function.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache, and the checks of
- * flame_feature_batch_set: the message names the slot and both numbers); FLAME_ERR_NOMEM.
- * On failure the cache is unchanged. */
+/*
+ * flame_item_cache_put: writes the record of `id` into the cache.
+ *
+ * Replaces any value and cancels the installation of fetches already in flight for the id.
+ * Its TTL comes from the TTL function.
+ *
+ * Parameters:
+ *   cache         the cache.
+ *   id            the item id.
+ *   slot_offsets  [num_slots + 1] int64, as flame_feature_batch_set takes them
+ *                 (slot_offsets[num_slots] == num_ids); NULL with num_slots 0. Copied.
+ *   ids           [num_ids] int64; copied.
+ *   num_ids       length of ids.
+ *   dense         [num_dense] float32; copied.
+ *   num_dense     0..65536.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache, and the checks of
+ *   flame_feature_batch_set: the message names the slot and both numbers); FLAME_ERR_NOMEM.
+ *   On failure the cache is unchanged.
+ */
 FLAME_API flame_status flame_item_cache_put(flame_item_cache *cache, int64_t id, const int64_t *slot_offsets,
                                             const int64_t *ids, size_t num_ids, const float *dense,
                                             size_t num_dense);
 
-/* Drops `id` (the next get fetches it); fetches in flight for it are not installed.
- * Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache). */
+/*
+ * flame_item_cache_invalidate: drops the entry of `id`.
+ *
+ * The next get fetches it; fetches in flight for it are not installed.
+ *
+ * Parameters:
+ *   cache    the cache.
+ *   id       the item id (an id not cached is no error).
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache).
+ */
 FLAME_API flame_status flame_item_cache_invalidate(flame_item_cache *cache, int64_t id);
 
-/* Runs the refreshes that are due now in the calling thread (for caches made with
- * REFRESH_THREAD 0, and tests); *refreshed (may be NULL) gets the number of ids fetched.
- * Returns FLAME_OK even when refreshes failed (they are counted and rescheduled). */
+/*
+ * flame_item_cache_run_refresh: runs the refreshes due now, in the calling thread.
+ *
+ * For caches made with manual_refresh 1, and tests.
+ *
+ * Parameters:
+ *   cache      the cache.
+ *   refreshed  receives the number of ids fetched (may be NULL).
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK, also when refreshes failed (they are counted in
+ *   flame_item_cache_stats.refresh_failures and rescheduled); FLAME_ERR_INVALID_ARG (NULL
+ *   cache).
+ */
 FLAME_API flame_status flame_item_cache_run_refresh(flame_item_cache *cache, uint64_t *refreshed);
 
 typedef struct flame_item_cache_stats {
@@ -259,8 +547,17 @@ typedef struct flame_item_cache_stats {
     uint64_t bytes;             /* bytes held now (records + bookkeeping) */
 } flame_item_cache_stats;
 
-/* Fills *stats. Thread-safe (counters read one by one, not as one snapshot).
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+/*
+ * flame_item_cache_get_stats: the cache's counters.
+ *
+ * Parameters:
+ *   cache    the cache.
+ *   stats    written up to stats->struct_size bytes (the struct_size rule); the caller sets
+ *            struct_size.
+ * Thread-safety: thread-safe (counters read one by one, not as one snapshot).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or stats, stats->struct_size outside
+ *   8..4096; *stats untouched).
+ */
 FLAME_API flame_status flame_item_cache_get_stats(flame_item_cache *cache, flame_item_cache_stats *stats);
 
 #ifdef __cplusplus

@@ -48,9 +48,25 @@ extern "C" {
 #define FLAME_VERSION_NUMBER (FLAME_VERSION_MAJOR * 10000 + FLAME_VERSION_MINOR * 100 + FLAME_VERSION_PATCH)
 #define FLAME_VERSION_STRING "0.2.0"
 
-/* The version of the library actually loaded, as FLAME_VERSION_NUMBER. Thread-safe. */
+/*
+ * flame_version: the version of the library actually loaded.
+ *
+ * Compare it with FLAME_VERSION_NUMBER (the header built against) to detect a mismatched
+ * libflame.so at run time.
+ *
+ * Parameters: none.
+ * Thread-safety: thread-safe.
+ * Returns: MAJOR * 10000 + MINOR * 100 + PATCH of the loaded library.
+ */
 FLAME_API unsigned flame_version(void);
-/* The same as a static string "MAJOR.MINOR.PATCH". Thread-safe. */
+
+/*
+ * flame_version_string: the loaded library's version as text.
+ *
+ * Parameters: none.
+ * Thread-safety: thread-safe.
+ * Returns: a static string "MAJOR.MINOR.PATCH" (never NULL; not to be freed).
+ */
 FLAME_API const char *flame_version_string(void);
 
 /* ---------------------------------------------------------------- status */
@@ -70,14 +86,29 @@ typedef enum flame_status {
     FLAME_ERR_UNAVAILABLE = 9       /* a feature source could not be reached, timed out or failed */
 } flame_status;
 
-/* Static, never-NULL name of a status ("FLAME_ERR_FORMAT"); unknown values give
- * "FLAME_ERR_UNKNOWN". Thread-safe. */
+/*
+ * flame_status_string: the name of a status.
+ *
+ * Parameters:
+ *   status   any value; values this library does not know are accepted.
+ * Thread-safety: thread-safe.
+ * Returns: a static, never-NULL string naming the status ("FLAME_ERR_FORMAT"); unknown values
+ *   give "FLAME_ERR_UNKNOWN".
+ */
 FLAME_API const char *flame_status_string(flame_status status);
 
-/* The detailed message of the last failing call made by the calling thread (per-thread
- * storage), e.g. "tensor 'blocks.0.attn.q.weight' has shape [64, 32], expected [64, 64]".
- * Empty string if no call on this thread has failed. The pointer stays valid until the next
- * libflame call on the same thread. */
+/*
+ * flame_last_error: the detailed message of the calling thread's last failed call.
+ *
+ * E.g. "tensor 'blocks.0.attn.q.weight' has shape [64, 32], expected [64, 64]". Every call
+ * that returns a flame_status clears it on entry, so after a FLAME_OK it is empty.
+ *
+ * Parameters: none.
+ * Thread-safety: thread-safe; the message is per thread, so concurrent calls on other threads
+ *   never change it.
+ * Returns: a NUL-terminated string owned by the library (empty when the thread's last call
+ *   succeeded or it made none); its contents change with the thread's next libflame call.
+ */
 FLAME_API const char *flame_last_error(void);
 
 /* ---------------------------------------------------------------- logging */
@@ -93,51 +124,94 @@ typedef enum flame_log_level {
  * libflame, concurrently; it must not call back into libflame. */
 typedef void (*flame_log_fn)(flame_log_level level, const char *message, void *user);
 
-/* Installs the process-wide log hook (NULL = no logging, the default) and the most verbose
- * level delivered. Thread-safe: once it returns, no line reaches the previous hook (it waits
- * for lines being delivered), and every line reaches a hook with that hook's own user pointer.
- * Returns FLAME_OK, or FLAME_ERR_INVALID_ARG for a level outside FLAME_LOG_ERROR..FLAME_LOG_DEBUG. */
+/*
+ * flame_set_log_callback: installs the process-wide log hook.
+ *
+ * Parameters:
+ *   fn         the hook; NULL = no logging (the default).
+ *   user       passed back to fn unchanged; borrowed until the hook is replaced.
+ *   max_level  the most verbose level delivered (FLAME_LOG_ERROR..FLAME_LOG_DEBUG).
+ * Thread-safety: thread-safe. Once it returns, no line reaches the previous hook (it waits for
+ *   lines being delivered), and every line reaches a hook with that hook's own user pointer.
+ *   Not to be called from a hook (it would wait for itself).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG for max_level outside FLAME_LOG_ERROR..FLAME_LOG_DEBUG
+ *   (the message names it; the previous hook stays).
+ */
 FLAME_API flame_status flame_set_log_callback(flame_log_fn fn, void *user, flame_log_level max_level);
 
 /* ---------------------------------------------------------------- model */
 
 typedef struct flame_model flame_model;
 
-/* Loads a flame model file (one safetensors file with a "flame.config" metadata entry;
- * docs/model-format.md). The file is mmap'ed read-only and validated completely before any
- * weight is read; F32 weights are used in place, F16/BF16 ones converted once to float32, and
- * int8 row-wise quantized tables (I8 + per-row scale and bias) are kept int8 and used in place:
- * every reader dequantizes them on the fly (docs/model-format.md, "int8 tables").
- * The file may be changed or removed after return only if it is not replaced in place
- * (the mapping keeps the old inode alive).
- * Ownership: *out is the caller's; free with flame_model_destroy. Engines created from the
- * model hold a reference, so the caller may destroy the model before its engines.
- * Thread-safety: a loaded model is immutable and may be shared by any number of threads.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path or out); FLAME_ERR_IO (cannot open,
- * stat or map); FLAME_ERR_FORMAT (any check of docs/model-format.md fails, among them bytes of
- * the data buffer outside every tensor, duplicate JSON keys and NaN or Inf weights; the message
- * names the tensor or config key and the limit or offending value); FLAME_ERR_NOMEM. On failure
- * *out is set to NULL. */
+/*
+ * flame_model_load: loads a flame model file.
+ *
+ * The file is one safetensors file with a "flame.config" metadata entry
+ * (docs/model-format.md). It is mmap'ed read-only and validated completely before any weight
+ * is read; F32 weights are used in place, F16/BF16 ones converted once to float32, and int8
+ * row-wise quantized tables (I8 + per-row scale and bias) are kept int8 and used in place:
+ * every reader dequantizes them on the fly (docs/model-format.md, "int8 tables"). The file
+ * may be removed or renamed after return, but not rewritten in place (the mapping reads it).
+ *
+ * Parameters:
+ *   path     file name, NUL-terminated; borrowed.
+ *   out      receives the model; the caller's, freed with flame_model_destroy. Engines made
+ *            from the model hold a reference, so it may be destroyed before them.
+ * Thread-safety: thread-safe; a loaded model is immutable and may be shared by any number of
+ *   threads.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path or out); FLAME_ERR_IO (cannot open, stat
+ *   or map the file); FLAME_ERR_FORMAT (any check of docs/model-format.md fails, among them
+ *   bytes of the data buffer outside every tensor, duplicate JSON keys and NaN or Inf weights;
+ *   the message names the file, the tensor or config key and the limit or offending value);
+ *   FLAME_ERR_NOMEM. On failure *out is NULL.
+ * Math: the architecture the config describes, docs/model-format.md.
+ */
 FLAME_API flame_status flame_model_load(const char *path, flame_model **out);
 
-/* Creates a model from a flame.config JSON document (docs/model-format.md) with random
- * weights drawn deterministically from `seed` (splitmix64; the same seed and config give
- * bitwise-identical weights on every platform): linear weights and tables uniform in
- * [-1/sqrt(in), 1/sqrt(in)], biases 0.01 x uniform, LayerNorm weight 1 + 0.1 x uniform.
- * For tests, benchmarks and the embedded default. Ownership and thread-safety as
- * flame_model_load. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL argument);
- * FLAME_ERR_FORMAT (config invalid or out of range); FLAME_ERR_NOMEM. */
+/*
+ * flame_model_create_random: a model with deterministic random weights.
+ *
+ * For tests, benchmarks and the embedded default. The same seed and config give
+ * bitwise-identical weights on every platform.
+ *
+ * Parameters:
+ *   config_json  a flame.config JSON document (docs/model-format.md), NUL-terminated; borrowed.
+ *   seed         the generator's seed.
+ *   out          receives the model; ownership as flame_model_load.
+ * Thread-safety: thread-safe; the model as flame_model_load's.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config_json or out); FLAME_ERR_FORMAT (config
+ *   invalid or out of range: the message names the key); FLAME_ERR_NOMEM. On failure *out is
+ *   NULL.
+ * Math: splitmix64 (Steele, Lea and Flood, OOPSLA 2014) draws linear weights and tables uniform
+ *   in [-1/sqrt(in), 1/sqrt(in)], biases 0.01 x uniform, LayerNorm weights 1 + 0.1 x uniform.
+ */
 FLAME_API flame_status flame_model_create_random(const char *config_json, uint64_t seed, flame_model **out);
 
-/* The embedded default configuration: the reference GR ranking architecture (pre-LN, SUMI,
- * 3 sigmoid task heads, 4 single-id features per token pooled and projected), scaled to
- * d_model 256 and 4 blocks so that a 2-core CPU scores a request in milliseconds.
- * A static string; thread-safe. */
+/*
+ * flame_default_model_config: the embedded default configuration.
+ *
+ * The reference GR ranking architecture (pre-LN, SUMI, 3 sigmoid task heads, 4 single-id
+ * features per token pooled and projected), scaled to d_model 256 and 4 blocks so that a
+ * 2-core CPU scores a request in milliseconds. Give it to flame_model_create_random.
+ *
+ * Parameters: none.
+ * Thread-safety: thread-safe.
+ * Returns: a static flame.config JSON document (never NULL; not to be freed).
+ */
 FLAME_API const char *flame_default_model_config(void);
 
-/* Releases the caller's reference. The memory goes when the last engine using the model is
- * destroyed too. NULL is a no-op. Not to be called concurrently with other uses of the same
- * handle by the caller. */
+/*
+ * flame_model_destroy: releases the caller's reference to a model.
+ *
+ * The memory (and the file mapping) goes when the last engine using the model is destroyed
+ * too.
+ *
+ * Parameters:
+ *   model    the caller's model; NULL is a no-op.
+ * Thread-safety: not concurrently with the caller's other uses of the same handle; engines
+ *   using the model hold their own reference and may go on scoring.
+ * Returns: nothing.
+ */
 FLAME_API void flame_model_destroy(flame_model *model);
 
 typedef enum flame_head_type {
@@ -160,8 +234,17 @@ typedef struct flame_model_info {
                                     tables at 1 byte a value plus 8 bytes a row (scale, bias) */
 } flame_model_info;
 
-/* Fills *info (up to info->struct_size bytes). Thread-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+/*
+ * flame_model_get_info: a model's dimensions.
+ *
+ * Parameters:
+ *   model    the model.
+ *   info     written up to info->struct_size bytes (the struct_size rule); the caller sets
+ *            struct_size.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model or info, info->struct_size outside
+ *   8..4096; *info untouched).
+ */
 FLAME_API flame_status flame_model_get_info(const flame_model *model, flame_model_info *info);
 
 /* ---------------------------------------------------------------- configuration */
@@ -207,77 +290,170 @@ typedef enum flame_option {
      * both; 1..256 otherwise. Results do not depend on it (bitwise). */
     FLAME_OPT_THREADS = 9,
 
-    /* ---- item cache options, read by flame_item_cache_create; numbered from 100.
-     * Times are microseconds. */
-    /* int: most entries held (negative entries included). 1..2^32, default 1000000. */
-    FLAME_OPT_ITEM_CACHE_MAX_ENTRIES = 100,
-    /* int: most bytes of records held (the record encoding of docs/features.md plus 64 bytes
-     * of bookkeeping per entry). 4096..2^48, default 1 GiB. */
-    FLAME_OPT_ITEM_CACHE_MAX_BYTES = 101,
-    /* int: shards (independent locks); rounded up to a power of two. 1..4096, default 64. */
-    FLAME_OPT_ITEM_CACHE_SHARDS = 102,
-    /* int: TTL of the hottest entries under the default TTL function. default 30 min. */
-    FLAME_OPT_ITEM_CACHE_HOT_TTL_US = 103,
-    /* int: TTL of cold entries (never hit) under the default TTL function. default 1 min. */
-    FLAME_OPT_ITEM_CACHE_COLD_TTL_US = 104,
-    /* int: hits during an entry's previous lifetime that make it fully hot (the default TTL
-     * grows linearly from cold to hot up to this many hits). 1..2^32, default 32. */
-    FLAME_OPT_ITEM_CACHE_HOT_HITS = 105,
-    /* int: TTL of negative entries (ids the source does not know). default 10 s. */
-    FLAME_OPT_ITEM_CACHE_NEGATIVE_TTL_US = 106,
-    /* int: refresh-ahead point, percent of the TTL after which a hit schedules a background
-     * refresh (0 = refresh-ahead off). 0..99, default 80. */
-    FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT = 107,
-    /* int: hits an entry needs in its current lifetime before a hit may schedule a refresh
-     * ("popular"). 1..2^32, default 2. */
-    FLAME_OPT_ITEM_CACHE_REFRESH_MIN_HITS = 108,
-    /* int: 1 = a background thread runs refreshes (default); 0 = none, the caller runs them
-     * with flame_item_cache_run_refresh. */
-    FLAME_OPT_ITEM_CACHE_REFRESH_THREAD = 109,
-    /* int: first retry delay after a failed refresh; doubles per failure up to the max.
-     * defaults 100 ms and 30 s. */
-    FLAME_OPT_ITEM_CACHE_RETRY_MIN_US = 110,
-    FLAME_OPT_ITEM_CACHE_RETRY_MAX_US = 111
+    /* pointer: an item cache (flame/features.h) the engine fills the side features of
+     * id-only requests from (flame_score); NULL (default) = none. The engine takes a reference
+     * at creation, so the cache may be destroyed by the caller after flame_engine_create; until
+     * then the caller keeps it alive (the config stores the pointer as given). Its records
+     * must have the model's num_side_features slots. */
+    FLAME_OPT_ITEM_CACHE = 10,
+    /* pointer: a user cache handle (flame/memory.h) requests with history_from_user_cache = 1
+     * read their history from; NULL (default) = none. Held as FLAME_OPT_ITEM_CACHE is. */
+    FLAME_OPT_USER_CACHE = 11
 } flame_option;
 
-/* Creates a configuration holding the defaults. Not thread-safe per handle; engines copy
- * what they need, so a config may be destroyed or reused right after flame_engine_create.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out); FLAME_ERR_NOMEM. */
+/*
+ * flame_config_create: a configuration holding the defaults of every option.
+ *
+ * The configuration of engines, read by flame_engine_create; an engine copies what it needs
+ * (and takes its own references to the caches named), so a config may be changed, reused or
+ * destroyed right after.
+ *
+ * Parameters:
+ *   out      receives the config; the caller's, freed with flame_config_destroy.
+ * Thread-safety: thread-safe; the handle itself is not (no concurrent set and get on one
+ *   config).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out); FLAME_ERR_NOMEM.
+ */
 FLAME_API flame_status flame_config_create(flame_config **out);
+
+/*
+ * flame_config_destroy: frees a configuration.
+ *
+ * Parameters:
+ *   config   the caller's config; NULL is a no-op.
+ * Thread-safety: not concurrently with other calls on the same config.
+ * Returns: nothing.
+ */
 FLAME_API void flame_config_destroy(flame_config *config);
 
-/* Typed setters/getters. Return FLAME_OK; FLAME_ERR_INVALID_ARG for a NULL handle, an
- * unknown option, an option of the other type, or a value out of the option's range (the
- * message names the bounds); the stored value is unchanged on failure. */
+/*
+ * flame_config_set_int: sets an integer option.
+ *
+ * Parameters:
+ *   config   the config.
+ *   option   an integer option of flame_option.
+ *   value    within the option's range (its comment above).
+ * Thread-safety: not concurrently with other calls on the same config.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config, an option that is not an integer
+ *   option, a value out of range: the message names the option and its bounds). The stored
+ *   value is unchanged on failure.
+ */
 FLAME_API flame_status flame_config_set_int(flame_config *config, flame_option option, int64_t value);
+
+/*
+ * flame_config_get_int: reads an integer option.
+ *
+ * Parameters:
+ *   config   the config.
+ *   option   an integer option of flame_option.
+ *   value    receives the value.
+ * Thread-safety: concurrent gets are safe; not concurrently with a set on the same config.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config or value, an option that is not an
+ *   integer option; *value untouched).
+ */
 FLAME_API flame_status flame_config_get_int(const flame_config *config, flame_option option, int64_t *value);
+
+/*
+ * flame_config_set_string: sets a string option (FLAME_OPT_DEVICE, FLAME_OPT_DTYPE).
+ *
+ * Parameters:
+ *   config   the config.
+ *   option   a string option of flame_option.
+ *   value    one of the option's values (its comment above), NUL-terminated; copied.
+ * Thread-safety: not concurrently with other calls on the same config.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config or value, an option that is not a
+ *   string option, a value not among the option's: the message names it and the accepted
+ *   values). The stored value is unchanged on failure.
+ */
 FLAME_API flame_status flame_config_set_string(flame_config *config, flame_option option, const char *value);
-/* Copies the string with its NUL into buf (capacity buf_len bytes); FLAME_ERR_BUFFER_TOO_SMALL
- * if it does not fit (buf untouched). */
+
+/*
+ * flame_config_get_string: reads a string option.
+ *
+ * Parameters:
+ *   config   the config.
+ *   option   a string option of flame_option.
+ *   buf      receives the value with its NUL; [buf_len] bytes, the caller's.
+ *   buf_len  capacity of buf in bytes.
+ * Thread-safety: concurrent gets are safe; not concurrently with a set on the same config.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config or buf, an option that is not a string
+ *   option); FLAME_ERR_BUFFER_TOO_SMALL (the value and its NUL need more than buf_len bytes:
+ *   the message gives both sizes). buf is untouched on failure.
+ */
 FLAME_API flame_status flame_config_get_string(const flame_config *config, flame_option option, char *buf, size_t buf_len);
-/* Pointer options (FLAME_OPT_CUDA_STREAM): stored as given, never dereferenced by the config. */
+
+/*
+ * flame_config_set_pointer: sets a pointer option (FLAME_OPT_CUDA_STREAM, FLAME_OPT_ITEM_CACHE,
+ * FLAME_OPT_USER_CACHE).
+ *
+ * Parameters:
+ *   config   the config.
+ *   option   a pointer option of flame_option.
+ *   value    stored as given, never dereferenced by the config; NULL restores the default.
+ * Thread-safety: not concurrently with other calls on the same config.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config, an option that is not a pointer
+ *   option).
+ */
 FLAME_API flame_status flame_config_set_pointer(flame_config *config, flame_option option, void *value);
+
+/*
+ * flame_config_get_pointer: reads a pointer option.
+ *
+ * Parameters:
+ *   config   the config.
+ *   option   a pointer option of flame_option.
+ *   value    receives the pointer.
+ * Thread-safety: concurrent gets are safe; not concurrently with a set on the same config.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config or value, an option that is not a
+ *   pointer option; *value untouched).
+ */
 FLAME_API flame_status flame_config_get_pointer(const flame_config *config, flame_option option, void **value);
 
 /* ---------------------------------------------------------------- engine */
 
 typedef struct flame_engine flame_engine;
 
-/* Creates an engine that scores with `model` (config NULL = defaults). The engine holds a
- * reference to the model. Thread-safety: flame_score and flame_score_batch may be called
- * concurrently from any number of threads on one engine; each call takes a private scratch
- * workspace from the engine's pool, so calls never share buffers. Results do not depend on
- * concurrency (bitwise identical).
- * On a GPU the weights are uploaded once, here; concurrent calls run on the engine's
- * executors (FLAME_OPT_CUDA_EXECUTORS, each with its own stream and buffers), and wait for a
- * free one when all are busy; with FLAME_OPT_CUDA_STREAM there is one executor, on that stream.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model/out);
- * FLAME_ERR_NO_DEVICE ("cuda"/"cuda:N" asked for but this build or machine has no such GPU);
- * FLAME_ERR_NOMEM (host memory, or GPU memory / FLAME_OPT_DEVICE_MEMORY_BUDGET exceeded: the
- * message gives the bytes needed and the limit). On failure *out is NULL. */
+/*
+ * flame_engine_create: an engine that scores with a model.
+ *
+ * On a GPU the weights are uploaded once, here; concurrent calls then run on the engine's
+ * executors (FLAME_OPT_CUDA_EXECUTORS, each with its own stream and buffers) and wait for a
+ * free one when all are busy; with FLAME_OPT_CUDA_STREAM there is one executor, on that
+ * stream.
+ *
+ * Parameters:
+ *   model    the model; the engine holds a reference to it.
+ *   config   the options, copied; NULL = the defaults. The caches it names
+ *            (FLAME_OPT_ITEM_CACHE, FLAME_OPT_USER_CACHE) are the engine's for its whole
+ *            life: it takes a reference to each (flame_engine_set_item_cache and
+ *            flame_engine_set_user_cache describe what they do).
+ *   out      receives the engine; the caller's, freed with flame_engine_destroy.
+ * Thread-safety: thread-safe. On the engine made, flame_score and flame_score_batch may be
+ *   called concurrently from any number of threads: each call takes a private scratch
+ *   workspace from the engine's pool, so calls never share buffers, and results do not depend
+ *   on concurrency (bitwise identical).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model or out, an item cache whose records have
+ *   a slot count other than the model's num_side_features: the message gives both);
+ *   FLAME_ERR_NO_DEVICE
+ *   ("cuda"/"cuda:N" asked for but this build or machine has no such GPU, or cuBLASLt cannot
+ *   be loaded: the message says why); FLAME_ERR_UNSUPPORTED (a GPU engine for a model the CUDA backend cannot run: head
+ *   dimension above 128); FLAME_ERR_NOMEM (host memory, or GPU memory /
+ *   FLAME_OPT_DEVICE_MEMORY_BUDGET exceeded: the message gives the bytes needed and the
+ *   limit); FLAME_ERR_INTERNAL (a mutex could not be made). On failure *out is NULL.
+ */
 FLAME_API flame_status flame_engine_create(flame_model *model, const flame_config *config, flame_engine **out);
 
-/* Destroys the engine. The caller guarantees no call on it is still running. NULL is a no-op. */
+/*
+ * flame_engine_destroy: destroys an engine.
+ *
+ * Releases its references to the model and to the caches it was given.
+ *
+ * Parameters:
+ *   engine   the caller's engine; NULL is a no-op.
+ * Thread-safety: the caller guarantees that no call on the engine is running or will start
+ *   (schedulers over it are destroyed first).
+ * Returns: nothing.
+ */
 FLAME_API void flame_engine_destroy(flame_engine *engine);
 
 /* Side-feature bags of one slot for a list of tokens, in CSR form: token t's ids are
@@ -316,50 +492,80 @@ typedef struct flame_request {
     int32_t history_from_user_cache;
 } flame_request;
 
-/* Scores the request's candidates. The request is read by the struct_size rule (top of this
- * header): the fields an older header's request lacks read as 0.
+/*
+ * flame_score: scores one request's candidates.
+ *
  * History from the user cache (history_from_user_cache = 1): the engine reads user_id's record
  * in its user cache (flame_engine_set_user_cache; record convention there) and scores as if
  * the record's history had been passed in `history`. A miss (no record, or an expired one)
  * scores with an empty history, as a request with history_len 0 would. With a model that has
- * side features the request is an id-only one (it gives no history_side): the bags come from
- * the engine's item cache (flame_engine_set_item_cache), which then fills the candidates' bags
- * too (candidate_side must be NULL under the sumi head); without an item cache a non-empty
- * history from the user cache is refused as any id-only request is ("history_side is NULL").
- * Id-only and user-cache requests still set num_side_features to the model's count (with the
- * bag pointers NULL). The request itself is not modified.
- * Output: scores[c * num_tasks + t] (float32, row-major [num_candidates x num_tasks]);
- * scores_len is the capacity in floats. Nothing beyond num_candidates * num_tasks is written,
- * and on any error nothing is written at all.
- * Math: docs/model-format.md (embedding bags -> position -> transformer blocks with the
- * causal/SUMI mask -> dot or sumi head). On the CPU float32 throughout, GEMMs through
- * CBLAS; on the GPU in the engine's compute dtype (FLAME_OPT_DTYPE).
- * An empty candidate list returns FLAME_OK and writes nothing.
- * Thread-safe (see flame_engine_create).
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/request with work to do, struct_size
- * outside 8..4096, NULL ids with a non-zero length, an item or side-feature id < 0 or >= its
- * table's rows (the message names token, feature and id), bad CSR offsets (flame_bags:
- * offsets[0] != 0, decreasing, or a final offset other than num_ids), wrong
- * num_side_features; history_from_user_cache not 0 or 1, 1 with a history given, 1 on an
- * engine with no user cache, or an item id of the user's cached history out of range: the
- * message names the request, the user, the position in the record and the id);
- * FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks);
- * FLAME_ERR_NOMEM (scratch could not grow). */
+ * side features such a request is an id-only one (it gives no history_side): the bags come
+ * from the engine's item cache (flame_engine_set_item_cache), which then fills the
+ * candidates' bags too (candidate_side must be NULL under the sumi head); without an item
+ * cache a non-empty history from the user cache is refused as any id-only request is
+ * ("history_side is NULL"). Id-only and user-cache requests still set num_side_features to
+ * the model's count (with the bag pointers NULL). An empty candidate list returns FLAME_OK
+ * and writes nothing.
+ *
+ * Parameters:
+ *   engine      the engine.
+ *   request     read by the struct_size rule (the fields an older header's request lacks read
+ *               as 0); borrowed, with every array it points to, for the call; not modified.
+ *   scores      output, float32, row-major [num_candidates, num_tasks]:
+ *               scores[c * num_tasks + t]; the caller's. Nothing beyond num_candidates *
+ *               num_tasks is written, and on any error nothing at all.
+ *   scores_len  capacity of scores in floats.
+ * Thread-safety: thread-safe, concurrently with any other scoring call on the same engine
+ *   (flame_engine_create).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine or request, struct_size outside
+ *   8..4096, NULL scores or ids with a non-zero length, more than 2^24 candidates, an item or
+ *   side-feature id < 0 or >= its table's rows (the message names token, feature and id), bad
+ *   CSR offsets (flame_bags: offsets[0] != 0, decreasing, or a final offset other than
+ *   num_ids), bags given for the history but not the candidates (or the reverse) under the
+ *   sumi head, num_side_features other than the model's, history_from_user_cache not 0 or 1,
+ *   1 with a history given, 1 on an engine with no user cache, an item id of the user's cached
+ *   history out of range (the message names the request, the user, the position in the
+ *   record and the id), more than 2^31 - 1 tokens in one pass (lower FLAME_OPT_MAX_BATCH));
+ *   FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks: the message gives
+ *   both); FLAME_ERR_NOMEM (scratch could not grow); with an item cache, its failures when a
+ *   miss cannot be fetched (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT); with a user cache,
+ *   FLAME_ERR_IO (its shared object was truncated by another process); on a GPU,
+ *   FLAME_ERR_UNSUPPORTED (cuBLASLt has no algorithm for a GEMM shape) and FLAME_ERR_INTERNAL
+ *   (a CUDA call failed: the message names it; the scores of the passes before it, of
+ *   FLAME_OPT_MAX_BATCH requests each, may then be written).
+ * Math: docs/model-format.md: embedding bags -> position -> transformer blocks with the
+ *   causal or SUMI mask (FLAME, arXiv:2509.22681; HSTU, arXiv:2402.17152) -> dot or sumi
+ *   head. On the CPU float32 throughout, GEMMs through CBLAS; on the GPU in the engine's
+ *   compute dtype (FLAME_OPT_DTYPE) with float32 accumulation.
+ */
 FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *request, float *scores, size_t scores_len);
 
-/* Scores several requests (users) in one call; each has its own history and candidates.
- * Output: the per-request blocks of flame_score, concatenated in request order (request r's
- * block starts at the sum of num_candidates * num_tasks of the requests before it).
- * Every request is validated before any is computed, so on error nothing is written; the
- * message names the request index. Token-wise layers run over all requests' tokens as one
- * GEMM, and requests sharing one contiguous candidate range share one scoring GEMM.
- * `requests` is an array of the caller's flame_request, stepped through by its element size,
- * requests[0].struct_size (the sizeof of the caller's flame.h; each request is then read by
- * the struct_size rule), so every request of one call comes from the same header.
- * Thread-safe. Returns the statuses of flame_score; FLAME_ERR_INVALID_ARG for NULL requests
- * with num_requests > 0, for requests[0].struct_size outside 8..4096 or not a multiple of 8
- * (no sizeof(flame_request) is), and for a request whose struct_size differs from request 0's
- * (the message names it and both sizes). */
+/*
+ * flame_score_batch: scores several requests (users) in one call.
+ *
+ * Each request has its own history and candidates. Every request is validated before any is
+ * computed, so on error nothing is written; the message names the request index. Token-wise
+ * layers run over all requests' tokens as one GEMM, and requests sharing one contiguous
+ * candidate range share one scoring GEMM.
+ *
+ * Parameters:
+ *   engine        the engine.
+ *   requests      [num_requests] of the caller's flame_request, stepped through by
+ *                 requests[0].struct_size (the sizeof of the caller's flame.h; each request
+ *                 is then read by the struct_size rule), so every request of one call comes
+ *                 from the same header; borrowed for the call.
+ *   num_requests  0 is valid (nothing is written).
+ *   scores        output, float32: the per-request blocks of flame_score concatenated in
+ *                 request order (request r's block starts at the sum of num_candidates *
+ *                 num_tasks of the requests before it); the caller's.
+ *   scores_len    capacity of scores in floats.
+ * Thread-safety: thread-safe (flame_engine_create).
+ * Returns: the statuses of flame_score; FLAME_ERR_INVALID_ARG also for NULL requests with
+ *   num_requests > 0, requests[0].struct_size outside 8..4096 or not a multiple of 8 (no
+ *   sizeof(flame_request) is), and a request whose struct_size differs from request 0's (the
+ *   message names it and both sizes).
+ * Math: as flame_score.
+ */
 FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
                                          float *scores, size_t scores_len);
 
@@ -381,45 +587,79 @@ typedef struct flame_engine_stats {
     uint64_t user_cache_misses;
 } flame_engine_stats;
 
-/* Fills *stats up to stats->struct_size bytes. Thread-safe (counters are read atomically,
- * not as one snapshot). Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside
- * 8..4096). */
+/*
+ * flame_engine_get_stats: the engine's counters.
+ *
+ * Parameters:
+ *   engine   the engine.
+ *   stats    written up to stats->struct_size bytes (the struct_size rule); the caller sets
+ *            struct_size.
+ * Thread-safety: thread-safe, also while scoring runs (each counter is read atomically; the
+ *   whole is not one snapshot).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine or stats, stats->struct_size outside
+ *   8..4096; *stats untouched).
+ */
 FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine_stats *stats);
 
 /* The caches an engine can read features from (flame/features.h, flame/memory.h). */
 struct flame_item_cache;
 struct flame_user_cache;
 
-/* Attaches an item cache to an engine (NULL detaches). Then a request that gives no side
- * features (history_side NULL and, under the sumi head, candidate_side NULL) to a model with
- * side features gets them from the cache: one flame_item_cache_get per call for all the
- * distinct item ids of the call's requests (history tokens inside the window, and the
- * candidates under the sumi head); a missing record gives empty bags (zero vectors).
- * Requests that give their side features are scored from them as before. Everything the
- * cache does not give (item ids, lengths, the bags given, the scores buffer) is checked before
- * the cache is asked, so a call refused for it fetches nothing and caches nothing; the bags
- * from the cache are checked after (their side ids must fit their tables). The engine holds a
- * reference to the cache. Not to be called concurrently with scoring on the engine.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine, or the cache's records have a slot
- * count different from the model's num_side_features). flame_score then also returns the
- * cache's failure statuses (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT) when a miss cannot be
- * fetched, and writes no score. */
+/*
+ * flame_engine_set_item_cache: attaches an item cache to an engine after its creation.
+ *
+ * Kept for 0.2.x programs written against it; an engine is best given its item cache at
+ * creation (FLAME_OPT_ITEM_CACHE), so that it does not change while it may be scoring. With
+ * a cache, a request that gives no side features (history_side NULL and, under the sumi head,
+ * candidate_side NULL) to a model with side features gets them from the cache: one
+ * flame_item_cache_get per call for all the distinct item ids of the call's requests
+ * (history tokens inside the window, and the candidates under the sumi head); a missing
+ * record gives empty bags (zero vectors). Requests that give their side features are scored
+ * from them as before. Everything the cache does not give (item ids, lengths, the bags
+ * given, the scores buffer) is checked before the cache is asked, so a call refused for it
+ * fetches nothing and caches nothing; the bags from the cache are checked after (their side
+ * ids must fit their tables). flame_score then also returns the cache's failure statuses
+ * (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT) when a miss cannot be fetched, and writes no
+ * score.
+ *
+ * Parameters:
+ *   engine   the engine.
+ *   cache    the item cache (flame/features.h); the engine takes a reference and releases the
+ *            one it held before. NULL detaches.
+ * Thread-safety: not concurrently with any call on the engine (scoring reads the pointer
+ *   without a lock).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine, or the cache's records have a slot
+ *   count other than the model's num_side_features: the message gives both; the engine keeps
+ *   the cache it had).
+ */
 FLAME_API flame_status flame_engine_set_item_cache(flame_engine *engine, struct flame_item_cache *cache);
 
-/* Attaches a user cache to an engine (NULL detaches), so that requests can give a user id and
- * candidates only (flame_request.history_from_user_cache = 1, flame_score).
- * Record convention: slot 0 of a user's record holds the user's history, item ids oldest
- * first (the newest last, as flame_request.history); the engine uses its most recent max_len
- * ids (flame_model_info.max_len). Every id of slot 0 must be a valid item id of the engine's
- * model (0..num_items-1), else scoring that user fails with FLAME_ERR_INVALID_ARG naming the
- * user, the position in slot 0 and the id. Other slots and the dense values are not read.
- * Each such request costs one flame_user_cache_get into the call's own workspace (no lock, no
- * allocation once the workspace has grown); hits and misses are counted in
- * flame_engine_stats and, as any get, in the handle's flame_user_cache_stats.
- * The engine holds a reference to the handle. Not to be called concurrently with scoring on
- * the engine; scoring calls may use the cache concurrently (from threads, and other
- * processes may write the table meanwhile: a record is read whole, before or after a write).
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine). */
+/*
+ * flame_engine_set_user_cache: attaches a user cache to an engine after its creation.
+ *
+ * Kept for 0.2.x programs written against it; an engine is best given its user cache at
+ * creation (FLAME_OPT_USER_CACHE), so that it does not change while it may be scoring. With
+ * a cache, requests can give a user id and candidates only (flame_request.history_from_user_cache
+ * = 1, flame_score). Record convention: slot 0 of a user's record holds the user's history,
+ * item ids oldest first (the newest last, as flame_request.history); the engine uses its most
+ * recent max_len ids (flame_model_info.max_len). Every id of slot 0 must be a valid item id
+ * of the engine's model (0..num_items-1), else scoring that user fails with
+ * FLAME_ERR_INVALID_ARG naming the user, the position in slot 0 and the id. Other slots and
+ * the dense values are not read. Each such request costs one flame_user_cache_get into the
+ * call's own workspace (no lock, no allocation once the workspace has grown); hits and misses
+ * are counted in flame_engine_stats and, as any get, in the handle's flame_user_cache_stats.
+ * A table whose max_ids is below the model's max_len is accepted (histories from it are then
+ * at most max_ids long) and logged at FLAME_LOG_WARN.
+ *
+ * Parameters:
+ *   engine   the engine.
+ *   cache    the user cache handle (flame/memory.h); the engine takes a reference and releases
+ *            the one it held before. NULL detaches.
+ * Thread-safety: not concurrently with any call on the engine (scoring reads the pointer
+ *   without a lock). Scoring calls then use the cache concurrently, from threads, while other
+ *   processes may write the table: a record is read whole, before or after a write.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine).
+ */
 FLAME_API flame_status flame_engine_set_user_cache(flame_engine *engine, struct flame_user_cache *cache);
 
 #ifdef __cplusplus

@@ -35,26 +35,62 @@ typedef struct flame_numa_info {
     int32_t current_node;   /* node of the CPU the calling thread runs on now (0 in the fallbacks) */
 } flame_numa_info;
 
-/* Fills *info. Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size too
- * small). */
+/*
+ * flame_numa_get_info: the NUMA mode of this process and the calling thread's node.
+ *
+ * Parameters:
+ *   info     written up to info->struct_size bytes (the struct_size rule); the caller sets
+ *            struct_size.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL info, info->struct_size outside 8..4096;
+ *   *info untouched); FLAME_ERR_UNSUPPORTED (a library built without libnuma, make
+ *   WITH_NUMA=0: there the pinned pool takes node FLAME_NUMA_NODE_LOCAL or 0, plain memory).
+ */
 FLAME_API flame_status flame_numa_get_info(flame_numa_info *info);
 
-/* Maps `bytes` of page-aligned, zero-filled memory whose pages are placed on `node`
- * (FLAME_NUMA_NODE_LOCAL: the node of the thread that first touches them under the default
- * policy, numa_alloc_local under libnuma). In the fallbacks node must be -1 or 0 and the memory
- * is a plain anonymous mapping. Pages are backed on first touch, so an untouched allocation
- * costs address space only. Ownership: free with flame_numa_free(ptr, bytes). Thread-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, bytes 0, a node this machine lacks: the
- * message names it); FLAME_ERR_NOMEM (the kernel refused the mapping). *out is NULL on failure. */
+/*
+ * flame_numa_alloc: maps page-aligned, zero-filled memory placed on a NUMA node.
+ *
+ * Under libnuma FLAME_NUMA_NODE_LOCAL is numa_alloc_local; in the fallbacks the memory is a
+ * plain anonymous mapping. Pages are backed on first touch, so an untouched allocation costs
+ * address space only.
+ *
+ * Parameters:
+ *   bytes    size in bytes, > 0.
+ *   node     0..num_nodes-1, or FLAME_NUMA_NODE_LOCAL (the node of the thread that first
+ *            touches the pages); in the fallbacks -1 or 0.
+ *   out      receives the memory; the caller's, freed with flame_numa_free(ptr, bytes).
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, bytes 0, a node this machine lacks: the
+ *   message names it); FLAME_ERR_NOMEM (the kernel refused the mapping); FLAME_ERR_UNSUPPORTED
+ *   (a library built without libnuma, make WITH_NUMA=0). *out is NULL on failure.
+ */
 FLAME_API flame_status flame_numa_alloc(size_t bytes, int32_t node, void **out);
-/* Unmaps memory from flame_numa_alloc; `bytes` must be the size asked for. NULL is a no-op. */
+/*
+ * flame_numa_free: unmaps memory from flame_numa_alloc.
+ *
+ * Parameters:
+ *   ptr      what flame_numa_alloc gave; NULL is a no-op.
+ *   bytes    the size asked for at allocation.
+ * Thread-safety: thread-safe (each allocation freed once).
+ * Returns: nothing.
+ */
 FLAME_API void flame_numa_free(void *ptr, size_t bytes);
 
-/* Runs the calling thread on the CPUs of `node` only, and prefers that node for the pages it
- * touches first (numa_run_on_node + numa_set_preferred). In the fallbacks node 0 is accepted and
- * nothing changes (check flame_numa_get_info().mode to know). Thread-safe; affects the calling
- * thread only. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (FLAME_NUMA_NODE_LOCAL, a node this
- * machine lacks, or a node the thread may not run on: the message names it). */
+/*
+ * flame_numa_bind_thread: runs the calling thread on one node's CPUs and memory.
+ *
+ * numa_run_on_node + numa_set_preferred: the thread runs on the CPUs of `node` only and
+ * prefers that node for the pages it touches first. In the fallbacks node 0 is accepted and
+ * nothing changes (flame_numa_get_info's mode tells).
+ *
+ * Parameters:
+ *   node     0..num_nodes-1.
+ * Thread-safety: thread-safe; affects the calling thread only.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (FLAME_NUMA_NODE_LOCAL, a node this machine lacks,
+ *   or a node the thread may not run on: the message names it); FLAME_ERR_UNSUPPORTED (a
+ *   library built without libnuma, make WITH_NUMA=0).
+ */
 FLAME_API flame_status flame_numa_bind_thread(int32_t node);
 
 /* ---------------------------------------------------------------- pinned host buffer pool */
@@ -68,31 +104,68 @@ FLAME_API flame_status flame_numa_bind_thread(int32_t node);
  * the stats and logged (FLAME_LOG_WARN) through the log hook. */
 typedef struct flame_pinned_pool flame_pinned_pool;
 
+/* The fields are read as given (0 is node 0, pageable only, no buffer kept); the defaults
+ * below apply to params NULL and to the fields an older (shorter) struct lacks. */
 typedef struct flame_pinned_pool_params {
     size_t struct_size;         /* sizeof(flame_pinned_pool_params) */
-    int32_t numa_node;          /* node of the pages; FLAME_NUMA_NODE_LOCAL (default) */
+    int32_t numa_node;          /* node of the pages; default FLAME_NUMA_NODE_LOCAL */
     int32_t pin;                /* 1 (default): register with CUDA when usable; 0: pageable only */
     uint64_t max_cached_bytes;  /* bytes of freed buffers kept for reuse; default 1 GiB */
 } flame_pinned_pool_params;
 
-/* Creates a pool (params NULL = the defaults above). Ownership: *out is the caller's; free with
- * flame_pinned_pool_destroy. Thread-safety: every pool function except destroy may be called
- * concurrently. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, struct_size outside 8..4096, a node
- * this machine lacks, pin not 0/1); FLAME_ERR_NOMEM. *out is NULL on failure. */
+/*
+ * flame_pinned_pool_create: a pool of host buffers for GPU transfers.
+ *
+ * Parameters:
+ *   params   read by the struct_size rule; NULL = the defaults above.
+ *   out      receives the pool; the caller's, freed with flame_pinned_pool_destroy.
+ * Thread-safety: thread-safe. On the pool made, every function except destroy may be called
+ *   concurrently.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL out, struct_size outside 8..4096, a node this
+ *   machine lacks, pin not 0 or 1: the message names it); FLAME_ERR_NOMEM. *out is NULL on
+ *   failure.
+ */
 FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *params, flame_pinned_pool **out);
-/* Unregisters and unmaps every buffer of the pool, those still handed out included (a
- * FLAME_LOG_WARN line counts them). The caller guarantees no other call on the pool is running.
- * NULL is a no-op. */
+/*
+ * flame_pinned_pool_destroy: unregisters and unmaps every buffer of the pool.
+ *
+ * Those still handed out too (a FLAME_LOG_WARN line counts them).
+ *
+ * Parameters:
+ *   pool     the caller's pool; NULL is a no-op.
+ * Thread-safety: the caller guarantees no other call on the pool is running.
+ * Returns: nothing.
+ */
 FLAME_API void flame_pinned_pool_destroy(flame_pinned_pool *pool);
 
-/* Hands out a buffer of at least `bytes` (page-aligned, contents unspecified), reusing a cached
- * one of the same size class when there is one. *is_pinned (may be NULL) says whether it is
- * registered with CUDA. Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool/out,
- * bytes 0 or above 2^47); FLAME_ERR_NOMEM (the mapping was refused). *out is NULL on failure. */
+/*
+ * flame_pinned_alloc: hands out a buffer of at least `bytes`.
+ *
+ * Page-aligned, contents unspecified; a cached buffer of the same size class is reused when
+ * there is one.
+ *
+ * Parameters:
+ *   pool       the pool.
+ *   bytes      1..2^47.
+ *   out        receives the buffer; the caller's until flame_pinned_free (or the pool's
+ *              destroy).
+ *   is_pinned  receives 1 if the buffer is registered with CUDA, else 0 (may be NULL).
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool or out, bytes 0 or above 2^47);
+ *   FLAME_ERR_NOMEM (the mapping was refused). *out is NULL on failure. A failed registration
+ *   is no failure (above).
+ */
 FLAME_API flame_status flame_pinned_alloc(flame_pinned_pool *pool, size_t bytes, void **out, int32_t *is_pinned);
-/* Gives a buffer back to the pool (cached or unmapped, see above). NULL ptr is a no-op.
- * Thread-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool, or ptr not handed out by
- * this pool or already freed: the message names the address). */
+/*
+ * flame_pinned_free: gives a buffer back to the pool (cached or unmapped, see above).
+ *
+ * Parameters:
+ *   pool     the pool that handed it out.
+ *   ptr      the buffer; NULL is a no-op.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool, or ptr not handed out by this pool or
+ *   already freed: the message names the address).
+ */
 FLAME_API flame_status flame_pinned_free(flame_pinned_pool *pool, void *ptr);
 
 typedef struct flame_pinned_pool_stats {
@@ -109,8 +182,17 @@ typedef struct flame_pinned_pool_stats {
     int32_t pinning;           /* 1 if this pool registers buffers, 0 if pageable only */
 } flame_pinned_pool_stats;
 
-/* Fills *stats as one consistent snapshot. Thread-safe. Returns FLAME_OK;
- * FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+/*
+ * flame_pinned_pool_get_stats: the pool's counters, as one consistent snapshot.
+ *
+ * Parameters:
+ *   pool     the pool.
+ *   stats    written up to stats->struct_size bytes (the struct_size rule); the caller sets
+ *            struct_size.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL pool or stats, stats->struct_size outside
+ *   8..4096; *stats untouched).
+ */
 FLAME_API flame_status flame_pinned_pool_get_stats(flame_pinned_pool *pool, flame_pinned_pool_stats *stats);
 
 /* ---------------------------------------------------------------- shared-memory user cache */
@@ -159,52 +241,112 @@ typedef enum flame_user_cache_open_mode {
     FLAME_USER_CACHE_CREATE_OR_ATTACH = 2  /* attach if it exists, else create */
 } flame_user_cache_open_mode;
 
-/* Opens the table `name` (a POSIX shm name: "/" then 1..250 characters without "/").
+/*
+ * flame_user_cache_open: creates or attaches the shared-memory table `name`.
+ *
  * Attaching checks the header: magic, layout version, this build's record layout, and, when
  * params are given, that capacity, slots, ids, dense and ttl match; a mismatch is
  * FLAME_ERR_FORMAT naming the field and both values, never a crash. A table whose creator died
- * before finishing its initialisation is reported (FLAME_ERR_IO) after waiting 1 s.
- * Creation reserves the whole table (posix_fallocate), so a full /dev/shm fails here with
- * FLAME_ERR_NOMEM instead of SIGBUS later. Ownership: *out is the caller's; close with
- * flame_user_cache_destroy (the table itself lives on until flame_user_cache_unlink and the last
- * process unmaps it). Thread-safety: get/put/remove/stats may be called concurrently from any
- * threads and processes. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL name/out, a bad name,
- * unknown open_mode, params out of range: capacity up to 2^32, num_slots up to 64, max_ids
- * and max_dense up to 65536, ttl_us >= 0, mode within 0777);
- * FLAME_ERR_IO (shm_open/mmap failed, the name exists on CREATE or is absent on ATTACH, the
- * message carries strerror); FLAME_ERR_FORMAT (header mismatch); FLAME_ERR_NOMEM. */
+ * before finishing its initialisation is reported (FLAME_ERR_IO) after waiting 1 s. Creation
+ * reserves the whole table (posix_fallocate), so a full /dev/shm fails here with
+ * FLAME_ERR_NOMEM instead of SIGBUS later.
+ *
+ * Parameters:
+ *   name       a POSIX shm name: "/" then 1..250 characters without "/"; copied.
+ *   open_mode  a flame_user_cache_open_mode.
+ *   params     read by the struct_size rule (a field left 0 takes its default); NULL = the
+ *              defaults (FLAME_USER_CACHE_CREATE_OR_ATTACH then attaches only a table of
+ *              the default layout), and FLAME_USER_CACHE_ATTACH then checks no layout.
+ *   out        receives the handle; the caller's reference, released with
+ *              flame_user_cache_destroy (the table itself lives on until
+ *              flame_user_cache_unlink and the last process unmaps it).
+ * Thread-safety: thread-safe. On the handle made, get, put, remove, get_stats and get_params
+ *   may be called concurrently from any threads and processes.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL name or out, a bad name, unknown open_mode,
+ *   struct_size outside 8..4096, params out of range: capacity up to 2^32, num_slots up to
+ *   64, max_ids and max_dense up to 65536, ttl_us >= 0, mode within 0777); FLAME_ERR_IO
+ *   (shm_open/mmap failed, the name exists on CREATE or is absent on ATTACH: the message
+ *   carries strerror); FLAME_ERR_FORMAT (header mismatch, or an object that is no user cache);
+ *   FLAME_ERR_NOMEM. *out is NULL on failure.
+ */
 FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_open_mode open_mode,
                                              const flame_user_cache_params *params, flame_user_cache **out);
-/* Releases the caller's reference; engines using the handle (flame_engine_set_user_cache) hold
- * their own, and the table is unmapped from this process when the last reference goes. The
- * table and its records stay. NULL is a no-op; the caller guarantees no other call on the
- * handle is running (an engine's calls use their own reference). */
+/*
+ * flame_user_cache_destroy: releases the caller's reference to a handle.
+ *
+ * Engines using the handle (flame_engine_set_user_cache) hold their own; the table is unmapped
+ * from this process when the last reference goes. The table and its records stay.
+ *
+ * Parameters:
+ *   cache    the caller's handle; NULL is a no-op.
+ * Thread-safety: the caller guarantees none of its other calls on the handle is running (an
+ *   engine's calls use their own reference).
+ * Returns: nothing.
+ */
 FLAME_API void flame_user_cache_destroy(flame_user_cache *cache);
-/* Removes the name (shm_unlink): processes that have the table mapped keep it until they
- * destroy their handles. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (bad name); FLAME_ERR_IO
- * (no such table, or not permitted). */
+/*
+ * flame_user_cache_unlink: removes a table's name (shm_unlink).
+ *
+ * Processes that have the table mapped keep it until they destroy their handles.
+ *
+ * Parameters:
+ *   name     as flame_user_cache_open's.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL or bad name); FLAME_ERR_IO (no such table, or
+ *   not permitted: the message carries strerror).
+ */
 FLAME_API flame_status flame_user_cache_unlink(const char *name);
 
-/* Writes (inserts or replaces) the record of `user_id`. Any int64 is a valid user id.
- * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache/features,
- * struct_size outside 8..4096, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
- * max_dense, slot_lens not summing to num_ids: the message names the value and the limit);
- * FLAME_ERR_IO (another process truncated the shared object or overwrote a bucket lock:
- * docs/memory.md, "Another process of the same user"). */
+/*
+ * flame_user_cache_put: writes (inserts or replaces) the record of `user_id`.
+ *
+ * Parameters:
+ *   cache     the handle.
+ *   user_id   any int64.
+ *   features  read by the struct_size rule: ids [num_ids] int64, slot_lens [num_slots] uint32
+ *             (summing to num_ids), dense [num_dense] float32; copied into the table.
+ * Thread-safety: thread- and process-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or features, struct_size outside
+ *   8..4096, NULL slot_lens, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
+ *   max_dense, slot_lens not summing to num_ids: the message names the value and the limit);
+ *   FLAME_ERR_IO (another process truncated the shared object or overwrote a bucket lock:
+ *   docs/memory.md, "Another process of the same user"). On failure the record is unchanged.
+ */
 FLAME_API flame_status flame_user_cache_put(flame_user_cache *cache, int64_t user_id, const flame_user_features *features);
-/* Reads the record of `user_id` into *features; *found is 1 on a hit, 0 on a miss (absent,
- * expired, malformed (counted in stats.corrupt) or dropped by crash recovery; num_ids,
- * num_dense and age_us untouched then, the arrays unspecified). Lock-free unless a writer
- * holds the record for long (then the reader waits for, or recovers, the bucket's lock).
- * Thread- and process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL argument, struct_size
- * too small, NULL arrays with non-zero capacity, NULL slot_lens); FLAME_ERR_BUFFER_TOO_SMALL
- * (ids_capacity or dense_capacity below the record's counts: num_ids and num_dense are set to
- * the counts needed, the arrays are unspecified, *found is 1); FLAME_ERR_IO (the shared object
- * was truncated by another process). */
+/*
+ * flame_user_cache_get: reads the record of `user_id`.
+ *
+ * Lock-free unless a writer holds the record for long (then the reader waits for, or
+ * recovers, the bucket's lock).
+ *
+ * Parameters:
+ *   cache     the handle.
+ *   user_id   any int64.
+ *   features  read by the struct_size rule for its capacities and arrays: ids [ids_capacity]
+ *             int64, slot_lens [num_slots] uint32, dense [dense_capacity] float32, the
+ *             caller's, are written; num_ids, num_dense and age_us (us) are set on a hit.
+ *   found     receives 1 on a hit, 0 on a miss: absent, expired, malformed (counted in
+ *             stats.corrupt) or dropped by crash recovery; num_ids, num_dense and age_us are
+ *             untouched then, the arrays unspecified.
+ * Thread-safety: thread- and process-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL argument, struct_size outside 8..4096, NULL
+ *   arrays with non-zero capacity, NULL slot_lens); FLAME_ERR_BUFFER_TOO_SMALL (ids_capacity or
+ *   dense_capacity below the record's counts: num_ids and num_dense are set to the counts
+ *   needed, the arrays are unspecified, *found is 1); FLAME_ERR_IO (the shared object was
+ *   truncated by another process).
+ */
 FLAME_API flame_status flame_user_cache_get(flame_user_cache *cache, int64_t user_id, flame_user_features *features,
                                             int32_t *found);
-/* Removes the record of `user_id`; *removed (may be NULL) is 1 if there was one. Thread- and
- * process-safe. Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache); FLAME_ERR_IO (as put). */
+/*
+ * flame_user_cache_remove: removes the record of `user_id`.
+ *
+ * Parameters:
+ *   cache     the handle.
+ *   user_id   any int64.
+ *   removed   receives 1 if there was a record, else 0 (may be NULL).
+ * Thread-safety: thread- and process-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache); FLAME_ERR_IO (as put).
+ */
 FLAME_API flame_status flame_user_cache_remove(flame_user_cache *cache, int64_t user_id, int32_t *removed);
 
 typedef struct flame_user_cache_stats {
@@ -225,18 +367,39 @@ typedef struct flame_user_cache_stats {
     uint64_t corrupt;
 } flame_user_cache_stats;
 
-/* Fills *stats; `records` is counted over the buckets' counters (no lock, O(buckets)), the rest
- * are atomic counters, so the whole is not one snapshot. Thread- and process-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096);
- * FLAME_ERR_IO (the shared object was truncated by another process). */
+/*
+ * flame_user_cache_get_stats: the table's and this handle's counters.
+ *
+ * `records` is counted over the buckets' counters (no lock, O(buckets)); the rest are atomic
+ * counters, so the whole is not one snapshot.
+ *
+ * Parameters:
+ *   cache    the handle.
+ *   stats    written up to stats->struct_size bytes (the struct_size rule); the caller sets
+ *            struct_size.
+ * Thread-safety: thread- and process-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or stats, stats->struct_size outside
+ *   8..4096); FLAME_ERR_IO (the shared object was truncated by another process). *stats is
+ *   untouched on failure.
+ */
 FLAME_API flame_status flame_user_cache_get_stats(flame_user_cache *cache, flame_user_cache_stats *stats);
 
-/* Fills *params with the table's layout as fixed by its creator: capacity (as asked at
- * creation), num_slots, max_ids, max_dense and ttl_us; mode reads 0 (the table does not keep
- * its permission bits). A process that attached without params learns here what its
- * flame_user_cache_get buffers need (ids_capacity max_ids, slot_lens of num_slots, dense of
- * max_dense). The fields never change after creation. Thread- and process-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+/*
+ * flame_user_cache_get_params: the table's layout as fixed by its creator.
+ *
+ * A process that attached without params learns here what its flame_user_cache_get buffers
+ * need (ids_capacity max_ids, slot_lens of num_slots, dense of max_dense). The fields never
+ * change after creation.
+ *
+ * Parameters:
+ *   cache    the handle.
+ *   params   written up to params->struct_size bytes (the struct_size rule): capacity (as
+ *            asked at creation), num_slots, max_ids, max_dense and ttl_us; mode reads 0 (the
+ *            table does not keep its permission bits).
+ * Thread-safety: thread- and process-safe.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or params, params->struct_size outside
+ *   8..4096; *params untouched).
+ */
 FLAME_API flame_status flame_user_cache_get_params(const flame_user_cache *cache, flame_user_cache_params *params);
 
 #ifdef __cplusplus

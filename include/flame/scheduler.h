@@ -59,55 +59,95 @@ typedef struct flame_scheduler_params {
  * is allowed (see there). */
 typedef void (*flame_score_done_fn)(void *user, flame_status status, const char *message);
 
-/* Creates a scheduler over `engine` (params NULL = the defaults) and starts its workers.
- * The engine must outlive the scheduler. Thread-safety: submit, score, get_stats and
- * reset_latency may be called concurrently from any threads; destroy must not run
- * concurrently with them.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine/out, struct_size outside 8..4096, a value
- * out of its range above: the message names it); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a
- * thread could not be started). On failure *out is NULL. */
+/*
+ * flame_scheduler_create: a scheduler over an engine, with its workers started.
+ *
+ * Parameters:
+ *   engine   the engine the batches run on; borrowed: it must outlive the scheduler.
+ *   params   read by the struct_size rule and copied (profiles too); NULL = the defaults.
+ *   out      receives the scheduler; the caller's, freed with flame_scheduler_destroy.
+ * Thread-safety: thread-safe. On the scheduler made, submit, score, get_stats and
+ *   reset_latency may be called concurrently from any threads; destroy must not run
+ *   concurrently with them (but see flame_scheduler_destroy for done callbacks).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine or out, struct_size outside 8..4096,
+ *   profiles NULL with num_profiles > 0 or set with 0, a value out of its range above: the
+ *   message names it); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a worker thread could not be
+ *   started). On failure *out is NULL.
+ */
 FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_scheduler_params *params,
                                               flame_scheduler **out);
 
-/* Stops taking requests, scores every request already queued (each done callback runs),
- * joins the workers and frees the scheduler. Called from a done callback of this scheduler
- * (e.g. by a host language's garbage collector), it returns once every queued request is
- * scored and no batch will use the engine any more; the remaining callbacks of the calling
- * worker's batch still run, and that worker frees the scheduler when it is through. NULL is a
- * no-op. */
+/*
+ * flame_scheduler_destroy: drains and frees a scheduler.
+ *
+ * Stops taking requests (submits from then on get FLAME_ERR_UNAVAILABLE), scores every request
+ * already queued (each done callback runs), joins the workers and frees the scheduler.
+ *
+ * Parameters:
+ *   scheduler  the caller's scheduler; NULL is a no-op.
+ * Thread-safety: not concurrently with other calls on the scheduler, except from one of its
+ *   own done callbacks (e.g. by a host language's garbage collector): it then returns once
+ *   every queued request is scored and no batch will use the engine any more; the remaining
+ *   callbacks of the calling worker's batch still run, and that worker frees the scheduler
+ *   when it is through.
+ * Returns: nothing.
+ */
 FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
 
-/* Queues one request; `done(user, ...)` runs when it is scored. The request struct is copied
- * (as flame_score reads it: struct_size of an older or newer flame.h accepted); the arrays it
- * points to and `scores` must stay valid and unchanged until done runs. Output as flame_score:
- * scores[c * num_tasks + t], nothing written on failure (the parts of a split request are
- * gathered privately and copied out when all succeeded).
+/*
+ * flame_scheduler_submit: queues one request; done runs when it is scored.
+ *
  * Batching: a request joins the batch being formed in arrival order (no overtaking) while
  * some profile holds the batch with it; the batch goes to a worker when no further request
  * could join it, when the next queued one does not fit, or when its oldest request has waited
  * max_wait_us. A request with more candidates than the largest max_candidates is split into
  * ceil(n / largest) parts of equal size (within one), scored as separate requests of the same
  * user (candidates never see each other under SUMI, so the scores are those of the whole
- * request, up to the float rounding of another batch shape).
- * A batch whose flame_score_batch fails with FLAME_ERR_INVALID_ARG is scored request by
- * request, so one bad request fails alone and the others succeed; any other failure
- * (FLAME_ERR_UNAVAILABLE of a feature store, FLAME_ERR_NOMEM) fails every request of the batch.
- * Thread-safe. Returns FLAME_OK (done will run exactly once); FLAME_ERR_INVALID_ARG (NULL
- * scheduler/request/done, NULL scores with candidates, struct_size outside 8..4096,
- * more candidates than 2^24, broken candidate bags of a request to be split, more parts than
- * max_queue);
- * FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks); FLAME_ERR_UNAVAILABLE
- * (max_queue parts are waiting, or the scheduler is being destroyed: shed load); FLAME_ERR_NOMEM.
- * On any failure done is not called and nothing is queued. A request without candidates is
- * only validated, on the calling thread: done runs before submit returns, with the status
- * flame_score would give it. */
+ * request, up to the float rounding of another batch shape). A batch whose flame_score_batch
+ * fails with FLAME_ERR_INVALID_ARG is scored request by request, so one bad request fails
+ * alone and the others succeed; any other failure (FLAME_ERR_UNAVAILABLE of a feature store,
+ * FLAME_ERR_NOMEM) fails every request of the batch. A request without candidates is only
+ * validated, on the calling thread: done runs before submit returns, with the status
+ * flame_score would give it.
+ *
+ * Parameters:
+ *   scheduler   the scheduler.
+ *   request     copied (as flame_score reads it: the struct_size rule); the arrays it points
+ *               to are borrowed until done runs and must stay unchanged.
+ *   scores      output as flame_score's, float32 [num_candidates, num_tasks]; the caller's,
+ *               borrowed until done runs. Nothing is written on failure (the parts of a
+ *               split request are gathered privately and copied out when all succeeded).
+ *   scores_len  capacity of scores in floats.
+ *   done        called exactly once, on a worker thread (flame_score_done_fn), when submit
+ *               returned FLAME_OK.
+ *   user        passed to done unchanged.
+ * Thread-safety: thread-safe.
+ * Returns: FLAME_OK (done will run exactly once); FLAME_ERR_INVALID_ARG (NULL scheduler,
+ *   request or done, NULL scores or candidates with num_candidates > 0, struct_size outside
+ *   8..4096, num_side_features other than the model's, more candidates than 2^24, broken
+ *   candidate bags of a request to be split, more parts than max_queue);
+ *   FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks); FLAME_ERR_UNAVAILABLE
+ *   (max_queue parts are waiting, or the scheduler is being destroyed: shed load);
+ *   FLAME_ERR_NOMEM. On any failure done is not called and nothing is queued.
+ */
 FLAME_API flame_status flame_scheduler_submit(flame_scheduler *scheduler, const flame_request *request, float *scores,
                                               size_t scores_len, flame_score_done_fn done, void *user);
 
-/* Submits and waits: flame_score through the scheduler, for callers that block anyway.
- * Returns the request's status (flame_last_error() carries its message on this thread), or
- * the statuses of flame_scheduler_submit; FLAME_ERR_INVALID_ARG when called from a done
- * callback of the same scheduler. */
+/*
+ * flame_scheduler_score: submits and waits (flame_score through the scheduler).
+ *
+ * For callers that block anyway; the request is batched with others as a submit is.
+ *
+ * Parameters:
+ *   scheduler   the scheduler.
+ *   request     as flame_scheduler_submit; borrowed for the call.
+ *   scores      output as flame_score's; the caller's.
+ *   scores_len  capacity of scores in floats.
+ * Thread-safety: thread-safe; not from a done callback of the same scheduler.
+ * Returns: the request's status (flame_last_error() carries its message on this thread), or
+ *   the statuses of flame_scheduler_submit; FLAME_ERR_INVALID_ARG when called from a done
+ *   callback of the same scheduler (it would wait for the worker it runs on).
+ */
 FLAME_API flame_status flame_scheduler_score(flame_scheduler *scheduler, const flame_request *request, float *scores,
                                              size_t scores_len);
 
@@ -132,13 +172,32 @@ typedef struct flame_scheduler_stats {
     uint64_t queue_wait_p50_us, queue_wait_p99_us;
 } flame_scheduler_stats;
 
-/* Fills *stats (counters read one by one, not as one snapshot). Thread-safe.
- * Returns FLAME_OK; FLAME_ERR_INVALID_ARG (NULL, struct_size outside 8..4096). */
+/*
+ * flame_scheduler_get_stats: the scheduler's counters and latency percentiles.
+ *
+ * Parameters:
+ *   scheduler  the scheduler.
+ *   stats      written up to stats->struct_size bytes (the struct_size rule); the caller sets
+ *              struct_size.
+ * Thread-safety: thread-safe (counters read one by one, not as one snapshot).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL scheduler or stats, stats->struct_size outside
+ *   8..4096; *stats untouched).
+ * Math: percentiles from log-linear histograms (16 sub-buckets per power of two, as
+ *   HdrHistogram), within 1/16 of the true value, rounded up.
+ */
 FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *scheduler, flame_scheduler_stats *stats);
 
-/* Empties the latency histograms (the percentiles then cover what completes from now on: a
- * monitoring loop calls this after each read). Counters are not reset. Thread-safe (requests
- * completing meanwhile land in either window). Returns FLAME_OK; FLAME_ERR_INVALID_ARG. */
+/*
+ * flame_scheduler_reset_latency: empties the latency histograms.
+ *
+ * The percentiles then cover what completes from now on: a monitoring loop calls this after
+ * each read. Counters are not reset.
+ *
+ * Parameters:
+ *   scheduler  the scheduler.
+ * Thread-safety: thread-safe (requests completing meanwhile land in either window).
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL scheduler).
+ */
 FLAME_API flame_status flame_scheduler_reset_latency(flame_scheduler *scheduler);
 
 #ifdef __cplusplus

@@ -1,14 +1,15 @@
 """libflame from Python: load flame models and score candidates (directly, or batched across
-threads by a flame.Scheduler), feed them from the feature caches (flame.ItemCache over a flame.FeatureSource, the shared-memory flame.UserCache), train
-flame models in PyTorch (flame.torch_ref) and export them (flame.export), convert other
-checkpoints (flame.convert), and check against a float64 numpy reference (flame.reference).
+threads by a flame.Scheduler), fed from the feature caches (flame.ItemCache over a
+flame.FeatureSource, the shared-memory flame.UserCache). This package is the binding; the
+tooling (training in PyTorch, export, int8 quantization, converters, the float64 numpy
+reference, evaluation) is flame.tools, which the binding does not import.
 
     import flame, numpy as np
     with flame.Model("model.flame") as m, flame.Engine(m) as engine:
         scores = engine.score(np.array([12, 7, 301]), np.array([5, 99, 1024]))  # float32 [3, tasks]
 
 Importing needs only numpy and safetensors; libflame is loaded on first use (FLAME_LIBRARY,
-else this package's build tree, else the system's), torch only by flame.torch_ref.
+else this package's build tree, else the system's), torch only by flame.tools.torch_ref.
 """
 __version__ = "0.2.0"
 
@@ -19,7 +20,6 @@ from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, F
                      InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
                      UnavailableError,
                      ShapeError, UnsupportedError, VersionMismatchError)
-from .exporter import export
 from .features import FeatureRecord, FeatureSource, ItemCache, load_redis
 from .log import clear_log_handler, set_log_handler
 from .memory import PinnedBuffer, PinnedPool, numa_info
@@ -28,15 +28,23 @@ from .scheduler import Scheduler
 from .user_cache import UserCache, UserRecord
 
 
+# The tooling's modules were flame.<name> before flame.tools existed: `from flame import
+# reference` and flame.export still resolve (lazily, so importing flame imports none of them).
+_TOOLS = ("reference", "convert", "exporter", "quant", "st_io", "evaluate", "torch_ref", "layout")
+
+
 def __getattr__(name):
-    # torch_ref imports torch: only when asked for
-    if name == "torch_ref":
-        import importlib
-        return importlib.import_module(".torch_ref", __name__)
+    import importlib
+    if name == "tools":
+        return importlib.import_module(".tools", __name__)
+    if name in _TOOLS:
+        return importlib.import_module(f".tools.{name}", __name__)
+    if name == "export":
+        return importlib.import_module(".tools.exporter", __name__).export
     raise AttributeError(f"module 'flame' has no attribute {name!r}")
 
 
-__all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "export", "library_version", "set_log_handler",
+__all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "library_version", "set_log_handler",
            "clear_log_handler", "FeatureRecord", "FeatureSource", "ItemCache", "load_redis", "UserCache", "UserRecord",
            "PinnedPool", "PinnedBuffer", "numa_info", "Scheduler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
            "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",

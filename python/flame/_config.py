@@ -1,6 +1,6 @@
-"""flame_config from keyword arguments: one table of (flame_option value, Python type) per
-handle kind (engine options, item cache options), checked here for type, by the library for
-range (its message names the option and the bounds)."""
+"""flame_config (the engine's configuration) from keyword arguments: a table of
+(flame_option value, Python type), checked here for type, by the library for range (its
+message names the option and the bounds)."""
 from __future__ import annotations
 
 import ctypes as C

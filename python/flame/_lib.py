@@ -23,7 +23,7 @@ from typing import List, Optional
 from . import errors
 from ._structs import (I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN, FETCH_FN, NumaInfo, PinnedPoolParams,
                        PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats,
-                       SchedulerParams, SchedulerStats, DONE_FN)
+                       ItemCacheParams, SchedulerParams, SchedulerStats, DONE_FN)
 
 # The C API this package was written against: flame.h 0.2.x. Same major (the ABI promise),
 # and at least this minor (the functions and struct fields bound below exist from 0.2).
@@ -45,6 +45,7 @@ PROTOTYPES = [
     ("flame_config_destroy", None, [_vp]),
     ("flame_config_set_int", _st, [_vp, C.c_int, C.c_int64]),
     ("flame_config_set_string", _st, [_vp, C.c_int, C.c_char_p]),
+    ("flame_config_set_pointer", _st, [_vp, C.c_int, _vp]),
     ("flame_engine_create", _st, [_vp, _vp, C.POINTER(_vp)]),
     ("flame_engine_destroy", None, [_vp]),
     ("flame_score", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t]),
@@ -83,7 +84,7 @@ PROTOTYPES = [
     ("flame_feature_source_num_slots", C.c_int32, [_vp]),
     ("flame_feature_source_fetch", _st, [_vp, I64P, C.c_size_t, _vp]),
     ("flame_feature_source_destroy", None, [_vp]),
-    ("flame_item_cache_create", _st, [_vp, _vp, C.POINTER(_vp)]),
+    ("flame_item_cache_create", _st, [_vp, C.POINTER(ItemCacheParams), C.POINTER(_vp)]),
     ("flame_item_cache_destroy", None, [_vp]),
     ("flame_item_cache_get", _st, [_vp, I64P, C.c_size_t, _vp]),
     ("flame_item_cache_put", _st, [_vp, C.c_int64, I64P, I64P, C.c_size_t, F32P, C.c_size_t]),

@@ -92,6 +92,16 @@ class ItemCacheStats(C.Structure):
                 ("bytes", C.c_uint64)]
 
 
+class ItemCacheParams(C.Structure):
+    # ttl_fn / clock_fn are C function pointers, left NULL from Python (the defaults)
+    _fields_ = [("struct_size", C.c_size_t), ("max_entries", C.c_uint64), ("max_bytes", C.c_uint64),
+                ("hot_ttl_us", C.c_uint64), ("cold_ttl_us", C.c_uint64), ("hot_hits", C.c_uint64),
+                ("negative_ttl_us", C.c_uint64), ("refresh_min_hits", C.c_uint64), ("retry_min_us", C.c_uint64),
+                ("retry_max_us", C.c_uint64), ("shards", C.c_uint32), ("refresh_percent", C.c_uint32),
+                ("manual_refresh", C.c_int32), ("ttl_fn", C.c_void_p), ("ttl_user", C.c_void_p),
+                ("clock_fn", C.c_void_p), ("clock_user", C.c_void_p)]
+
+
 class BatchProfile(C.Structure):
     _fields_ = [("max_users", C.c_uint32), ("max_candidates", C.c_uint32)]
 

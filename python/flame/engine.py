@@ -39,11 +39,11 @@ class Request:
     history:        int64 [history_len], oldest first (any length; the most recent max_len are used)
     candidates:     int64 [num_candidates]
     history_side:   per side-feature slot an (offsets int64 [history_len + 1], ids int64) pair;
-                    None when the engine's item cache gives the bags (Engine.set_item_cache)
+                    None when the engine's item cache gives the bags (Engine(item_cache=...))
     candidate_side: per slot an (offsets int64 [num_candidates + 1], ids int64) pair; likewise
     user_id:        the user's key in the engine's user cache (None: not given; 0 goes to C)
     from_user_cache: True: the history is user_id's record in the engine's user cache
-                    (Engine.set_user_cache); history and history_side are then None and
+                    (Engine(user_cache=...)); history and history_side are then None and
                     user_id is required. A user without a record scores an empty history
                     (counted in stats()["engine"]["user_cache_misses"]).
     """
@@ -63,9 +63,10 @@ class Engine(Handle):
     """Scores candidates for users with a model. Thread-safe: score() may be called from many
     threads at once (the library gives each call its own workspace; ctypes releases the GIL).
 
-    Caches: set_item_cache(ItemCache) lets requests leave their side features out (the cache
-    gives the bags); set_user_cache(UserCache) lets them give a user id instead of a history
-    (from_user_cache=True). The engine keeps the attached caches alive.
+    Caches, given at creation: item_cache=ItemCache lets requests leave their side features
+    out (the cache gives the bags); user_cache=UserCache lets them give a user id instead of a
+    history (from_user_cache=True). The engine keeps its caches alive. (set_item_cache and
+    set_user_cache attach them later, as flame_engine_set_item_cache/_user_cache do in C.)
 
     Options (keyword arguments; the library checks the values):
       device: "cpu" (default), "auto", "cuda", "cuda:N"
@@ -77,20 +78,29 @@ class Engine(Handle):
 
     _destroy, _what = "flame_engine_destroy", "engine"
 
-    def __init__(self, model: Model, **options: Union[str, int]):
+    def __init__(self, model: Model, *, item_cache: Optional[ItemCache] = None,
+                 user_cache: Optional[UserCache] = None, **options: Union[str, int]):
+        if item_cache is not None and not isinstance(item_cache, ItemCache):
+            raise TypeError(f"item_cache must be a flame.ItemCache or None, got {type(item_cache).__name__}")
+        if user_cache is not None and not isinstance(user_cache, UserCache):
+            raise TypeError(f"user_cache must be a flame.UserCache or None, got {type(user_cache).__name__}")
         self._handle = C.c_void_p()
         L = _lib.lib()
         info = model.info
         self.num_tasks, self.num_side_features = info.num_tasks, info.num_side_features
         self.head = info.head
-        cfg = _config.build(OPTIONS, options, "engine") if options else C.c_void_p()
+        cfg = _config.build(OPTIONS, options, "engine")
         try:
-            with model._use() as mh:
+            with model._use() as mh, (item_cache._use() if item_cache else contextlib.nullcontext()) as ih, \
+                    (user_cache._use() if user_cache else contextlib.nullcontext()) as uh:
+                # FLAME_OPT_ITEM_CACHE, FLAME_OPT_USER_CACHE: the engine takes its own references
+                _lib.check(L.flame_config_set_pointer(cfg, 10, ih))
+                _lib.check(L.flame_config_set_pointer(cfg, 11, uh))
                 _lib.check(L.flame_engine_create(mh, cfg, C.byref(self._handle)))
         finally:
             L.flame_config_destroy(cfg)
-        self._item_cache: Optional[ItemCache] = None
-        self._user_cache: Optional[UserCache] = None
+        self._item_cache: Optional[ItemCache] = item_cache
+        self._user_cache: Optional[UserCache] = user_cache
         self._schedulers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # flame.Scheduler objects over this engine
         self._on_gpu = False
         self._on_gpu = self.stats()["engine"]["device_bytes"] > 0
@@ -107,9 +117,9 @@ class Engine(Handle):
     # ------------------------------------------------------------ caches
 
     def set_item_cache(self, cache: Optional[ItemCache]) -> None:
-        """Attaches an item cache (None detaches): requests that give no side features get
-        their bags from it (a missing record pools to zero vectors). Not to be called while
-        the engine scores. Raises InvalidArgumentError when the cache's records have another
+        """Attaches an item cache (None detaches) after creation; Engine(model, item_cache=...)
+        gives it at creation instead. Requests that give no side features get their bags from
+        it (a missing record pools to zero vectors). Not to be called while the engine scores. Raises InvalidArgumentError when the cache's records have another
         slot count than the model's side features."""
         if cache is not None and not isinstance(cache, ItemCache):
             raise TypeError(f"cache must be a flame.ItemCache or None, got {type(cache).__name__}")
@@ -118,7 +128,8 @@ class Engine(Handle):
         self._item_cache = cache
 
     def set_user_cache(self, cache: Optional[UserCache]) -> None:
-        """Attaches a user cache (None detaches): requests with from_user_cache=True score
+        """Attaches a user cache (None detaches) after creation; Engine(model, user_cache=...)
+        gives it at creation instead. Requests with from_user_cache=True score
         user_id's record (slot 0, oldest first; its most recent max_len items) as their
         history; a miss scores an empty history. Not to be called while the engine scores."""
         if cache is not None and not isinstance(cache, UserCache):

@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
-from . import _arrays, _config, _lib, errors
+from . import _arrays, _lib, errors
 from ._handle import Handle
-from ._structs import FETCH_FN, F32P, I64P, ItemCacheStats, RedisOptions, as_dict, new
+from ._structs import FETCH_FN, F32P, I64P, ItemCacheParams, ItemCacheStats, RedisOptions, as_dict, new
 from .errors import FlameError, ShapeError
 
 _log = logging.getLogger("flame")
@@ -287,12 +287,33 @@ def load_redis(path: Union[str, os.PathLike], num_slots: int, **redis: Any) -> i
     return written.value
 
 
-# Item cache options (flame_option values 100..111); times in microseconds.
-ITEM_CACHE_OPTIONS = {"max_entries": (100, int), "max_bytes": (101, int), "shards": (102, int),
-                      "hot_ttl_us": (103, int), "cold_ttl_us": (104, int), "hot_hits": (105, int),
-                      "negative_ttl_us": (106, int), "refresh_percent": (107, int),
-                      "refresh_min_hits": (108, int), "refresh_thread": (109, bool), "retry_min_us": (110, int),
-                      "retry_max_us": (111, int)}
+# Item cache options: the integer fields of flame_item_cache_params (times in microseconds),
+# and refresh_thread, the negation of its manual_refresh.
+ITEM_CACHE_OPTIONS = ("max_entries", "max_bytes", "shards", "hot_ttl_us", "cold_ttl_us", "hot_hits",
+                      "negative_ttl_us", "refresh_percent", "refresh_min_hits", "refresh_thread", "retry_min_us",
+                      "retry_max_us")
+
+
+def _item_cache_params(options: dict) -> ItemCacheParams:
+    """flame_item_cache_params from keyword options, checked here for name and type; the
+    library checks the ranges (its message names the field and the bounds). A 0 in the C
+    struct means "the default", so a 0 given here is refused rather than passed on."""
+    p = new(ItemCacheParams)
+    for key, value in options.items():
+        if key not in ITEM_CACHE_OPTIONS:
+            raise TypeError(f"unknown item cache option {key!r}; known: {sorted(ITEM_CACHE_OPTIONS)}")
+        if key == "refresh_thread":
+            if not isinstance(value, (bool, np.bool_)):
+                raise errors.DTypeError(f"option refresh_thread must be True or False, got {type(value).__name__}")
+            p.manual_refresh = 0 if value else 1
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise errors.DTypeError(f"option {key} must be an int, got {type(value).__name__}")
+        if value < 1 or value >= 1 << 64:
+            raise errors.InvalidArgumentError(f"item cache option {key} = {value} is out of range (at least 1"
+                                              f"{'; 100 turns refresh-ahead off' if key == 'refresh_percent' else ''})")
+        setattr(p, key, int(value))
+    return p
 
 
 class ItemCache(Handle):
@@ -300,12 +321,14 @@ class ItemCache(Handle):
     hits, S3-FIFO eviction bounded by entries and bytes, TTL from popularity, refresh-ahead,
     single-flight misses, negative caching (flame.h, flame_item_cache_create).
 
-    Options (keyword arguments, FLAME_OPT_ITEM_CACHE_*; the library checks the ranges):
+    Options (keyword arguments, the fields of flame_item_cache_params; the library checks the
+    ranges; an option left out takes the library's default):
       max_entries, max_bytes, shards, hot_ttl_us, cold_ttl_us, hot_hits, negative_ttl_us,
-      refresh_percent, refresh_min_hits, refresh_thread (True: a background thread refreshes;
-      False: call run_refresh), retry_min_us, retry_max_us.
+      refresh_percent (1..99, 100: no refresh-ahead), refresh_min_hits, refresh_thread (True,
+      the default: a background thread refreshes; False: call run_refresh), retry_min_us,
+      retry_max_us.
     Thread-safe: get/put/invalidate/run_refresh/stats from any threads. Engines using the
-    cache keep it alive, so it may be closed once attached (Engine.set_item_cache).
+    cache keep it alive, so it may be closed once given to one (Engine(model, item_cache=...)).
     """
 
     _destroy, _what = "flame_item_cache_destroy", "item cache"
@@ -316,13 +339,9 @@ class ItemCache(Handle):
             raise TypeError(f"source must be a flame.FeatureSource, got {type(source).__name__}")
         self._handle = C.c_void_p()
         self.source, self.num_slots = source, source.num_slots  # the source's callback lives as long as we do
-        L = _lib.lib()
-        cfg = _config.build(ITEM_CACHE_OPTIONS, options, "item cache") if options else C.c_void_p()
-        try:
-            with source._use() as sh:
-                _lib.check(L.flame_item_cache_create(sh, cfg, C.byref(self._handle)))
-        finally:
-            L.flame_config_destroy(cfg)
+        params = _item_cache_params(options)
+        with source._use() as sh:
+            _lib.check(_lib.lib().flame_item_cache_create(sh, C.byref(params), C.byref(self._handle)))
 
     @property
     def callbacks(self) -> List[Optional[_Callback]]:

@@ -18,21 +18,6 @@ static const int_option int_options[] = {
     {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", 1, 16, offsetof(struct flame_config, cuda_executors)},
     {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", 0, 1, offsetof(struct flame_config, cuda_graphs)},
     {FLAME_OPT_THREADS, "FLAME_OPT_THREADS", 0, 256, offsetof(struct flame_config, threads)},
-    /* item cache; times in us, up to a year */
-#define IC(opt, field, lo, hi) {opt, #opt, lo, hi, offsetof(struct flame_config, field)}
-    IC(FLAME_OPT_ITEM_CACHE_MAX_ENTRIES, ic_max_entries, 1, 1ll << 32),
-    IC(FLAME_OPT_ITEM_CACHE_MAX_BYTES, ic_max_bytes, 4096, 1ll << 48),
-    IC(FLAME_OPT_ITEM_CACHE_SHARDS, ic_shards, 1, 4096),
-    IC(FLAME_OPT_ITEM_CACHE_HOT_TTL_US, ic_hot_ttl, 1, 31536000000000ll),
-    IC(FLAME_OPT_ITEM_CACHE_COLD_TTL_US, ic_cold_ttl, 1, 31536000000000ll),
-    IC(FLAME_OPT_ITEM_CACHE_HOT_HITS, ic_hot_hits, 1, 1ll << 32),
-    IC(FLAME_OPT_ITEM_CACHE_NEGATIVE_TTL_US, ic_negative_ttl, 1, 31536000000000ll),
-    IC(FLAME_OPT_ITEM_CACHE_REFRESH_PERCENT, ic_refresh_pct, 0, 99),
-    IC(FLAME_OPT_ITEM_CACHE_REFRESH_MIN_HITS, ic_refresh_min_hits, 1, 1ll << 32),
-    IC(FLAME_OPT_ITEM_CACHE_REFRESH_THREAD, ic_refresh_thread, 0, 1),
-    IC(FLAME_OPT_ITEM_CACHE_RETRY_MIN_US, ic_retry_min, 1, 31536000000000ll),
-    IC(FLAME_OPT_ITEM_CACHE_RETRY_MAX_US, ic_retry_max, 1, 31536000000000ll),
-#undef IC
 };
 
 void fl_config_defaults(struct flame_config *c)
@@ -43,19 +28,6 @@ void fl_config_defaults(struct flame_config *c)
     c->max_batch = 256;
     c->cuda_executors = 2;
     c->cuda_graphs = 1;
-    /* item cache */
-    c->ic_max_entries = 1000000;
-    c->ic_max_bytes = 1ll << 30;
-    c->ic_shards = 64;
-    c->ic_hot_ttl = 30ll * 60 * 1000000;
-    c->ic_cold_ttl = 60ll * 1000000;
-    c->ic_hot_hits = 32;
-    c->ic_negative_ttl = 10ll * 1000000;
-    c->ic_refresh_pct = 80;
-    c->ic_refresh_min_hits = 2;
-    c->ic_refresh_thread = 1;
-    c->ic_retry_min = 100000;
-    c->ic_retry_max = 30ll * 1000000;
 }
 
 fl_dtype_opt fl_config_dtype(const struct flame_config *c)
@@ -164,13 +136,24 @@ FLAME_API flame_status flame_config_get_string(const flame_config *config, flame
     return FLAME_OK;
 }
 
+/* The pointer options: where each lives. */
+static void **pointer_slot(struct flame_config *c, flame_option o)
+{
+    switch (o) {
+    case FLAME_OPT_CUDA_STREAM: return &c->cuda_stream;
+    case FLAME_OPT_ITEM_CACHE: return (void **)&c->item_cache;
+    case FLAME_OPT_USER_CACHE: return (void **)&c->user_cache;
+    default: return NULL;
+    }
+}
+
 FLAME_API flame_status flame_config_set_pointer(flame_config *config, flame_option option, void *value)
 {
     fl_clear_error();
     if (!config) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_set_pointer: config is NULL");
-    if (option != FLAME_OPT_CUDA_STREAM)
-        return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
-    config->cuda_stream = value;
+    void **slot = pointer_slot(config, option);
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
+    *slot = value;
     return FLAME_OK;
 }
 
@@ -178,8 +161,8 @@ FLAME_API flame_status flame_config_get_pointer(const flame_config *config, flam
 {
     fl_clear_error();
     if (!config || !value) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_pointer: NULL argument");
-    if (option != FLAME_OPT_CUDA_STREAM)
-        return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
-    *value = config->cuda_stream;
+    void **slot = pointer_slot((struct flame_config *)config, option);
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
+    *value = *slot;
     return FLAME_OK;
 }

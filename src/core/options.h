@@ -15,9 +15,9 @@ struct flame_config {
     int64_t cuda_executors;       /* GPU executors (streams with their own buffers) */
     int64_t cuda_graphs;          /* 1: capture and replay CUDA graphs */
     int64_t threads;              /* CPU threads for the single-user dot head; 0 = the BLAS's count */
-    /* item cache: FLAME_OPT_ITEM_CACHE_* */
-    int64_t ic_max_entries, ic_max_bytes, ic_shards, ic_hot_ttl, ic_cold_ttl, ic_hot_hits, ic_negative_ttl,
-        ic_refresh_pct, ic_refresh_min_hits, ic_refresh_thread, ic_retry_min, ic_retry_max;
+    /* the caches the engine reads, borrowed by the config (the engine takes references) */
+    struct flame_item_cache *item_cache;
+    struct flame_user_cache *user_cache;
 };
 
 void fl_config_defaults(struct flame_config *c);

@@ -35,6 +35,24 @@ static flame_status choose_device(const struct flame_config *cfg, int *ordinal)
     return FLAME_OK;
 }
 
+/* The checks a cache passes before an engine holds it (at creation or by a setter). */
+static flame_status check_item_cache(const flame_model *model, const flame_item_cache *cache)
+{
+    if (cache && cache->num_slots != model->cfg.num_side)
+        return fl_error(FLAME_ERR_INVALID_ARG, "the item cache's records have %d slots, the model has %d side features",
+                        cache->num_slots, model->cfg.num_side);
+    return FLAME_OK;
+}
+
+static void warn_short_user_cache(const flame_model *model, const flame_user_cache *cache)
+{
+    if (cache && cache->lay.max_ids < (uint32_t)model->cfg.max_len) /* legal, but rarely meant */
+        fl_log(FLAME_LOG_WARN,
+               "user cache '%s' holds at most %u ids a user, fewer than the model's window of %d: histories read "
+               "from it are at most %u items long",
+               cache->name, cache->lay.max_ids, model->cfg.max_len, cache->lay.max_ids);
+}
+
 FLAME_API flame_status flame_engine_create(flame_model *model, const flame_config *config, flame_engine **out)
 {
     fl_clear_error();
@@ -46,7 +64,8 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     else
         fl_config_defaults(&cfg);
     int ordinal = -1;
-    flame_status st = choose_device(&cfg, &ordinal);
+    flame_status st = check_item_cache(model, cfg.item_cache);
+    if (!st) st = choose_device(&cfg, &ordinal);
     if (st) return st;
     if (ordinal < 0) (void)fl_blas_is_weak(); /* says once, now, if the BLAS runs slow kernels here */
     if (ordinal < 0 && strcmp(cfg.dtype, "fp32") != 0)
@@ -72,6 +91,14 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     if (e->threads < 1) e->threads = 1;
     e->model = model;
     fl_model_retain(model);
+    /* the caches named by the config are the engine's for its life; the config only borrowed them */
+    e->item_cache = cfg.item_cache;
+    e->user_cache = cfg.user_cache;
+    e->cfg.item_cache = NULL;
+    e->cfg.user_cache = NULL;
+    if (e->item_cache) fl_icache_retain(e->item_cache);
+    if (e->user_cache) fl_uc_retain(e->user_cache);
+    warn_short_user_cache(model, e->user_cache);
     *out = e;
     return FLAME_OK;
 }
@@ -113,30 +140,27 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
     return fl_struct_out("flame_engine_stats", stats, &v, sizeof v);
 }
 
-/* the item cache that fills side features of id-only requests */
+/* the item cache that fills side features of id-only requests, after creation (0.2.x
+ * compatibility; FLAME_OPT_ITEM_CACHE gives it at creation) */
 FLAME_API flame_status flame_engine_set_item_cache(flame_engine *engine, flame_item_cache *cache)
 {
     fl_clear_error();
     if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_set_item_cache: engine is NULL");
-    if (cache && cache->num_slots != engine->model->cfg.num_side)
-        return fl_error(FLAME_ERR_INVALID_ARG, "the item cache's records have %d slots, the model has %d side features",
-                        cache->num_slots, engine->model->cfg.num_side);
+    flame_status st = check_item_cache(engine->model, cache);
+    if (st) return st;
     if (cache) fl_icache_retain(cache);
     fl_icache_release(engine->item_cache);
     engine->item_cache = cache;
     return FLAME_OK;
 }
 
-/* The user cache that holds the histories of requests giving a user id only (engine/user_history.c) */
+/* The user cache that holds the histories of requests giving a user id only (engine/user_history.c),
+ * after creation (0.2.x compatibility; FLAME_OPT_USER_CACHE gives it at creation) */
 FLAME_API flame_status flame_engine_set_user_cache(flame_engine *engine, flame_user_cache *cache)
 {
     fl_clear_error();
     if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "flame_engine_set_user_cache: engine is NULL");
-    if (cache && cache->lay.max_ids < (uint32_t)engine->model->cfg.max_len) /* legal, but rarely meant */
-        fl_log(FLAME_LOG_WARN,
-               "user cache '%s' holds at most %u ids a user, fewer than the model's window of %d: histories read "
-               "from it are at most %u items long",
-               cache->name, cache->lay.max_ids, engine->model->cfg.max_len, cache->lay.max_ids);
+    warn_short_user_cache(engine->model, cache);
     if (cache) fl_uc_retain(cache);
     fl_uc_release(engine->user_cache);
     engine->user_cache = cache;

@@ -57,18 +57,22 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
         users++;
     }
 
-    /* copies, then per user the window of its history; one record's ids and slot lengths as
-     * the scratch every lookup reads into */
+    /* copies, then per user the window of its history; one record's ids, dense values and
+     * slot lengths as the scratch every lookup reads into (the table's bounds, so a get never
+     * finds the buffers too small; the dense values are not used) */
     const size_t max_len = (size_t)e->model->cfg.max_len;
-    size_t max_ids = users ? e->user_cache->lay.max_ids : 0, slots = users ? e->user_cache->lay.num_slots : 0;
+    const fl_uc_layout *lay = users ? &e->user_cache->lay : NULL;
+    size_t max_ids = lay ? lay->max_ids : 0, max_dense = lay ? lay->max_dense : 0, slots = lay ? lay->num_slots : 0;
     size_t window = max_len < max_ids ? max_len : max_ids;
     int64_t *hist = users ? fl_workspace_grow(&ws->prep[1], &ws->prep_cap[1],
-                                              (users * window + max_ids) * sizeof(int64_t) + slots * sizeof(uint32_t))
+                                              (users * window + max_ids) * sizeof(int64_t) +
+                                                  max_dense * sizeof(float) + slots * sizeof(uint32_t))
                           : NULL;
     if (users && !hist)
         return fl_error(FLAME_ERR_NOMEM, "out of memory reading %zu user(s)' histories from the user cache", users);
     int64_t *rec_ids = hist + users * window;
-    uint32_t *rec_lens = (uint32_t *)(rec_ids + max_ids);
+    float *rec_dense = (float *)(rec_ids + max_ids);
+    uint32_t *rec_lens = (uint32_t *)(rec_dense + max_dense);
 
     const int64_t num_items = e->model->num_items;
     for (size_t r = 0; r < n; r++) {
@@ -76,10 +80,11 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
         const flame_request *q = c;
         if (!c->history_from_user_cache) continue; /* (the flag was checked to be 0 or 1 above) */
         flame_user_features f = {.struct_size = sizeof f, .ids = rec_ids, .slot_lens = rec_lens,
-                                 .ids_capacity = max_ids};
+                                 .ids_capacity = max_ids, .dense = max_dense ? rec_dense : NULL,
+                                 .dense_capacity = max_dense};
         int32_t found = 0;
         flame_status st = flame_user_cache_get(e->user_cache, q->user_id, &f, &found);
-        if (st) return st; /* cannot be BUFFER_TOO_SMALL: the capacity is the table's bound */
+        if (st) return st; /* cannot be BUFFER_TOO_SMALL: the capacities are the table's bounds */
         if (!found) {
             ++*misses;
             continue;

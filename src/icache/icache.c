@@ -356,23 +356,66 @@ flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_
 
 /* ---- public */
 
-FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_config *config,
+/* The caller's params (NULL: all defaults) with every 0 replaced by its default, checked. */
+static flame_status read_params(const flame_item_cache_params *given, flame_item_cache_params *p)
+{
+    *p = (flame_item_cache_params){.struct_size = sizeof *p};
+    if (given) {
+        flame_status st = fl_struct_in("flame_item_cache_params", p, sizeof *p, given);
+        if (st) return st;
+    }
+    const uint64_t year = 31536000000000ull; /* us */
+    struct {
+        const char *name;
+        uint64_t *v, def, lo, hi;
+    } f[] = {{"max_entries", &p->max_entries, 1000000, 1, 1ull << 32},
+             {"max_bytes", &p->max_bytes, 1ull << 30, 4096, 1ull << 48},
+             {"hot_ttl_us", &p->hot_ttl_us, 30ull * 60 * 1000000, 1, year},
+             {"cold_ttl_us", &p->cold_ttl_us, 60ull * 1000000, 1, year},
+             {"hot_hits", &p->hot_hits, 32, 1, 1ull << 32},
+             {"negative_ttl_us", &p->negative_ttl_us, 10ull * 1000000, 1, year},
+             {"refresh_min_hits", &p->refresh_min_hits, 2, 1, 1ull << 32},
+             {"retry_min_us", &p->retry_min_us, 100000, 1, year},
+             {"retry_max_us", &p->retry_max_us, 30ull * 1000000, 1, year}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (!*f[i].v) *f[i].v = f[i].def;
+        if (*f[i].v < f[i].lo || *f[i].v > f[i].hi)
+            return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_params.%s = %llu is out of range [%llu, %llu]",
+                            f[i].name, (unsigned long long)*f[i].v, (unsigned long long)f[i].lo,
+                            (unsigned long long)f[i].hi);
+    }
+    if (!p->shards) p->shards = 64;
+    if (p->shards > 4096)
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_params.shards = %u is out of range [1, 4096]",
+                        p->shards);
+    if (!p->refresh_percent) p->refresh_percent = 80;
+    if (p->refresh_percent > 100)
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "flame_item_cache_params.refresh_percent = %u is out of range [1, 100] (100: no refresh-ahead)",
+                        p->refresh_percent);
+    if (p->manual_refresh != 0 && p->manual_refresh != 1)
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_params.manual_refresh = %d, expected 0 or 1",
+                        (int)p->manual_refresh);
+    if (p->hot_ttl_us < p->cold_ttl_us)
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "flame_item_cache_params.hot_ttl_us = %llu is below cold_ttl_us = %llu",
+                        (unsigned long long)p->hot_ttl_us, (unsigned long long)p->cold_ttl_us);
+    if (p->retry_max_us < p->retry_min_us)
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "flame_item_cache_params.retry_max_us = %llu is below retry_min_us = %llu",
+                        (unsigned long long)p->retry_max_us, (unsigned long long)p->retry_min_us);
+    return FLAME_OK;
+}
+
+FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, const flame_item_cache_params *params,
                                                flame_item_cache **out)
 {
     fl_clear_error();
     if (out) *out = NULL;
     if (!source || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_create: NULL source or out");
-    struct flame_config cfg;
-    if (config)
-        cfg = *config;
-    else
-        fl_config_defaults(&cfg);
-    if (cfg.ic_hot_ttl < cfg.ic_cold_ttl)
-        return fl_error(FLAME_ERR_INVALID_ARG, "FLAME_OPT_ITEM_CACHE_HOT_TTL_US = %lld is below COLD_TTL_US = %lld",
-                        (long long)cfg.ic_hot_ttl, (long long)cfg.ic_cold_ttl);
-    if (cfg.ic_retry_max < cfg.ic_retry_min)
-        return fl_error(FLAME_ERR_INVALID_ARG, "FLAME_OPT_ITEM_CACHE_RETRY_MAX_US = %lld is below RETRY_MIN_US = %lld",
-                        (long long)cfg.ic_retry_max, (long long)cfg.ic_retry_min);
+    flame_item_cache_params p;
+    flame_status st = read_params(params, &p);
+    if (st) return st;
     struct flame_item_cache *c = aligned_alloc(64, sizeof *c);
     if (!c) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating an item cache");
     memset(c, 0, sizeof *c);
@@ -382,20 +425,24 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
     c->source = source;
     fl_source_retain(source);
     c->num_slots = source->num_slots;
-    c->clock = default_clock;
-    c->hot_ttl = (uint64_t)cfg.ic_hot_ttl, c->cold_ttl = (uint64_t)cfg.ic_cold_ttl;
-    c->hot_hits = (uint64_t)cfg.ic_hot_hits, c->neg_ttl = (uint64_t)cfg.ic_negative_ttl;
-    c->refresh_pct = (uint64_t)cfg.ic_refresh_pct, c->refresh_min_hits = (uint64_t)cfg.ic_refresh_min_hits;
-    c->retry_min = (uint64_t)cfg.ic_retry_min, c->retry_max = (uint64_t)cfg.ic_retry_max;
-    while ((1ull << c->shard_bits) < (uint64_t)cfg.ic_shards) c->shard_bits++;
+    c->clock = p.clock_fn ? p.clock_fn : default_clock;
+    c->clock_user = p.clock_fn ? p.clock_user : NULL;
+    c->ttl_fn = p.ttl_fn;
+    c->ttl_user = p.ttl_user;
+    c->hot_ttl = p.hot_ttl_us, c->cold_ttl = p.cold_ttl_us;
+    c->hot_hits = p.hot_hits, c->neg_ttl = p.negative_ttl_us;
+    c->refresh_pct = p.refresh_percent == 100 ? 0 : p.refresh_percent; /* 0 inside: no refresh-ahead */
+    c->refresh_min_hits = p.refresh_min_hits;
+    c->retry_min = p.retry_min_us, c->retry_max = p.retry_max_us;
+    while ((1ull << c->shard_bits) < (uint64_t)p.shards) c->shard_bits++;
     c->nshards = 1u << c->shard_bits;
     pthread_mutex_init(&c->rq_lock, NULL);
     pthread_cond_init(&c->rq_cv, NULL);
     c->shards = aligned_alloc(64, c->nshards * sizeof(fl_shard));
     if (!c->shards) goto nomem;
     memset(c->shards, 0, c->nshards * sizeof(fl_shard));
-    uint64_t per_entries = ((uint64_t)cfg.ic_max_entries + c->nshards - 1) / c->nshards;
-    uint64_t per_bytes = (uint64_t)cfg.ic_max_bytes / c->nshards;
+    uint64_t per_entries = (p.max_entries + c->nshards - 1) / c->nshards;
+    uint64_t per_bytes = p.max_bytes / c->nshards;
     for (uint32_t i = 0; i < c->nshards; i++) {
         fl_shard *sh = &c->shards[i];
         pthread_mutex_init(&sh->lock, NULL);
@@ -409,7 +456,7 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
         sh->buckets = calloc(nb, sizeof *sh->buckets);
         if (!sh->buckets || fl_ghost_init(&sh->ghost, per_entries)) goto nomem;
     }
-    if (cfg.ic_refresh_thread) {
+    if (!p.manual_refresh) {
         if (pthread_create(&c->thread, NULL, fl_refresh_thread, c) != 0) {
             flame_item_cache_destroy(c);
             return fl_error(FLAME_ERR_INTERNAL, "cannot start the item cache refresh thread");
@@ -421,8 +468,8 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
 nomem:
     if (!c->shards) c->nshards = 0;
     flame_item_cache_destroy(c);
-    return fl_error(FLAME_ERR_NOMEM, "out of memory allocating an item cache of %lld entries",
-                    (long long)cfg.ic_max_entries);
+    return fl_error(FLAME_ERR_NOMEM, "out of memory allocating an item cache of %llu entries",
+                    (unsigned long long)p.max_entries);
 }
 
 void fl_icache_retain(struct flame_item_cache *c)

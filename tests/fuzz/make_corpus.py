@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "tests" / "python")]
 import flame_testlib  # noqa: E402
-from flame import reference  # noqa: E402
+from flame.tools import reference  # noqa: E402
 
 OUT = ROOT / "tests" / "fuzz" / "corpus"
 

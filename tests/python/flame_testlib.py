@@ -4,7 +4,7 @@ import copy
 
 import numpy as np
 
-from flame import layout, reference
+from flame.tools import layout, reference
 
 BASE = {
     "format": "flame", "version": 1, "d_model": 16, "max_len": 6,

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")]
 import flame  # noqa: E402
-from flame import reference  # noqa: E402
+from flame.tools import reference  # noqa: E402
 
 ITEMS = 20000
 CFG = {

@@ -8,7 +8,8 @@ import pytest
 
 import flame
 import flame_testlib as lib
-from flame import _arrays, reference
+from flame import _arrays
+from flame.tools import reference
 
 SIDE = "relu_concat_projection_side_sumi"  # sumi head, 2 side slots (tables of 7 and 13 rows), 40 items
 

@@ -19,7 +19,7 @@ def beauty_flame(beauty_dir, tmp_path):
     if built.exists():
         return built
     out = tmp_path / "beauty.flame.safetensors"
-    subprocess.run([sys.executable, "-m", "flame.convert", "iclrec", str(beauty_dir / "iclrec-beauty.safetensors"),
+    subprocess.run([sys.executable, "-m", "flame.tools.convert", "iclrec", str(beauty_dir / "iclrec-beauty.safetensors"),
                     str(out)], check=True, env={"PYTHONPATH": str(REPO / "python")})
     return out
 

@@ -13,7 +13,8 @@ import pytest
 
 import flame
 import flame_testlib as lib
-from flame import errors, reference
+from flame import errors
+from flame.tools import reference
 
 SIDE = "relu_concat_projection_side_sumi"  # sumi head, 2 side slots (tables of 7 and 13 rows), 40 items
 
@@ -245,10 +246,14 @@ def test_item_cache_options_are_checked():
         flame.ItemCache(src, max_entry=5)
     with pytest.raises(flame.DTypeError, match="refresh_thread must be True or False"):
         flame.ItemCache(src, refresh_thread=1)
-    with pytest.raises(flame.InvalidArgumentError):  # the library's range check
+    with pytest.raises(flame.InvalidArgumentError, match="max_entries = 0 is out of range"):  # 0 is C's "default"
         flame.ItemCache(src, max_entries=0)
-    with pytest.raises(flame.InvalidArgumentError, match="HOT_TTL"):
+    with pytest.raises(flame.InvalidArgumentError, match="shards = 5000 is out of range"):  # the library's check
+        flame.ItemCache(src, shards=5000)
+    with pytest.raises(flame.InvalidArgumentError, match="hot_ttl_us = 1000 is below cold_ttl_us = 2000"):
         flame.ItemCache(src, hot_ttl_us=1000, cold_ttl_us=2000)
+    with flame.ItemCache(src, refresh_percent=100, refresh_thread=False) as cache:  # refresh-ahead off
+        assert cache.get([1]) == [None]
     with pytest.raises(TypeError, match="flame.FeatureSource"):
         flame.ItemCache("redis://x")
 
@@ -258,9 +263,8 @@ def test_engine_scores_id_only_requests_from_the_item_cache(side_model, tmp_path
     rng = np.random.default_rng(11)
     recs = random_records(cfg, rng, missing={4})
     write_feature_file(tmp_path / "f.txt", recs, 2)
-    with flame.Engine(model) as full, flame.Engine(model) as engine, \
-            flame.ItemCache(flame.FeatureSource.from_file(tmp_path / "f.txt")) as cache:
-        engine.set_item_cache(cache)
+    with flame.Engine(model) as full, flame.ItemCache(flame.FeatureSource.from_file(tmp_path / "f.txt")) as cache, \
+            flame.Engine(model, item_cache=cache) as engine:
         reqs = [(rng.integers(0, 40, n), rng.integers(0, 40, m)) for n, m in [(3, 5), (0, 2), (9, 7)]]
         reqs.append((np.array([4, 4, 1]), np.array([4, 2])))  # a missing record: empty bags
         want = [full.score(h, c, explicit_sides(recs, h), explicit_sides(recs, c)) for h, c in reqs]
@@ -277,17 +281,21 @@ def test_engine_scores_id_only_requests_from_the_item_cache(side_model, tmp_path
         np.testing.assert_array_equal(engine.score(h, c, explicit_sides(recs, h), explicit_sides(recs, c)), want[0])
         st = engine.stats()
         assert st["item_cache"]["hits"] > 0 and st["item_cache"]["entries"] > 0
-        engine.set_item_cache(None)
+        engine.set_item_cache(None)  # (detached after creation: the 0.2 setter)
         with pytest.raises(flame.ShapeError, match="item cache"):
             engine.score(h, c)
     with pytest.raises(TypeError, match="flame.ItemCache"):
         flame.Engine(model).set_item_cache(object())
+    with pytest.raises(TypeError, match="item_cache must be a flame.ItemCache"):
+        flame.Engine(model, item_cache=object())
 
 
 def test_engine_item_cache_slot_count_and_callback_failure(side_model):
     cfg, model = side_model
+    one_slot = flame.ItemCache(flame.FeatureSource.from_callback(1, lambda ids: [[[0]]] * len(ids)))
+    with pytest.raises(flame.InvalidArgumentError, match="the item cache's records have 1 slots"):
+        flame.Engine(model, item_cache=one_slot)
     with flame.Engine(model) as engine:
-        one_slot = flame.ItemCache(flame.FeatureSource.from_callback(1, lambda ids: [[[0]]] * len(ids)))
         with pytest.raises(flame.InvalidArgumentError, match="slot"):
             engine.set_item_cache(one_slot)
 
@@ -428,6 +436,14 @@ def test_engine_scores_from_the_user_cache(shm_name, tmp_path):
             engine.score(None, cands, user_id=50, from_user_cache=True)
         with pytest.raises(TypeError, match="flame.UserCache"):
             engine.set_user_cache("users")
+        # given at creation: the same scores; the engine keeps the cache after it is closed
+        with flame.Engine(model, user_cache=uc) as given:
+            uc.close()
+            for u, h in hist.items():
+                np.testing.assert_array_equal(given.score(None, cands, user_id=u, from_user_cache=True),
+                                              engine.score(h, cands))
+        with pytest.raises(TypeError, match="user_cache must be a flame.UserCache"):
+            flame.Engine(model, user_cache="users")
 
 
 # ---------------------------------------------------------------- Redis

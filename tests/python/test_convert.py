@@ -1,4 +1,4 @@
-"""flame.convert iclrec: name mapping, inferred config, errors, and the converted model's
+"""flame.tools.convert iclrec: name mapping, inferred config, errors, and the converted model's
 forward against an ICLRec-style padded-window forward written from the Beauty README."""
 import json
 import math
@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from conftest import REPO
-from flame import convert, reference, st_io
+from flame.tools import convert, reference, st_io
 
 ITEMS, D, FFN, MAX_LEN, LAYERS = 23, 8, 20, 7, 2
 
@@ -101,7 +101,7 @@ def test_cli_exit_status(tmp_path):
     del sd["item_embeddings.weight"]
     save_file(sd, str(tmp_path / "in.safetensors"))
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    p = subprocess.run([sys.executable, "-m", "flame.convert", "iclrec", str(tmp_path / "in.safetensors"),
+    p = subprocess.run([sys.executable, "-m", "flame.tools.convert", "iclrec", str(tmp_path / "in.safetensors"),
                         str(tmp_path / "out.safetensors")], env=env, capture_output=True, text=True)
     assert p.returncode == 2 and "missing tensor 'item_embeddings.weight'" in p.stderr
 

@@ -1,5 +1,5 @@
-"""int8 row-wise quantized tables (docs/model-format.md, "int8 tables"): flame.quant's
-quantizer, files written by flame.reference.save / flame.export and read back, libflame
+"""int8 row-wise quantized tables (docs/model-format.md, "int8 tables"): flame.tools.quant's
+quantizer, files written by flame.tools.reference.save / flame.export and read back, libflame
 (ctypes) against the float64 numpy reference on int8 models of every option of the format,
 and the loader's rejections (libflame and the reference refuse the same files, with the same
 message). These tests FAIL (not skip) when lib/libflame.so is missing: `make` builds it."""
@@ -8,7 +8,8 @@ import pytest
 
 import flame_testlib as lib
 import flame
-from flame import _lib, errors, layout, quant, reference, st_io
+from flame import _lib, errors
+from flame.tools import layout, quant, reference, st_io
 
 RTOL = 1e-5  # float32 engine vs float64 reference, relative to lib.score_scale
 
@@ -142,7 +143,7 @@ def test_export_int8_tables(tmp_path, native):
     cfg = lib.CASES["sum_mean_tables_no_position_dot"]
     t = reference.random_model(cfg, 5)
     path = tmp_path / "e.safetensors"
-    flame.export(t, path, cfg, int8_tables=True)
+    flame.tools.export(t, path, cfg, int8_tables=True)
     assert {e["dtype"] for k, e in st_io.read_header(path)[1].items() if k.endswith(".weight")
             and k.startswith("tables.")} == {"I8"}
     _, t64 = reference.load(path)
@@ -153,7 +154,7 @@ def test_export_int8_tables(tmp_path, native):
             want = reference.score(cfg, t64, *r)
             assert np.max(np.abs(engine.score(*r) - want)) <= RTOL * max(np.max(np.abs(want)), 1e-30)
     with pytest.raises(ValueError, match="not a table"):
-        flame.export(t, tmp_path / "f.safetensors", cfg, int8_tables=["missing"])
+        flame.tools.export(t, tmp_path / "f.safetensors", cfg, int8_tables=["missing"])
 
 
 # ---------------------------------------------------------------- rejections
@@ -224,7 +225,7 @@ def test_libflame_and_reference_refuse_the_same_files(tmp_path, native, what, te
 
 def test_torch_from_file_dequantizes_int8_tables(tmp_path):
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    from flame import torch_ref
+    from flame.tools import torch_ref
     cfg = lib.CASES["iclrec_like"]
     t = reference.random_model(cfg, 3)
     path = tmp_path / "t.safetensors"
@@ -256,7 +257,7 @@ def test_beauty_with_an_int8_item_table_keeps_its_metrics(beauty_dir, tmp_path, 
     f32 = REPO / "build" / "beauty.flame.safetensors"  # made by `make test`
     if not f32.exists():
         f32 = tmp_path / "beauty.flame.safetensors"
-        subprocess.run([sys.executable, "-m", "flame.convert", "iclrec", str(beauty_dir / "iclrec-beauty.safetensors"),
+        subprocess.run([sys.executable, "-m", "flame.tools.convert", "iclrec", str(beauty_dir / "iclrec-beauty.safetensors"),
                         str(f32)], check=True, env={"PYTHONPATH": str(REPO / "python")})
     meta, t, _ = st_io.read(f32)
     cfg = layout.parse(meta["flame.config"])

@@ -12,7 +12,8 @@ import pytest
 import flame
 import flame_testlib as lib
 from conftest import REPO
-from flame import _lib, errors, reference
+from flame import _lib, errors
+from flame.tools import reference
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_model_info_random_and_default(tmp_path):
     with flame.Model.random(cfg, seed=5) as m:
         i = m.info
         assert (i.d_model, i.num_blocks, i.num_heads, i.num_tasks, i.head, i.num_items) == (16, 2, 4, 3, "sumi", 40)
-        assert i.weight_bytes == 4 * sum(int(np.prod(s)) for s in flame.layout.shapes(cfg).values())
+        assert i.weight_bytes == 4 * sum(int(np.prod(s)) for s in flame.tools.layout.shapes(cfg).values())
     d = flame.Model.default_config()
     assert d["format"] == "flame" and d["head"]["type"] == "sumi" and len(d["head"]["tasks"]) == 3
 
@@ -213,7 +214,19 @@ def test_library_missing_is_a_clear_error(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "caught" in p.stdout and "FLAME_LIBRARY" in p.stdout and "nope.so" in p.stdout
     # importing never needs the library
-    assert run_python("import flame, flame.reference, flame.convert", FLAME_LIBRARY="/nonexistent").returncode == 0
+    assert run_python("import flame, flame.tools.reference, flame.tools.convert", FLAME_LIBRARY="/nonexistent").returncode == 0
+
+
+def test_the_binding_imports_none_of_the_tooling():
+    """flame is the binding; flame.tools (numpy reference, converters, exporter, ...) loads
+    only when asked for, and the names it had under flame still resolve to it."""
+    p = run_python("import sys, flame\n"
+                   "print(sorted(m for m in sys.modules if m.startswith('flame.tools')))\n"
+                   "from flame import reference\n"
+                   "import flame.tools.reference as r\n"
+                   "print(reference is r, flame.export is flame.tools.export)")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["[]", "True True"], p.stdout
 
 
 def test_library_of_the_wrong_version_is_refused(tmp_path):

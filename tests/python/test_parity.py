@@ -10,7 +10,8 @@ import pytest
 
 import flame_testlib as lib
 import flame
-from flame import _lib, convert, errors, layout, reference, st_io
+from flame import _lib, errors
+from flame.tools import convert, layout, reference, st_io
 
 RTOL = 1e-5  # float32 engine vs float64 reference, relative to lib.score_scale
 

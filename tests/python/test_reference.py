@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flame_testlib as lib
-from flame import convert, evaluate, layout, reference, st_io
+from flame.tools import convert, evaluate, layout, reference, st_io
 
 
 def model(name, seed=0, dtype="F32", tmp_path=None):

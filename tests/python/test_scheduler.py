@@ -10,7 +10,7 @@ import pytest
 
 import flame
 import flame_testlib as lib
-from flame import reference
+from flame.tools import reference
 
 SIDE = "relu_concat_projection_side_sumi"  # sumi head, 2 side slots, 3 tasks, 40 items
 

@@ -17,7 +17,8 @@ MIRRORS = {  # ctypes class -> C type
     _structs.PinnedPoolParams: "flame_pinned_pool_params", _structs.PinnedPoolStats: "flame_pinned_pool_stats",
     _structs.UserCacheParams: "flame_user_cache_params", _structs.UserFeatures: "flame_user_features",
     _structs.UserCacheStats: "flame_user_cache_stats", _structs.RedisOptions: "flame_redis_options",
-    _structs.ItemCacheStats: "flame_item_cache_stats", _structs.BatchProfile: "flame_batch_profile",
+    _structs.ItemCacheStats: "flame_item_cache_stats", _structs.ItemCacheParams: "flame_item_cache_params",
+    _structs.BatchProfile: "flame_batch_profile",
     _structs.SchedulerParams: "flame_scheduler_params", _structs.SchedulerStats: "flame_scheduler_stats",
 }
 

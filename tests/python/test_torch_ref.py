@@ -1,4 +1,4 @@
-"""flame.torch_ref (the PyTorch model), flame.export and `convert sasrec` against libflame
+"""flame.tools.torch_ref (the PyTorch model), flame.export and `convert sasrec` against libflame
 and the float64 numpy reference. Skipped where torch is not installed (CI); they run on
 any machine with torch, e.g. the GPU machine."""
 import json
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed: the PyTorch
 import flame  # noqa: E402
 import flame_testlib as lib  # noqa: E402
 from flame_testlib import rel_err, score_scale  # noqa: E402
-from flame import convert, reference, st_io, torch_ref  # noqa: E402
+from flame.tools import convert, reference, st_io, torch_ref  # noqa: E402
 
 RTOL = 1e-5  # fp32 vs fp32 (libflame) and fp32 vs fp64 (reference), relative to the largest score
 
@@ -39,7 +39,7 @@ def test_torch_matches_libflame_and_reference(tmp_path, name):
     cfg = CONFIGS[name]
     m, t64 = module_for(cfg, seed=11)
     path = tmp_path / "m.safetensors"
-    assert flame.export(m, path) == cfg
+    assert flame.tools.export(m, path) == cfg
     with flame.Model(path) as fm, flame.Engine(fm) as engine:
         for i, r in enumerate(requests(cfg, seed=2)):
             ours = m.score(*r)
@@ -62,7 +62,7 @@ def test_gpu_parity(tmp_path, name):
     cfg = CONFIGS[name]
     m, t64 = module_for(cfg, seed=11)
     path = tmp_path / "m.safetensors"
-    flame.export(m, path)
+    flame.tools.export(m, path)
     m = m.cuda()
     with flame.Model(path) as fm, flame.Engine(fm) as cpu:
         try:
@@ -157,7 +157,7 @@ def test_export_and_from_file_round_trip(tmp_path, dtype):
     cfg = lib.CASES["relu_concat_projection_side_sumi"]
     m = torch_ref.FlameModel(cfg)
     path = tmp_path / "m.safetensors"
-    flame.export(m.state_dict(), path, cfg, dtype=dtype)  # a state_dict plus config works too
+    flame.tools.export(m.state_dict(), path, cfg, dtype=dtype)  # a state_dict plus config works too
     meta, tensors, dtypes = st_io.read(path)
     assert json.loads(meta["flame.config"]) == cfg and set(dtypes.values()) == {dtype}
     back = torch_ref.FlameModel.from_file(path)
@@ -171,12 +171,12 @@ def test_export_refuses_wrong_tensors(tmp_path):
     sd = torch_ref.FlameModel(cfg).state_dict()
     sd["extra.weight"] = torch.zeros(2)
     with pytest.raises(ValueError, match="unexpected tensor 'extra.weight'"):
-        flame.export(sd, tmp_path / "x.safetensors", cfg)
+        flame.tools.export(sd, tmp_path / "x.safetensors", cfg)
     del sd["extra.weight"], sd["blocks.0.ln1.bias"]
     with pytest.raises(ValueError, match="missing tensor 'blocks.0.ln1.bias'"):
-        flame.export(sd, tmp_path / "x.safetensors", cfg)
+        flame.tools.export(sd, tmp_path / "x.safetensors", cfg)
     with pytest.raises(ValueError, match="no config"):
-        flame.export({}, tmp_path / "x.safetensors")
+        flame.tools.export({}, tmp_path / "x.safetensors")
     assert not (tmp_path / "x.safetensors").exists()
 
 

@@ -1,6 +1,6 @@
 """Leave-last-out full-sort evaluation of a dot-head flame model with the numpy reference.
 
-    PYTHONPATH=python python3 -m flame.evaluate MODEL.safetensors Beauty.txt
+    PYTHONPATH=python python3 -m flame.tools.evaluate MODEL.safetensors Beauty.txt
 
 Protocol (data/amazon-beauty/README.md): per line `user i1 i2 ... in`, target = in, input =
 i1..i(n-1) keeping the most recent max_len; score every item id; the scores of the history's
@@ -85,7 +85,7 @@ def evaluate(model_path, data_path, ks=(5, 10, 20), dtype=np.float64, mask_scope
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m flame.evaluate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m flame.tools.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("data")
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")

@@ -1,7 +1,7 @@
 """Converts other recommenders' checkpoints to the flame format.
 
-    PYTHONPATH=python python3 -m flame.convert iclrec IN.safetensors OUT.safetensors
-    PYTHONPATH=python python3 -m flame.convert sasrec IN.pth OUT.safetensors --norm post
+    PYTHONPATH=python python3 -m flame.tools.convert iclrec IN.safetensors OUT.safetensors
+    PYTHONPATH=python python3 -m flame.tools.convert sasrec IN.pth OUT.safetensors --norm post
 
 iclrec: ICLRec / S3-Rec / SASRec-as-in-ICLRec state_dicts (BERT-style post-LN encoder,
 left-padded window, dot-product scoring against the item table).
@@ -177,7 +177,7 @@ def _from_filename(path, key):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m flame.convert", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m flame.tools.convert", description=__doc__.split("\n\n")[0])
     ap.add_argument("kind", choices=["iclrec", "sasrec"])
     ap.add_argument("input")
     ap.add_argument("output")
@@ -199,12 +199,12 @@ def main(argv=None):
                                        args.max_len or _from_filename(args.input, "maxlen"),
                                        1e-8 if args.eps is None else args.eps)
     except (ConvertError, ValueError, OSError) as e:
-        print(f"flame.convert: {args.input}: {e}", file=sys.stderr)
+        print(f"flame.tools.convert: {args.input}: {e}", file=sys.stderr)
         return 2
     for name in dropped:
-        print(f"flame.convert: note: dropping '{name}' (not used by the forward pass)", file=sys.stderr)
+        print(f"flame.tools.convert: note: dropping '{name}' (not used by the forward pass)", file=sys.stderr)
     st_io.write(args.output, out, {"flame.config": json.dumps(cfg)}, args.dtype)
-    print(f"flame.convert: wrote {args.output}: d_model {cfg['d_model']}, {cfg['blocks']['count']} block(s), "
+    print(f"flame.tools.convert: wrote {args.output}: d_model {cfg['d_model']}, {cfg['blocks']['count']} block(s), "
           f"{cfg['blocks']['num_heads']} heads, ffn {cfg['blocks']['ffn_dim']}, max_len {cfg['max_len']}, "
           f"{cfg['tables'][-1]['rows']} items", file=sys.stderr)
     return 0

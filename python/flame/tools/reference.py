@@ -193,6 +193,7 @@ def _bags(cfg, side, n_tokens, first, what):
 
 def score(cfg, t, history, candidates, history_side=None, candidate_side=None):
     """Scores [num_candidates, num_tasks] float64 for one user (docs/model-format.md)."""
+    cfg = layout.with_defaults(cfg)  # the keys a config may leave out, as the library reads them
     history = np.asarray(history, dtype=np.int64).reshape(-1)
     candidates = np.asarray(candidates, dtype=np.int64).reshape(-1)
     d, tasks, sumi = cfg["d_model"], layout.num_tasks(cfg), cfg["head"]["type"] == "sumi"

@@ -146,7 +146,7 @@ class FlameModel(nn.Module):
 
     def __init__(self, config: Mapping[str, Any], dropout: float = 0.0):
         super().__init__()
-        cfg = json.loads(json.dumps(config))
+        cfg = layout.with_defaults(json.loads(json.dumps(config)))  # the library's defaults filled in
         layout.check(cfg)
         self.config = cfg
         d, ln = cfg["d_model"], cfg["layernorm"]
