@@ -36,6 +36,8 @@ SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c s
 SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
 # ---- the batch-profile scheduler
 SRC += $(wildcard src/sched/*.c)
+# ---- the kernels as a public API (flame/kernels.h; their GPU side is cuda/kernels_api.cu)
+SRC += $(wildcard src/kernels/*.c)
 SRC := $(sort $(SRC))
 LDLIBS += -lnuma
 # ---- end memory
@@ -86,7 +88,7 @@ DEPFLAGS := -MMD -MP
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(findstring src/cpu/dot.c,$<),-fopenmp) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<)$(findstring src/kernels/tbe_cpu.c,$<),-O3) $(if $(findstring src/cpu/dot.c,$<)$(findstring src/kernels/,$<),-fopenmp) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)
