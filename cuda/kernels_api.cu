@@ -90,17 +90,19 @@ flame_status stage_acquire(int device, size_t bytes, stage_block **out)
         pool_free.erase(pool_free.begin() + (long)oldest_at);
         lk.unlock();
         const cudaError_t e = cudaEventSynchronize(oldest->done);
-        if (e != cudaSuccess || oldest->cap < bytes) {
-            cudaFreeHost(oldest->host);
-            cudaEventDestroy(oldest->done);
-            delete oldest;
-            std::lock_guard<std::mutex> g(pool_mu);
-            pool_count--;
-            if (e != cudaSuccess)
-                return fl_error(FLAME_ERR_INTERNAL, "staging: cudaEventSynchronize: %s", cudaGetErrorString(e));
-        } else {
+        if (e == cudaSuccess && oldest->cap >= bytes) {
             *out = oldest;
             return FLAME_OK;
+        }
+        // too small (or broken): replaced by a new block below, which keeps pool_count
+        cudaFreeHost(oldest->host);
+        cudaEventDestroy(oldest->done);
+        delete oldest;
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            std::lock_guard<std::mutex> g(pool_mu);
+            pool_count--;
+            return fl_error(FLAME_ERR_INTERNAL, "staging: cudaEventSynchronize: %s", cudaGetErrorString(e));
         }
     } else {
         pool_count++;
