@@ -1,7 +1,8 @@
 """libflame from Python: load flame models and score candidates (directly, or batched across
 threads by a flame.Scheduler), feed them from the feature caches (flame.ItemCache over a flame.FeatureSource, the shared-memory flame.UserCache), train
 flame models in PyTorch (flame.torch_ref) and export them (flame.export), convert other
-checkpoints (flame.convert), and check against a float64 numpy reference (flame.reference).
+checkpoints (flame.convert), use the engine's embedding bag and SUMI attention kernels in a
+pipeline of one's own (flame.kernels), and check against a float64 numpy reference (flame.reference).
 
     import flame, numpy as np
     with flame.Model("model.flame") as m, flame.Engine(m) as engine:
@@ -20,6 +21,7 @@ from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, F
                      UnavailableError,
                      ShapeError, UnsupportedError, VersionMismatchError)
 from .exporter import export
+from . import kernels
 from .features import FeatureRecord, FeatureSource, ItemCache, load_redis
 from .log import clear_log_handler, set_log_handler
 from .memory import PinnedBuffer, PinnedPool, numa_info
@@ -36,7 +38,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'flame' has no attribute {name!r}")
 
 
-__all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "export", "library_version", "set_log_handler",
+__all__ = ["kernels", "Model", "ModelInfo", "Engine", "Request", "bags", "export", "library_version", "set_log_handler",
            "clear_log_handler", "FeatureRecord", "FeatureSource", "ItemCache", "load_redis", "UserCache", "UserRecord",
            "PinnedPool", "PinnedBuffer", "numa_info", "Scheduler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
            "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",
