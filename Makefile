@@ -65,6 +65,8 @@ SONAME   := libflame.so.$(MAJOR)
 SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
 EXAMPLES := examples/flame-score
+# the public embedding bag pooling into a device buffer (CUDA builds)
+EXAMPLES += $(if $(filter 1,$(CUDA)),examples/tbe-gpu)
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 # kernel tests that call the CUDA launch wrappers (nvcc; CUDA=1 builds only)
 TESTS    += $(if $(filter 1,$(CUDA)),$(patsubst tests/%.cu,build/tests/%,$(wildcard tests/test_*.cu)))
@@ -127,6 +129,9 @@ PROG_CFLAGS  := -std=c11 $(WARN) -D_DEFAULT_SOURCE -Iinclude -Isrc $(CFLAGS)
 examples: $(EXAMPLES)
 examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*.h) $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -Iexamples/flame_score -o $@ $(filter %.c,$^) $(PROG_LDFLAGS) -lcjson
+
+examples/tbe-gpu: examples/tbe_gpu/tbe_gpu.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -I$(CUDA_HOME)/include -o $@ $< $(PROG_LDFLAGS) -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
 
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
