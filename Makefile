@@ -75,6 +75,7 @@ BENCHES  += bench/cache-bench
 BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention kernels (nvcc)
+BENCHES  += $(if $(filter 1,$(CUDA)),bench/kernels-api-bench) # the public kernels vs the internal ones (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 
 .PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
@@ -153,6 +154,12 @@ bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_
 	@mkdir -p build/bench
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/attention_bench.o
 	$(CC) -o $@ build/bench/attention_bench.o $(STLIB) $(LDLIBS)
+
+# the public kernels (flame/kernels.h) against the internal kernels they wrap: links the static library
+bench/kernels-api-bench: bench/kernels_api_bench.cu cuda/kernels.cuh cuda/common.cuh include/flame/kernels.h $(STLIB)
+	@mkdir -p build/bench
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/kernels_api_bench.o
+	$(CC) -o $@ build/bench/kernels_api_bench.o $(STLIB) $(LDLIBS)
 
 # int8 tables: calls the internal CPU kernel, so it links the static library
 bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)

@@ -5,6 +5,8 @@
  * and separate Q/K/V with padded strides, several threads), each against a float64 reference
  * on fresh random inputs with NaN-poisoned outputs; every rejection with its message and
  * nothing written; the GPU entry points without a GPU. */
+#include <pthread.h>
+
 #include "testutil.h"
 #include "tu_kernels.h"
 #include "core/device.h"
@@ -176,6 +178,53 @@ static void test_tbe_update_rows(void **state)
         tuk_table_free(&nw);
         tuk_table_free(&t);
     }
+}
+
+/* Forwards running while another thread replaces rows see each row wholly before or after an
+ * update, never a mix: every row is one generation's constant, so a torn row has two values. */
+enum { RACE_DIM = 512, RACE_ROWS = 4, RACE_GENERATIONS = 400 };
+typedef struct race {
+    flame_embedding_bag *bag;
+    int failures;
+} race;
+
+static void *race_reader(void *arg)
+{
+    race *r = arg;
+    int64_t ids[RACE_ROWS] = {0, 1, 2, 3};
+    flame_embedding_bag_input in = {sizeof in, ids, NULL, RACE_ROWS, NULL};
+    static __thread float out[RACE_ROWS * RACE_DIM];
+    flame_embedding_bag_batch q = {sizeof q, RACE_ROWS, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 1};
+    float last = 0;
+    for (int it = 0; it < 2 * RACE_GENERATIONS; it++) {
+        if (flame_embedding_bag_forward(r->bag, &q) != FLAME_OK) r->failures++;
+        for (int b = 0; b < RACE_ROWS; b++)
+            for (int j = 1; j < RACE_DIM; j++)
+                if (out[b * RACE_DIM + j] != out[b * RACE_DIM]) r->failures++;
+        if (out[0] < last) r->failures++; /* generations only grow */
+        last = out[0];
+    }
+    return NULL;
+}
+
+static void test_tbe_update_rows_against_concurrent_forwards(void **state)
+{
+    static float table[RACE_ROWS * RACE_DIM];
+    tuk_table t = {FLAME_DTYPE_F32, FLAME_POOLING_SUM, RACE_ROWS, RACE_DIM, table, NULL, NULL};
+    flame_status st;
+    race r = {make_bag(&t, 1, false, &st), 0};
+    assert_int_equal(st, FLAME_OK);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, race_reader, &r), 0);
+    static float rows[RACE_ROWS * RACE_DIM];
+    for (int g = 1; g <= RACE_GENERATIONS; g++) {
+        for (int i = 0; i < RACE_ROWS * RACE_DIM; i++) rows[i] = (float)g;
+        assert_int_equal(flame_embedding_bag_update_rows(r.bag, 0, 0, RACE_ROWS, rows, FLAME_DTYPE_F32, NULL, NULL),
+                         FLAME_OK);
+    }
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    assert_int_equal(r.failures, 0);
+    flame_embedding_bag_destroy(r.bag);
 }
 
 /* Every lookup rejection names its table, bag and value; the output stays poisoned. */
@@ -570,6 +619,7 @@ int main(void)
         cmocka_unit_test(test_tbe_empty_bags_are_zero),
         cmocka_unit_test(test_tbe_borrow),
         cmocka_unit_test(test_tbe_update_rows),
+        cmocka_unit_test(test_tbe_update_rows_against_concurrent_forwards),
         cmocka_unit_test(test_tbe_rejections),
         cmocka_unit_test(test_tbe_create_rejections),
         cmocka_unit_test(test_attention_against_reference),

@@ -69,7 +69,9 @@ static flame_status cpu_attention(const fl_attn_seq *seqs, int64_t num_seqs, boo
     const size_t per = fl_cpu_attention_scratch(longest) * sizeof(float) + (none_mask ? (size_t)longest * 4 : 0);
     char *mem = malloc(per * (size_t)threads);
     if (!mem) return fl_error(FLAME_ERR_NOMEM, "attention: %zu bytes of scratch", per * (size_t)threads);
+#ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
+#endif
     {
         int me = 0;
 #ifdef _OPENMP
@@ -78,7 +80,9 @@ static flame_status cpu_attention(const fl_attn_seq *seqs, int64_t num_seqs, boo
         float *scratch = (float *)(mem + per * (size_t)me);
         int32_t *qpos = none_mask ? (int32_t *)(mem + per * (size_t)me + fl_cpu_attention_scratch(longest) * sizeof(float))
                                   : NULL;
+#ifdef _OPENMP
 #pragma omp for schedule(dynamic)
+#endif
         for (int64_t s = 0; s < num_seqs; s++) {
             const fl_attn_seq *sq = &seqs[s];
             if (sq->len == 0) continue;

@@ -71,7 +71,9 @@ void fl_tbe_cpu_forward(const fl_tbe_table *tables, int num_tables, const fl_tbe
     for (int f = 0; f < num_tables; f++) any_weights = any_weights || lookups[f].weights;
     int64_t parts = batch / MIN_BAGS_PER_THREAD;
     parts = parts < 1 ? 1 : parts > threads ? threads : parts;
+#ifdef _OPENMP
 #pragma omp parallel for num_threads((int)parts) schedule(static)
+#endif
     for (int64_t p = 0; p < parts; p++) {
         const int64_t b0 = batch * p / parts, b1 = batch * (p + 1) / parts;
         if (any_weights)
