@@ -174,6 +174,37 @@ flame_status stage_to_device(int device, std::vector<piece> &pieces, cudaStream_
     return FLAME_OK;
 }
 
+// Index data is staged per call, so a call cannot be captured into a CUDA graph (a replay
+// would copy whatever a reused staging block then holds): refused before anything is enqueued.
+flame_status not_capturing(cudaStream_t s)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(s, &cs);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (e != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+        return fl_error(FLAME_ERR_UNSUPPORTED, "the stream is being captured into a CUDA graph (%s): these calls stage "
+                        "their index data per call and cannot be replayed", e != cudaSuccess ? cudaGetErrorString(e) : "active");
+    return FLAME_OK;
+}
+
+// FLAME_OK when p is memory kernels on `device` may read or write: device memory of that device,
+// managed memory, or page-locked host memory; a pageable host pointer (or another device's) would
+// fault in the kernel and poison the caller's CUDA context, so it is refused here.
+flame_status device_pointer(int device, const void *p, const char *what)
+{
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is not memory CUDA knows (%s)", what, p, cudaGetErrorString(e));
+    }
+    if (a.type == cudaMemoryTypeUnregistered)
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is pageable host memory, not memory of device %d", what, p, device);
+    if (a.type == cudaMemoryTypeDevice && a.device != device)
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is memory of device %d, not of device %d", what, p, a.device, device);
+    return FLAME_OK;
+}
+
 template <typename T, typename OutT>
 flame_status tbe_launch(const fl_dev_features &fs, int64_t batch, void *out, int64_t ld, cudaStream_t s)
 {
@@ -197,6 +228,11 @@ flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, 
 {
     const T *q = static_cast<const T *>(qv), *k = static_cast<const T *>(kv), *v = static_cast<const T *>(vv);
     T *out = static_cast<T *>(outv);
+    FL_TRY(not_capturing(s));
+    FL_TRY(device_pointer(device, q, "q"));
+    FL_TRY(device_pointer(device, k, "k"));
+    FL_TRY(device_pointer(device, v, "v"));
+    FL_TRY(device_pointer(device, out, "out"));
     int32_t tq = fl_cuda_attention_tile_queries((int32_t)sizeof(T), dh, rows, heads);
     if constexpr (!std::is_same<T, float>::value) // (the Hopper kernel takes fp16/bf16 only)
         if (tq == FL_ATTN_QT_WG && !fl_cuda_attention_wg_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo)) tq = FL_ATTN_QT;
@@ -265,6 +301,12 @@ extern "C" flame_status fl_gpu_kernels_upload(int device, const void *host, size
     return FLAME_OK;
 }
 
+extern "C" flame_status fl_gpu_kernels_check_pointer(int device, const void *p, const char *what)
+{
+    SCOPE(device);
+    return device_pointer(device, p, what);
+}
+
 extern "C" void fl_gpu_kernels_free(int device, void *dev)
 {
     if (!dev) return;
@@ -277,6 +319,7 @@ extern "C" flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void
     if (bytes == 0) return FLAME_OK;
     SCOPE(device);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    FL_TRY(not_capturing(s));
     stage_block *b;
     FL_TRY(stage_acquire(device, bytes, &b));
     memcpy(b->host, host, bytes);
@@ -295,6 +338,8 @@ extern "C" flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *table
 {
     SCOPE(device);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    FL_TRY(not_capturing(s));
+    FL_TRY(device_pointer(device, out, "out"));
     std::vector<piece> pieces;
     for (int t = 0; t < num_tables; t++) {
         const fl_tbe_lookup &lk = lookups[t];

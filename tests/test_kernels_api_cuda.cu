@@ -170,9 +170,33 @@ static void test_gpu_tbe_update_and_rejections(void **state)
     ids[1] = 8;
     q.out_dtype = FLAME_DTYPE_INT8;
     assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "out_dtype INT8 is not written by the GPU");
+    q.out_dtype = FLAME_DTYPE_F32;
+    static float host_out[64];
+    q.out = host_out; /* pageable host memory would fault in the kernel */
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "is pageable host memory");
+    q.out = out;
+    cudaStream_t cap; /* a stream capturing a graph: refused, nothing captured */
+    CK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
+    q.cuda_stream = cap;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_UNSUPPORTED, "captured into a CUDA graph");
+    cudaGraph_t graph;
+    CK(cudaStreamEndCapture(cap, &graph));
+    size_t nodes = 99;
+    CK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    assert_int_equal(nodes, 0);
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(cap));
+    q.cuda_stream = s;
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
     for (int i = 0; i < 64; i++) assert_true(isnan(h[i]));
+    /* a borrowed table in host memory */
+    flame_embedding_table hd = tuk_desc(&t);
+    flame_embedding_bag_params hp = {sizeof hp, 0, FLAME_COMBINE_CONCAT, &hd, 1, 1};
+    flame_embedding_bag *hb;
+    assert_status_msg(flame_embedding_bag_create(&hp, &hb), FLAME_ERR_INVALID_ARG, "table 0 data");
+    assert_null(hb);
     flame_embedding_bag_destroy(bag);
     /* float tables of two dtypes in one GPU handle */
     tuk_table a, b;
@@ -325,6 +349,10 @@ static void test_gpu_attention_rejections(void **state)
     cu[1] = 5;
     assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "rows 4, the sequences hold 5 history");
     cu[1] = 4;
+    static __half host_q[4 * 3 * 256];
+    p.qkv = host_q;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "q 0x");
+    p.qkv = x;
     p.device = 4096;
     assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_NO_DEVICE, "device 4096");
     CK(cudaDeviceSynchronize());

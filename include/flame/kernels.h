@@ -14,8 +14,13 @@
  * every device: they are validated on the host before anything is enqueued, then copied to the
  * device on the caller's stream through page-locked staging memory owned by libflame, so the
  * caller may reuse them as soon as the call returns. The calling thread's current CUDA device
- * is left as it was. A build without CUDA (make CUDA=0) returns FLAME_ERR_UNSUPPORTED for every
- * GPU call; a build with CUDA on a machine without a usable GPU returns FLAME_ERR_NO_DEVICE.
+ * is left as it was. The stream must belong to the call's device, and it must not be capturing
+ * a CUDA graph (the index data is staged per call, so a replay could not repeat it: refused with
+ * FLAME_ERR_UNSUPPORTED). Device pointers are checked to be memory the device can access (its
+ * own, managed, or page-locked host memory): a pageable host pointer is FLAME_ERR_INVALID_ARG
+ * rather than a fault that would poison the caller's CUDA context. A build without CUDA
+ * (make CUDA=0) returns FLAME_ERR_UNSUPPORTED for every GPU call; a build with CUDA on a machine
+ * without a usable GPU returns FLAME_ERR_NO_DEVICE.
  *
  * Validation: every length is checked against every other length describing the same array,
  * every id against its table, every offset and cumulative count against its neighbours, before
@@ -100,7 +105,8 @@ typedef struct flame_embedding_bag_params {
  *   8..4096 or tables[0].struct_size not a multiple of 8, num_tables outside 1..64, rows or dim
  *   out of range, an unknown dtype, pooling, combine or device, qparams missing for an INT8
  *   table or given for another, a non-finite scale or bias, dims that differ under SUMI
- *   combine: the message names the table and the value); FLAME_ERR_UNSUPPORTED (a build without
+ *   combine, a borrowed GPU table not in memory of the device: the message names the table and
+ *   the value); FLAME_ERR_UNSUPPORTED (a build without
  *   CUDA asked for a GPU; borrowed F16/BF16 tables on the CPU, whose kernel reads float32 or int8
  *   rows: copy mode converts them to float32 exactly; on a GPU, float tables of different dtypes
  *   in one handle); FLAME_ERR_NO_DEVICE (no such GPU); FLAME_ERR_NOMEM. A GPU creation in copy
@@ -179,8 +185,9 @@ typedef struct flame_embedding_bag_batch {
  *   number of tables, batch or ld_out out of range, an out_dtype the device does not write,
  *   offsets that do not start at 0, decrease, or end elsewhere than num_ids, num_ids != batch
  *   without offsets, an id outside 0..rows-1, a non-finite weight: the message names the
- *   table, the bag and the value, and nothing is written or enqueued); FLAME_ERR_NOMEM;
- *   FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
+ *   table, the bag and the value, and nothing is written or enqueued; on a GPU also an out that
+ *   is not memory of the device); FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph);
+ *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
  * Math: table-batched embedding bag as in FBGEMM's TBE (Khudia et al., arXiv:2101.05615) and
  *   torch.nn.functional.embedding_bag: out = sum_i w_i * row(ids_i), divided by n under MEAN.
  */
@@ -206,8 +213,8 @@ FLAME_API flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, con
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL bag, NULL values with num_rows > 0, table
  *   or the row range out of range, values_dtype not the table's dtype, qparams missing for an
  *   INT8 table or given for another, a non-finite scale or bias: the message names the table,
- *   the row and the value; nothing is written); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA
- *   call failed).
+ *   the row and the value; nothing is written); FLAME_ERR_UNSUPPORTED (cuda_stream is capturing
+ *   a CUDA graph); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed).
  */
 FLAME_API flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t table, int64_t first_row,
                                                        int64_t num_rows, const void *values, flame_dtype values_dtype,
@@ -267,10 +274,11 @@ typedef struct flame_attention_params {
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL params/out/Q/K/V with rows > 0, struct_size
  *   outside 8..4096, an unknown mask, dtype or device, heads, head_dim, num_seqs or a stride out
  *   of range, qkv given together with q/k/v, cumulative counts that do not start at 0,
- *   decrease, or total other than rows, a sequence longer than 2^31-1: the message names the
- *   sequence and the value; nothing is written); FLAME_ERR_UNSUPPORTED (a dtype other than F32
- *   on the CPU, head_dim above 128 on a GPU, ld_k != ld_v, a build without CUDA asked for a
- *   GPU); FLAME_ERR_NO_DEVICE (no such GPU); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call
+ *   decrease, or total other than rows, a sequence longer than 2^31-1, on a GPU a Q, K, V or out
+ *   that is not memory of the device: the message names the sequence or array and the value;
+ *   nothing is written); FLAME_ERR_UNSUPPORTED (a dtype other than F32 on the CPU, head_dim above
+ *   128 on a GPU, ld_k != ld_v, the NONE mask over more than 2^31-1 rows on a GPU, cuda_stream
+ *   capturing a CUDA graph, a build without CUDA asked for a GPU); FLAME_ERR_NO_DEVICE (no such GPU); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call
  *   failed).
  * Math: scaled dot-product attention (Vaswani et al., arXiv:1706.03762) with the SUMI mask of
  *   HSTU (arXiv:2402.17152) and FLAME (arXiv:2509.22681); the GPU kernels use the online

@@ -60,6 +60,11 @@ flame_status fl_gpu_kernels_device(int device)
     return fl_error(FLAME_ERR_UNSUPPORTED, "device %d: this libflame was built without CUDA", device);
 }
 
+flame_status fl_gpu_kernels_check_pointer(int device, const void *p, const char *what)
+{
+    return fl_gpu_kernels_device(device);
+}
+
 flame_status fl_gpu_kernels_upload(int device, const void *host, size_t bytes, void **dev)
 {
     *dev = NULL;

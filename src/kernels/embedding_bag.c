@@ -2,6 +2,7 @@
  * lookup on the host, and the CPU path; the GPU path is in cuda/kernels_api.cu. */
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +93,14 @@ static flame_status take_table(flame_embedding_bag *b, int i, const flame_embedd
                             "embedding bag: table %d: a borrowed %s table on the CPU (its kernel reads F32 or INT8 "
                             "rows; borrow 0 converts the table to F32)",
                             i, dtype_name(in->dtype));
+        if (!cpu) { /* a host pointer would fault in the kernel: refused now */
+            char what[64];
+            snprintf(what, sizeof what, "table %d data", i);
+            flame_status st = fl_gpu_kernels_check_pointer(b->device, in->data, what);
+            snprintf(what, sizeof what, "table %d qparams", i);
+            if (!st && in->qparams) st = fl_gpu_kernels_check_pointer(b->device, in->qparams, what);
+            if (st) return st;
+        }
         t->data = (void *)in->data;
         t->qparams = (float *)in->qparams;
         t->owned = false;

@@ -37,6 +37,10 @@ typedef struct fl_tbe_lookup {
  * FLAME_ERR_NO_DEVICE (with the reason) otherwise. */
 flame_status fl_gpu_kernels_device(int device);
 
+/* FLAME_OK when kernels on `device` may access p (device memory of that device, managed or
+ * page-locked host memory); FLAME_ERR_INVALID_ARG naming `what` otherwise. */
+flame_status fl_gpu_kernels_check_pointer(int device, const void *p, const char *what);
+
 /* Device copy of `bytes` of host memory (synchronous: creation time); *dev NULL for 0 bytes. */
 flame_status fl_gpu_kernels_upload(int device, const void *host, size_t bytes, void **dev);
 void fl_gpu_kernels_free(int device, void *dev);
