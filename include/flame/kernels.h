@@ -255,7 +255,9 @@ typedef struct flame_attention_params {
     void *out;                    /* [rows, ld_out], packed as Q; must not overlap Q, K or V */
     int64_t ld_out;               /* elements, >= heads * head_dim */
     void *cuda_stream;            /* GPU: the cudaStream_t to enqueue on (NULL: legacy default); CPU: ignored */
-    int32_t threads;              /* CPU: OpenMP threads over the sequences, 0 = 1, 1..1024; GPU: ignored */
+    int32_t threads;              /* CPU: OpenMP threads over the sequences (one sequence takes one
+                                   * thread; its GEMMs run on OpenBLAS, whose own threads follow
+                                   * OPENBLAS_NUM_THREADS), 0 = 1, 1..1024; GPU: ignored */
 } flame_attention_params;
 
 /*
