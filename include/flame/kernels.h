@@ -182,9 +182,9 @@ typedef struct flame_embedding_bag_batch {
  *   GPU: enqueued on cuda_stream; returns before it runs (out is complete when the stream is).
  * Returns: FLAME_OK (batch 0 writes and enqueues nothing); FLAME_ERR_INVALID_ARG (NULL
  *   bag/batch, NULL out with batch > 0, struct_size outside 8..4096, num_inputs not the
- *   number of tables, batch or ld_out out of range, an out_dtype the device does not write,
- *   offsets that do not start at 0, decrease, or end elsewhere than num_ids, num_ids != batch
- *   without offsets, an id outside 0..rows-1, a non-finite weight: the message names the
+ *   number of tables, batch, ld_out or threads out of range, an out_dtype the device does not
+ *   write, offsets that do not start at 0, decrease, or end elsewhere than num_ids, num_ids !=
+ *   batch without offsets, an id outside 0..rows-1, a non-finite weight: the message names the
  *   table, the bag and the value, and nothing is written or enqueued; on a GPU also an out that
  *   is not memory of the device); FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph);
  *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
@@ -274,8 +274,8 @@ typedef struct flame_attention_params {
  *   F16/BF16 head dims 64 and 128 with 16-byte aligned rows on compute capability 9.0 and
  *   enough work, else tensor-core mma.sync (head dims multiple of 16), else CUDA cores.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL params/out/Q/K/V with rows > 0, struct_size
- *   outside 8..4096, an unknown mask, dtype or device, heads, head_dim, num_seqs or a stride out
- *   of range, qkv given together with q/k/v, cumulative counts that do not start at 0,
+ *   outside 8..4096, an unknown mask, dtype or device, heads, head_dim, num_seqs, threads or a
+ *   stride out of range, qkv given together with q/k/v, cumulative counts that do not start at 0,
  *   decrease, or total other than rows, a sequence longer than 2^31-1, on a GPU a Q, K, V or out
  *   that is not memory of the device: the message names the sequence or array and the value;
  *   nothing is written); FLAME_ERR_UNSUPPORTED (a dtype other than F32 on the CPU, head_dim above
