@@ -77,6 +77,7 @@ BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs 
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention kernels (nvcc)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/kernels-api-bench) # the public kernels vs the internal ones (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
+BENCHES  += bench/kernels-api-cpu-bench # the public kernels on the CPU vs the engine's kernels called directly
 
 .PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
         test-sanitize san-run dist distcheck wheel
@@ -160,6 +161,10 @@ bench/kernels-api-bench: bench/kernels_api_bench.cu cuda/kernels.cuh cuda/common
 	@mkdir -p build/bench
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/kernels_api_bench.o
 	$(CC) -o $@ build/bench/kernels_api_bench.o $(STLIB) $(LDLIBS)
+
+# the public CPU kernels against the internal ones: links the static library
+bench/kernels-api-cpu-bench: bench/kernels_api_cpu_bench.c src/cpu/kernels.h include/flame/kernels.h $(STLIB)
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 
 # int8 tables: calls the internal CPU kernel, so it links the static library
 bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)
