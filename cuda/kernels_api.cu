@@ -7,8 +7,8 @@
 //   device allocation (cudaMallocAsync) -> kernels -> cudaFreeAsync,
 // all on the caller's stream. A staging block is reused once an event recorded after its copy
 // has completed (cudaEventQuery, which never waits); while every block is still in flight a new
-// one is made, up to MAX_BLOCKS, beyond which the oldest is waited for (back-pressure on a caller
-// that enqueues faster than its stream runs).
+// one is made, up to MAX_BLOCKS or MAX_POOL_BYTES, beyond which the oldest is waited for
+// (back-pressure on a caller that enqueues faster than its stream runs).
 #include <algorithm>
 #include <mutex>
 #include <type_traits>
@@ -55,61 +55,57 @@ struct stage_block {
 };
 
 constexpr int MAX_BLOCKS = 64;
+constexpr size_t MAX_POOL_BYTES = (size_t)256 << 20;
 constexpr size_t MIN_BLOCK = 64 * 1024;
 
 std::mutex pool_mu;
 std::vector<stage_block *> pool_free; // blocks not handed out (their last copy may still run)
-int pool_count = 0;
+int pool_count = 0;                   // blocks made, handed out or not
+size_t pool_bytes = 0;                // their bytes
 uint64_t pool_clock = 0;
 
-// A staging block of at least `bytes` on the current device whose previous copy is done.
+// A staging block of at least `bytes` on the current device whose previous copy is done: a
+// free one whose event has completed, else a new one, else (64 blocks or 256 MiB made) the
+// oldest free one that is large enough, once its copy is done. Blocks are never freed while
+// the process runs (cudaFreeHost could synchronize the device).
 flame_status stage_acquire(int device, size_t bytes, stage_block **out)
 {
     *out = nullptr;
+    size_t cap = MIN_BLOCK;
+    while (cap < bytes) cap *= 2;
     std::unique_lock<std::mutex> lk(pool_mu);
     stage_block *oldest = nullptr;
     size_t oldest_at = 0;
     for (size_t i = 0; i < pool_free.size(); i++) {
         stage_block *b = pool_free[i];
-        if (b->device != device) continue;
-        if (b->cap >= bytes) {
-            const cudaError_t q = cudaEventQuery(b->done);
-            if (q == cudaSuccess) {
-                pool_free.erase(pool_free.begin() + (long)i);
-                *out = b;
-                return FLAME_OK;
-            }
-            (void)cudaGetLastError(); // cudaErrorNotReady is no error of the caller's
+        if (b->device != device || b->cap < bytes) continue;
+        if (cudaEventQuery(b->done) == cudaSuccess) {
+            pool_free.erase(pool_free.begin() + (long)i);
+            *out = b;
+            return FLAME_OK;
         }
+        (void)cudaGetLastError(); // cudaErrorNotReady is no error of the caller's
         if (!oldest || b->used < oldest->used) {
             oldest = b;
             oldest_at = i;
         }
     }
-    if (pool_count >= MAX_BLOCKS && oldest) { // back-pressure: reuse the oldest once it is done
+    if (oldest && (pool_count >= MAX_BLOCKS || pool_bytes + cap > MAX_POOL_BYTES)) {
         pool_free.erase(pool_free.begin() + (long)oldest_at);
         lk.unlock();
-        const cudaError_t e = cudaEventSynchronize(oldest->done);
-        if (e == cudaSuccess && oldest->cap >= bytes) {
-            *out = oldest;
-            return FLAME_OK;
-        }
-        // too small (or broken): replaced by a new block below, which keeps pool_count
-        cudaFreeHost(oldest->host);
-        cudaEventDestroy(oldest->done);
-        delete oldest;
+        const cudaError_t e = cudaEventSynchronize(oldest->done); // back-pressure
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             std::lock_guard<std::mutex> g(pool_mu);
-            pool_count--;
+            pool_free.push_back(oldest);
             return fl_error(FLAME_ERR_INTERNAL, "staging: cudaEventSynchronize: %s", cudaGetErrorString(e));
         }
-    } else {
-        pool_count++;
-        lk.unlock();
+        *out = oldest;
+        return FLAME_OK;
     }
-    size_t cap = MIN_BLOCK;
-    while (cap < bytes) cap *= 2;
+    pool_count++;
+    pool_bytes += cap;
+    lk.unlock();
     stage_block *b = new (std::nothrow) stage_block{device, nullptr, cap, nullptr, 0};
     cudaError_t e = b ? cudaHostAlloc(&b->host, cap, cudaHostAllocPortable) : cudaErrorMemoryAllocation;
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
@@ -119,6 +115,7 @@ flame_status stage_acquire(int device, size_t bytes, stage_block **out)
         delete b;
         std::lock_guard<std::mutex> g(pool_mu);
         pool_count--;
+        pool_bytes -= cap;
         return fl_error(FLAME_ERR_NOMEM, "staging: %zu bytes of page-locked memory: %s", cap, cudaGetErrorString(e));
     }
     *out = b;
