@@ -48,6 +48,8 @@ SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c s
 SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
 # ---- the batch-profile scheduler
 SRC += $(wildcard src/sched/*.c)
+# ---- the kernels as a public API (flame/kernels.h; their GPU side is cuda/kernels_api.cu)
+SRC += $(wildcard src/kernels/*.c)
 SRC := $(sort $(filter-out $(OPTIONAL_OFF),$(SRC)))
 # ---- end memory
 OBJ := $(SRC:%.c=build/%.o)
@@ -74,6 +76,8 @@ SONAME   := libflame.so.$(MAJOR)
 SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
 EXAMPLES := examples/flame-score
+# the public embedding bag pooling into a device buffer (CUDA builds)
+EXAMPLES += $(if $(filter 1,$(CUDA)),examples/tbe-gpu)
 # (test_numa is libnuma's: without it, test_optional_modules checks the stand-in)
 C_TESTS  := $(filter-out $(if $(filter 1,$(WITH_NUMA)),,tests/test_numa.c),$(wildcard tests/test_*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(C_TESTS))
@@ -85,7 +89,9 @@ BENCHES  += bench/slot-pool-bench # executor hand-off: tail latency of concurren
 BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention kernels (nvcc)
+BENCHES  += $(if $(filter 1,$(CUDA)),bench/kernels-api-bench) # the public kernels vs the internal ones (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
+BENCHES  += bench/kernels-api-cpu-bench # the public kernels on the CPU vs the engine's kernels called directly
 
 .PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
         test-sanitize san-run dist distcheck wheel
@@ -100,7 +106,7 @@ DEPFLAGS := -MMD -MP
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(findstring src/cpu/dot.c,$<),-fopenmp) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<)$(findstring src/kernels/tbe_cpu.c,$<),-O3) $(if $(findstring src/cpu/dot.c,$<)$(findstring src/kernels/,$<),-fopenmp) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -140,6 +146,9 @@ examples: $(EXAMPLES)
 examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*.h) $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -Iexamples/flame_score -o $@ $(filter %.c,$^) $(PROG_LDFLAGS) -lcjson
 
+examples/tbe-gpu: examples/tbe_gpu/tbe_gpu.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -I$(CUDA_HOME)/include -o $@ $< $(PROG_LDFLAGS) -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
@@ -163,6 +172,16 @@ bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_
 	@mkdir -p build/bench
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/attention_bench.o
 	$(CC) -o $@ build/bench/attention_bench.o $(STLIB) $(LDLIBS)
+
+# the public kernels (flame/kernels.h) against the internal kernels they wrap: links the static library
+bench/kernels-api-bench: bench/kernels_api_bench.cu cuda/kernels.cuh cuda/common.cuh include/flame/kernels.h $(STLIB)
+	@mkdir -p build/bench
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/kernels_api_bench.o
+	$(CC) -o $@ build/bench/kernels_api_bench.o $(STLIB) $(LDLIBS)
+
+# the public CPU kernels against the internal ones: links the static library
+bench/kernels-api-cpu-bench: bench/kernels_api_cpu_bench.c src/cpu/kernels.h include/flame/kernels.h $(STLIB)
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 
 # int8 tables: calls the internal CPU kernel, so it links the static library
 bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)

@@ -5,6 +5,9 @@
 // leave most of a warp idle. Rows are read with 16-byte vector loads, four rows in flight per
 // lane, accumulated in float.
 //
+// Per-id weights (the public embedding bag's, flame/kernels.h): a separate instantiation (W),
+// so the engine's unweighted lookups load no weights.
+//
 // int8 tables (docs/model-format.md, "int8 tables"): when any feature reads one, a lane takes
 // VEC = 16 columns of a row at a time (one 16-byte load of int8 values, two or four of a
 // float table's), or 8 or 4 when a dim is not a multiple of 16 (8- or 4-byte int8 loads),
@@ -68,8 +71,15 @@ template <int VEC> __device__ __forceinline__ void add_row_q8(const int8_t *row,
     for (int j = 0; j < VEC; j++) acc[j] += w * fmaf(sb.x, v[j], sb.y);
 }
 
+// Row i's pooling weight: the bag's (1 or 1/n), times the per-id weight when W.
+template <bool W> __device__ __forceinline__ float weight_of(const fl_dev_feature &fe, int64_t i, float w)
+{
+    if constexpr (W) return fe.weights ? w * __ldg(fe.weights + i) : w;
+    return w;
+}
+
 // One feature's bag for columns c0 .. c0 + VEC of the lane, four rows in flight.
-template <typename T, int VEC>
+template <typename T, int VEC, bool W>
 __device__ __forceinline__ void pool_float(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w,
                                            float *acc)
 {
@@ -78,15 +88,15 @@ __device__ __forceinline__ void pool_float(const fl_dev_feature &fe, int64_t b, 
     int64_t i = b;
     for (; i + 4 <= e; i += 4) {
         const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
-        add_row<T, VEC>(tab + r0 * dim, acc, w);
-        add_row<T, VEC>(tab + r1 * dim, acc, w);
-        add_row<T, VEC>(tab + r2 * dim, acc, w);
-        add_row<T, VEC>(tab + r3 * dim, acc, w);
+        add_row<T, VEC>(tab + r0 * dim, acc, weight_of<W>(fe, i, w));
+        add_row<T, VEC>(tab + r1 * dim, acc, weight_of<W>(fe, i + 1, w));
+        add_row<T, VEC>(tab + r2 * dim, acc, weight_of<W>(fe, i + 2, w));
+        add_row<T, VEC>(tab + r3 * dim, acc, weight_of<W>(fe, i + 3, w));
     }
-    for (; i < e; i++) add_row<T, VEC>(tab + fe.ids[i] * dim, acc, w);
+    for (; i < e; i++) add_row<T, VEC>(tab + fe.ids[i] * dim, acc, weight_of<W>(fe, i, w));
 }
 
-template <int VEC>
+template <int VEC, bool W>
 __device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc)
 {
     const int8_t *tab = static_cast<const int8_t *>(fe.table) + c0;
@@ -96,19 +106,20 @@ __device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int
     for (; i + 4 <= e; i += 4) {
         const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
         const float2 s0 = __ldg(qp + r0), s1 = __ldg(qp + r1), s2 = __ldg(qp + r2), s3 = __ldg(qp + r3);
-        add_row_q8<VEC>(tab + r0 * dim, s0, acc, w);
-        add_row_q8<VEC>(tab + r1 * dim, s1, acc, w);
-        add_row_q8<VEC>(tab + r2 * dim, s2, acc, w);
-        add_row_q8<VEC>(tab + r3 * dim, s3, acc, w);
+        add_row_q8<VEC>(tab + r0 * dim, s0, acc, weight_of<W>(fe, i, w));
+        add_row_q8<VEC>(tab + r1 * dim, s1, acc, weight_of<W>(fe, i + 1, w));
+        add_row_q8<VEC>(tab + r2 * dim, s2, acc, weight_of<W>(fe, i + 2, w));
+        add_row_q8<VEC>(tab + r3 * dim, s3, acc, weight_of<W>(fe, i + 3, w));
     }
     for (; i < e; i++) {
         const int64_t r = fe.ids[i];
-        add_row_q8<VEC>(tab + r * dim, __ldg(qp + r), acc, w);
+        add_row_q8<VEC>(tab + r * dim, __ldg(qp + r), acc, weight_of<W>(fe, i, w));
     }
 }
 
-// Q8: some feature reads an int8 table (each feature's qparams says which).
-template <typename T, typename OutT, int VEC, bool CONCAT, bool Q8>
+// Q8: some feature reads an int8 table (each feature's qparams says which); W: some feature
+// has per-id weights (each feature's weights says which).
+template <typename T, typename OutT, int VEC, bool CONCAT, bool Q8, bool W>
 __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int64_t tokens, OutT *out, int64_t ldo,
                                                   int lanes)
 {
@@ -135,16 +146,16 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
             if (e == b) continue; // empty bag: zeros for sum and mean
             const float w = fe.pooling == 1 ? 1.0f / (float)(e - b) : 1.0f;
             if (Q8 && fe.qparams)
-                pool_q8<VEC>(fe, b, e, c0, w, acc);
+                pool_q8<VEC, W>(fe, b, e, c0, w, acc);
             else
-                pool_float<T, VEC>(fe, b, e, c0, w, acc);
+                pool_float<T, VEC, W>(fe, b, e, c0, w, acc);
         }
 #pragma unroll
         for (int v = 0; v < VEC; v++) dst[c0 + v] = from_f<OutT>(acc[v]);
     }
 }
 
-template <typename T, typename OutT, int VEC, bool Q8>
+template <typename T, typename OutT, int VEC, bool Q8, bool W>
 static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s)
 {
     int widest = 1; // vectors in the widest row
@@ -154,20 +165,16 @@ static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t
     const int64_t items = fs.concat ? tokens * fs.count : tokens;
     const unsigned blocks = ceil_div(items * lanes, 256);
     if (fs.concat)
-        emb_kernel<T, OutT, VEC, true, Q8><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
+        emb_kernel<T, OutT, VEC, true, Q8, W><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
     else
-        emb_kernel<T, OutT, VEC, false, Q8><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
+        emb_kernel<T, OutT, VEC, false, Q8, W><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
 }
 
-template <typename T, typename OutT>
-flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s)
+// The vector width for the tables' dims and alignment (see fl_cuda_embedding_bag).
+template <typename T, typename OutT, bool W>
+static void launch_vec(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s, bool q8,
+                       bool aligned)
 {
-    if (tokens == 0 || fs.count == 0) return FLAME_OK;
-    bool q8 = false, aligned = true; // vector loads need every table 16-byte aligned (cudaMalloc's are)
-    for (int f = 0; f < fs.count; f++) {
-        q8 = q8 || fs.f[f].qparams != nullptr;
-        aligned = aligned && ((uintptr_t)fs.f[f].table & 15) == 0;
-    }
     auto fits = [&](int vec) { // and every row to start on a vector boundary
         bool ok = aligned;
         for (int f = 0; f < fs.count; f++) ok = ok && fs.f[f].dim % vec == 0;
@@ -175,17 +182,33 @@ flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, Ou
     };
     constexpr int V = 16 / sizeof(T);
     if (!q8 && fits(V))
-        launch<T, OutT, V, false>(fs, tokens, out, ldo, s);
+        launch<T, OutT, V, false, W>(fs, tokens, out, ldo, s);
     else if (!q8)
-        launch<T, OutT, 1, false>(fs, tokens, out, ldo, s);
+        launch<T, OutT, 1, false, W>(fs, tokens, out, ldo, s);
     else if (fits(16))
-        launch<T, OutT, 16, true>(fs, tokens, out, ldo, s);
+        launch<T, OutT, 16, true, W>(fs, tokens, out, ldo, s);
     else if (fits(8))
-        launch<T, OutT, 8, true>(fs, tokens, out, ldo, s);
+        launch<T, OutT, 8, true, W>(fs, tokens, out, ldo, s);
     else if (fits(4))
-        launch<T, OutT, 4, true>(fs, tokens, out, ldo, s);
+        launch<T, OutT, 4, true, W>(fs, tokens, out, ldo, s);
     else
-        launch<T, OutT, 1, true>(fs, tokens, out, ldo, s);
+        launch<T, OutT, 1, true, W>(fs, tokens, out, ldo, s);
+}
+
+template <typename T, typename OutT>
+flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s)
+{
+    if (tokens == 0 || fs.count == 0) return FLAME_OK;
+    bool q8 = false, aligned = true, weighted = false; // vector loads need every table 16-byte aligned (cudaMalloc's are)
+    for (int f = 0; f < fs.count; f++) {
+        q8 = q8 || fs.f[f].qparams != nullptr;
+        weighted = weighted || fs.f[f].weights != nullptr;
+        aligned = aligned && ((uintptr_t)fs.f[f].table & 15) == 0;
+    }
+    if (weighted) // the engine never weighs ids: its path keeps the kernels without the weight loads
+        launch_vec<T, OutT, true>(fs, tokens, out, ldo, s, q8, aligned);
+    else
+        launch_vec<T, OutT, false>(fs, tokens, out, ldo, s, q8, aligned);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }

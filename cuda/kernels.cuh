@@ -15,6 +15,7 @@ struct fl_dev_feature {
     const int64_t *offsets; // [T + 1] or NULL: token t's bag is {ids[t]}
     const int64_t *ids;
     const float *qparams;   // int8 table: [rows, 2] (scale, bias), value = scale * q + bias; NULL: a float table
+    const float *weights;   // per-id weights (ids' length): the bag pools w_i * row_i; NULL: all 1
 };
 
 struct fl_dev_features {
@@ -26,6 +27,7 @@ struct fl_dev_features {
 
 // Table-batched embedding bag, one launch for all tokens and features:
 // out[t, out_col:out_col+dim] += pool(bag) after the row is zeroed (see src/cpu/kernels.h).
+// With per-id weights, row i of a bag enters as w_i * row_i (mean: divided by the bag's size).
 // T is the float tables' dtype; features with qparams read int8 rows (16-byte vectors of 16
 // values when every dim allows, else 8- or 4-byte vectors, else single values), dequantized
 // in float. Accumulation in float.

@@ -1,7 +1,8 @@
 """libflame from Python: load flame models and score candidates (directly, or batched across
 threads by a flame.Scheduler), fed from the feature caches (flame.ItemCache over a
-flame.FeatureSource, the shared-memory flame.UserCache). This package is the binding; the
-tooling (training in PyTorch, export, int8 quantization, converters, the float64 numpy
+flame.FeatureSource, the shared-memory flame.UserCache), or use the engine's embedding bag and
+SUMI attention kernels in a pipeline of one's own (flame.kernels). This package is the binding;
+the tooling (training in PyTorch, export, int8 quantization, converters, the float64 numpy
 reference, evaluation) is flame.tools, which the binding does not import.
 
     import flame, numpy as np
@@ -20,6 +21,7 @@ from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, F
                      InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
                      UnavailableError,
                      ShapeError, UnsupportedError, VersionMismatchError)
+from . import kernels
 from .features import FeatureRecord, FeatureSource, ItemCache, load_redis
 from .log import clear_log_handler, set_log_handler
 from .memory import PinnedBuffer, PinnedPool, numa_info
@@ -44,7 +46,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'flame' has no attribute {name!r}")
 
 
-__all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "library_version", "set_log_handler",
+__all__ = ["kernels", "Model", "ModelInfo", "Engine", "Request", "bags", "library_version", "set_log_handler",
            "clear_log_handler", "FeatureRecord", "FeatureSource", "ItemCache", "load_redis", "UserCache", "UserRecord",
            "PinnedPool", "PinnedBuffer", "numa_info", "Scheduler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
            "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",

@@ -23,7 +23,8 @@ from typing import List, Optional
 from . import errors
 from ._structs import (I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN, FETCH_FN, NumaInfo, PinnedPoolParams,
                        PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats,
-                       ItemCacheParams, SchedulerParams, SchedulerStats, DONE_FN)
+                       ItemCacheParams, SchedulerParams, SchedulerStats, DONE_FN, EmbeddingBagParams,
+                       EmbeddingBagBatch, AttentionParams)
 
 # The C API this package was written against: flame.h 0.2.x. Same major (the ABI promise),
 # and at least this minor (the functions and struct fields bound below exist from 0.2).
@@ -98,6 +99,13 @@ PROTOTYPES = [
     ("flame_scheduler_score", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t]),
     ("flame_scheduler_get_stats", _st, [_vp, C.POINTER(SchedulerStats)]),
     ("flame_scheduler_reset_latency", _st, [_vp]),
+    # the kernels: embedding bag and SUMI attention
+    ("flame_embedding_bag_create", _st, [C.POINTER(EmbeddingBagParams), C.POINTER(_vp)]),
+    ("flame_embedding_bag_destroy", None, [_vp]),
+    ("flame_embedding_bag_width", C.c_int64, [_vp]),
+    ("flame_embedding_bag_forward", _st, [_vp, C.POINTER(EmbeddingBagBatch)]),
+    ("flame_embedding_bag_update_rows", _st, [_vp, C.c_int32, C.c_int64, C.c_int64, _vp, C.c_int, F32P, _vp]),
+    ("flame_sumi_attention", _st, [C.POINTER(AttentionParams)]),
 ]
 
 _lock = threading.Lock()

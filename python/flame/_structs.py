@@ -133,3 +133,36 @@ LOG_FN = C.CFUNCTYPE(None, C.c_int, C.c_char_p, C.c_void_p)
 FETCH_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, I64P, C.c_size_t, C.c_void_p)
 # flame_score_done_fn(user, status, message)
 DONE_FN = C.CFUNCTYPE(None, C.c_void_p, C.c_int, C.c_char_p)
+
+
+# ---- flame/kernels.h: the embedding bag and SUMI attention
+
+
+class EmbeddingTable(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("dtype", C.c_int), ("pooling", C.c_int), ("rows", C.c_int64),
+                ("dim", C.c_int32), ("data", C.c_void_p), ("qparams", F32P)]
+
+
+class EmbeddingBagParams(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("device", C.c_int32), ("combine", C.c_int),
+                ("tables", C.POINTER(EmbeddingTable)), ("num_tables", C.c_size_t), ("borrow", C.c_int32)]
+
+
+class EmbeddingBagInput(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("ids", I64P), ("offsets", I64P), ("num_ids", C.c_int64),
+                ("weights", F32P)]
+
+
+class EmbeddingBagBatch(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("batch", C.c_int64), ("inputs", C.POINTER(EmbeddingBagInput)),
+                ("num_inputs", C.c_size_t), ("out", C.c_void_p), ("ld_out", C.c_int64), ("out_dtype", C.c_int),
+                ("cuda_stream", C.c_void_p), ("threads", C.c_int32)]
+
+
+class AttentionParams(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("device", C.c_int32), ("dtype", C.c_int), ("mask", C.c_int),
+                ("heads", C.c_int32), ("head_dim", C.c_int32), ("num_seqs", C.c_int64), ("cu_history", I64P),
+                ("cu_candidates", I64P), ("rows", C.c_int64), ("qkv", C.c_void_p), ("ld_qkv", C.c_int64),
+                ("q", C.c_void_p), ("k", C.c_void_p), ("v", C.c_void_p), ("ld_q", C.c_int64), ("ld_k", C.c_int64),
+                ("ld_v", C.c_int64), ("out", C.c_void_p), ("ld_out", C.c_int64), ("cuda_stream", C.c_void_p),
+                ("threads", C.c_int32)]

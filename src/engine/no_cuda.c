@@ -51,3 +51,46 @@ void fl_cuda_host_unregister(void *p)
 {
     (void)p;
 }
+
+/* The public kernels' GPU side (src/kernels/kernels_gpu.h): every GPU call is refused. */
+#include "kernels/kernels_gpu.h"
+
+flame_status fl_gpu_kernels_device(int device)
+{
+    return fl_error(FLAME_ERR_UNSUPPORTED, "device %d: this libflame was built without CUDA", device);
+}
+
+flame_status fl_gpu_kernels_check_pointer(int device, const void *p, const char *what)
+{
+    return fl_gpu_kernels_device(device);
+}
+
+flame_status fl_gpu_kernels_upload(int device, const void *host, size_t bytes, void **dev)
+{
+    *dev = NULL;
+    return fl_gpu_kernels_device(device);
+}
+
+void fl_gpu_kernels_free(int device, void *dev)
+{
+    (void)dev;
+}
+
+flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void *host, size_t bytes, void *stream)
+{
+    return fl_gpu_kernels_device(device);
+}
+
+flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
+                                int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
+                                flame_dtype out_dtype, void *stream)
+{
+    return fl_gpu_kernels_device(device);
+}
+
+flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl_attn_seq *seqs, int64_t num_seqs,
+                              int64_t rows, bool none_mask, int32_t heads, int32_t dh, const void *q, int64_t ldq,
+                              const void *k, const void *v, int64_t ldkv, void *out, int64_t ldo, void *stream)
+{
+    return fl_gpu_kernels_device(device);
+}

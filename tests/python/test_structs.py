@@ -20,6 +20,9 @@ MIRRORS = {  # ctypes class -> C type
     _structs.ItemCacheStats: "flame_item_cache_stats", _structs.ItemCacheParams: "flame_item_cache_params",
     _structs.BatchProfile: "flame_batch_profile",
     _structs.SchedulerParams: "flame_scheduler_params", _structs.SchedulerStats: "flame_scheduler_stats",
+    _structs.EmbeddingTable: "flame_embedding_table", _structs.EmbeddingBagParams: "flame_embedding_bag_params",
+    _structs.EmbeddingBagInput: "flame_embedding_bag_input", _structs.EmbeddingBagBatch: "flame_embedding_bag_batch",
+    _structs.AttentionParams: "flame_attention_params",
 }
 
 

@@ -1,0 +1,393 @@
+// The GPU side of the public kernels (flame/kernels.h, src/kernels/kernels_gpu.h): table
+// uploads, the index arrays' way to the device, and the launches of the engine's embedding bag
+// and attention dispatcher on the caller's stream.
+//
+// No call here waits for a stream or the device. Host index data reaches the device as
+//   host arrays -> page-locked staging block (memcpy) -> cudaMemcpyAsync -> stream-ordered
+//   device allocation (cudaMallocAsync) -> kernels -> cudaFreeAsync,
+// all on the caller's stream. A staging block is reused once an event recorded after its copy
+// has completed (cudaEventQuery, which never waits); while every block is still in flight a new
+// one is made, up to MAX_BLOCKS or MAX_POOL_BYTES, beyond which the oldest is waited for
+// (back-pressure on a caller that enqueues faster than its stream runs).
+#include <algorithm>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "attention_wgmma.cuh"
+#include "kernels.cuh"
+
+extern "C" {
+#include "kernels/kernels_gpu.h"
+}
+
+namespace {
+
+// The calling thread's current device, set to `device` for the scope and restored after.
+struct device_scope {
+    int prev = -1;
+    bool changed = false;
+    cudaError_t err = cudaSuccess;
+    explicit device_scope(int device)
+    {
+        err = cudaGetDevice(&prev);
+        if (err == cudaSuccess && prev != device) {
+            err = cudaSetDevice(device);
+            changed = err == cudaSuccess;
+        }
+    }
+    ~device_scope()
+    {
+        if (changed) cudaSetDevice(prev);
+    }
+};
+
+#define SCOPE(device)                                                                                          \
+    device_scope scope_(device);                                                                               \
+    FL_CUDA_TRY(scope_.err)
+
+struct stage_block {
+    int device;
+    void *host;
+    size_t cap;
+    cudaEvent_t done;
+    uint64_t used; // release order, for waiting on the oldest
+};
+
+constexpr int MAX_BLOCKS = 64;
+constexpr size_t MAX_POOL_BYTES = (size_t)256 << 20;
+constexpr size_t MIN_BLOCK = 64 * 1024;
+
+std::mutex pool_mu;
+std::vector<stage_block *> pool_free; // blocks not handed out (their last copy may still run)
+int pool_count = 0;                   // blocks made, handed out or not
+size_t pool_bytes = 0;                // their bytes
+uint64_t pool_clock = 0;
+
+// A staging block of at least `bytes` on the current device whose previous copy is done: a
+// free one whose event has completed, else a new one, else (64 blocks or 256 MiB made) the
+// oldest free one that is large enough, once its copy is done. Blocks are never freed while
+// the process runs (cudaFreeHost could synchronize the device).
+flame_status stage_acquire(int device, size_t bytes, stage_block **out)
+{
+    *out = nullptr;
+    size_t cap = MIN_BLOCK;
+    while (cap < bytes) cap *= 2;
+    std::unique_lock<std::mutex> lk(pool_mu);
+    stage_block *oldest = nullptr;
+    size_t oldest_at = 0;
+    for (size_t i = 0; i < pool_free.size(); i++) {
+        stage_block *b = pool_free[i];
+        if (b->device != device || b->cap < bytes) continue;
+        if (cudaEventQuery(b->done) == cudaSuccess) {
+            pool_free.erase(pool_free.begin() + (long)i);
+            *out = b;
+            return FLAME_OK;
+        }
+        (void)cudaGetLastError(); // cudaErrorNotReady is no error of the caller's
+        if (!oldest || b->used < oldest->used) {
+            oldest = b;
+            oldest_at = i;
+        }
+    }
+    if (oldest && (pool_count >= MAX_BLOCKS || pool_bytes + cap > MAX_POOL_BYTES)) {
+        pool_free.erase(pool_free.begin() + (long)oldest_at);
+        lk.unlock();
+        const cudaError_t e = cudaEventSynchronize(oldest->done); // back-pressure
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            std::lock_guard<std::mutex> g(pool_mu);
+            pool_free.push_back(oldest);
+            return fl_error(FLAME_ERR_INTERNAL, "staging: cudaEventSynchronize: %s", cudaGetErrorString(e));
+        }
+        *out = oldest;
+        return FLAME_OK;
+    }
+    pool_count++;
+    pool_bytes += cap;
+    lk.unlock();
+    stage_block *b = new (std::nothrow) stage_block{device, nullptr, cap, nullptr, 0};
+    cudaError_t e = b ? cudaHostAlloc(&b->host, cap, cudaHostAllocPortable) : cudaErrorMemoryAllocation;
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (b && b->host) cudaFreeHost(b->host);
+        delete b;
+        std::lock_guard<std::mutex> g(pool_mu);
+        pool_count--;
+        pool_bytes -= cap;
+        return fl_error(FLAME_ERR_NOMEM, "staging: %zu bytes of page-locked memory: %s", cap, cudaGetErrorString(e));
+    }
+    *out = b;
+    return FLAME_OK;
+}
+
+// Hands a block back after its copy was enqueued on `s`.
+void stage_release(stage_block *b, cudaStream_t s)
+{
+    if (cudaEventRecord(b->done, s) != cudaSuccess) { // cannot tell when the copy ends: wait for it
+        (void)cudaGetLastError();
+        cudaStreamSynchronize(s);
+        (void)cudaGetLastError();
+    }
+    std::lock_guard<std::mutex> g(pool_mu);
+    b->used = ++pool_clock;
+    pool_free.push_back(b);
+}
+
+// Pieces of host data gathered into one staging block and one device allocation.
+struct piece {
+    const void *src;
+    size_t bytes;
+    size_t at; // offset in the block, 16-byte aligned
+};
+
+// Copies the pieces to a fresh stream-ordered device allocation (*dev, freed by the caller with
+// cudaFreeAsync on s); piece i lands at *dev + pieces[i].at.
+flame_status stage_to_device(int device, std::vector<piece> &pieces, cudaStream_t s, uint8_t **dev)
+{
+    size_t total = 0;
+    for (piece &p : pieces) {
+        p.at = total;
+        total += (p.bytes + 15) & ~(size_t)15;
+    }
+    *dev = nullptr;
+    if (total == 0) total = 16;
+    stage_block *b;
+    FL_TRY(stage_acquire(device, total, &b));
+    for (const piece &p : pieces)
+        if (p.bytes) memcpy(static_cast<uint8_t *>(b->host) + p.at, p.src, p.bytes);
+    void *d = nullptr;
+    cudaError_t e = cudaMallocAsync(&d, total, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(d, b->host, total, cudaMemcpyHostToDevice, s);
+    stage_release(b, s);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (d) cudaFreeAsync(d, s);
+        return fl_error(e == cudaErrorMemoryAllocation ? FLAME_ERR_NOMEM : FLAME_ERR_INTERNAL,
+                        "copying %zu bytes of indices to device %d: %s", total, device, cudaGetErrorString(e));
+    }
+    *dev = static_cast<uint8_t *>(d);
+    return FLAME_OK;
+}
+
+// Index data is staged per call, so a call cannot be captured into a CUDA graph (a replay
+// would copy whatever a reused staging block then holds): refused before anything is enqueued.
+flame_status not_capturing(cudaStream_t s)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(s, &cs);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (e != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+        return fl_error(FLAME_ERR_UNSUPPORTED, "the stream is being captured into a CUDA graph (%s): these calls stage "
+                        "their index data per call and cannot be replayed", e != cudaSuccess ? cudaGetErrorString(e) : "active");
+    return FLAME_OK;
+}
+
+// FLAME_OK when p is memory kernels on `device` may read or write: device memory of that device,
+// managed memory, or page-locked host memory; a pageable host pointer (or another device's) would
+// fault in the kernel and poison the caller's CUDA context, so it is refused here.
+flame_status device_pointer(int device, const void *p, const char *what)
+{
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is not memory CUDA knows (%s)", what, p, cudaGetErrorString(e));
+    }
+    if (a.type == cudaMemoryTypeUnregistered)
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is pageable host memory, not memory of device %d", what, p, device);
+    if (a.type == cudaMemoryTypeDevice && a.device != device)
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is memory of device %d, not of device %d", what, p, a.device, device);
+    return FLAME_OK;
+}
+
+template <typename T, typename OutT>
+flame_status tbe_launch(const fl_dev_features &fs, int64_t batch, void *out, int64_t ld, cudaStream_t s)
+{
+    return fl_cuda_embedding_bag<T, OutT>(fs, batch, static_cast<OutT *>(out), ld, s);
+}
+
+template <typename T>
+flame_status tbe_out(const fl_dev_features &fs, int64_t batch, void *out, int64_t ld, flame_dtype od, cudaStream_t s)
+{
+    switch (od) {
+    case FLAME_DTYPE_F16: return tbe_launch<T, __half>(fs, batch, out, ld, s);
+    case FLAME_DTYPE_BF16: return tbe_launch<T, __nv_bfloat16>(fs, batch, out, ld, s);
+    default: return tbe_launch<T, float>(fs, batch, out, ld, s);
+    }
+}
+
+template <typename T>
+flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, bool none_mask, int32_t heads,
+                       int32_t dh, const void *qv, int64_t ldq, const void *kv, const void *vv, int64_t ldkv,
+                       void *outv, int64_t ldo, int device, cudaStream_t s)
+{
+    const T *q = static_cast<const T *>(qv), *k = static_cast<const T *>(kv), *v = static_cast<const T *>(vv);
+    T *out = static_cast<T *>(outv);
+    FL_TRY(not_capturing(s));
+    FL_TRY(device_pointer(device, q, "q"));
+    FL_TRY(device_pointer(device, k, "k"));
+    FL_TRY(device_pointer(device, v, "v"));
+    FL_TRY(device_pointer(device, out, "out"));
+    int32_t tq = fl_cuda_attention_tile_queries((int32_t)sizeof(T), dh, rows, heads);
+    if constexpr (!std::is_same<T, float>::value) // (the Hopper kernel takes fp16/bf16 only)
+        if (tq == FL_ATTN_QT_WG && !fl_cuda_attention_wg_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo)) tq = FL_ATTN_QT;
+    if (none_mask && rows > INT32_MAX)
+        return fl_error(FLAME_ERR_UNSUPPORTED, "attention: the NONE mask on a GPU takes up to 2^31-1 rows, not %lld",
+                        (long long)rows);
+    std::vector<fl_attn_tile> tiles;
+    std::vector<int32_t> qpos(none_mask ? (size_t)rows : 0);
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const fl_attn_seq &sq = seqs[i];
+        for (int64_t q0 = 0; q0 < sq.len; q0 += tq) {
+            const int32_t nq = (int32_t)(sq.len - q0 < tq ? sq.len - q0 : tq);
+            tiles.push_back({sq.row, sq.n_hist, nq, sq.row + q0, (int32_t)q0,
+                             none_mask ? (int32_t)(sq.row + q0) : -1});
+        }
+        if (none_mask) std::fill(qpos.begin() + sq.row, qpos.begin() + sq.row + sq.len, sq.len - 1);
+    }
+    if (tiles.empty()) return FLAME_OK;
+    if (tq == FL_ATTN_QT_WG) // the 128-query kernel runs tiles in list order: the longest first
+        std::stable_sort(tiles.begin(), tiles.end(), [](const fl_attn_tile &a, const fl_attn_tile &b) {
+            const int64_t ka = a.qpos_idx < 0 ? std::min<int64_t>(a.pos0 + a.nq, a.n_hist) : a.n_hist;
+            const int64_t kb = b.qpos_idx < 0 ? std::min<int64_t>(b.pos0 + b.nq, b.n_hist) : b.n_hist;
+            return ka > kb;
+        });
+    std::vector<piece> pieces = {{tiles.data(), tiles.size() * sizeof(fl_attn_tile), 0},
+                                 {qpos.data(), qpos.size() * sizeof(int32_t), 0}};
+    uint8_t *dev;
+    FL_TRY(stage_to_device(device, pieces, s, &dev));
+    const flame_status st = fl_cuda_attention<T>(reinterpret_cast<const fl_attn_tile *>(dev + pieces[0].at),
+                                                 (int64_t)tiles.size(),
+                                                 none_mask ? reinterpret_cast<const int32_t *>(dev + pieces[1].at)
+                                                           : nullptr,
+                                                 heads, dh, q, ldq, k, v, ldkv, out, ldo, s, tq);
+    cudaFreeAsync(dev, s);
+    return st;
+}
+
+} // namespace
+
+extern "C" flame_status fl_gpu_kernels_device(int device)
+{
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fl_error(FLAME_ERR_NO_DEVICE, "device %d: no usable CUDA device (%s)", device, cudaGetErrorString(e));
+    }
+    if (device >= n)
+        return fl_error(FLAME_ERR_NO_DEVICE, "device %d: this machine has %d CUDA device%s", device, n, n == 1 ? "" : "s");
+    return FLAME_OK;
+}
+
+extern "C" flame_status fl_gpu_kernels_upload(int device, const void *host, size_t bytes, void **dev)
+{
+    *dev = nullptr;
+    if (bytes == 0) return FLAME_OK;
+    SCOPE(device);
+    FL_CUDA_TRY(cudaMalloc(dev, bytes));
+    const cudaError_t e = cudaMemcpy(*dev, host, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(*dev);
+        *dev = nullptr;
+        return fl_error(FLAME_ERR_INTERNAL, "uploading %zu bytes to device %d: %s", bytes, device, cudaGetErrorString(e));
+    }
+    return FLAME_OK;
+}
+
+extern "C" flame_status fl_gpu_kernels_check_pointer(int device, const void *p, const char *what)
+{
+    SCOPE(device);
+    return device_pointer(device, p, what);
+}
+
+extern "C" void fl_gpu_kernels_free(int device, void *dev)
+{
+    if (!dev) return;
+    device_scope scope(device);
+    cudaFree(dev);
+}
+
+extern "C" flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void *host, size_t bytes, void *stream)
+{
+    if (bytes == 0) return FLAME_OK;
+    SCOPE(device);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    FL_TRY(not_capturing(s));
+    stage_block *b;
+    FL_TRY(stage_acquire(device, bytes, &b));
+    memcpy(b->host, host, bytes);
+    const cudaError_t e = cudaMemcpyAsync(dev, b->host, bytes, cudaMemcpyHostToDevice, s);
+    stage_release(b, s);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fl_error(FLAME_ERR_INTERNAL, "copying %zu bytes to device %d: %s", bytes, device, cudaGetErrorString(e));
+    }
+    return FLAME_OK;
+}
+
+extern "C" flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
+                                           int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out,
+                                           int64_t ld_out, flame_dtype out_dtype, void *stream)
+{
+    SCOPE(device);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    FL_TRY(not_capturing(s));
+    FL_TRY(device_pointer(device, out, "out"));
+    std::vector<piece> pieces;
+    for (int t = 0; t < num_tables; t++) {
+        const fl_tbe_lookup &lk = lookups[t];
+        pieces.push_back({lk.ids, (size_t)lk.num_ids * sizeof(int64_t), 0});
+        pieces.push_back({lk.offsets, lk.offsets ? (size_t)(batch + 1) * sizeof(int64_t) : 0, 0});
+        pieces.push_back({lk.weights, lk.weights ? (size_t)lk.num_ids * sizeof(float) : 0, 0});
+    }
+    uint8_t *dev;
+    FL_TRY(stage_to_device(device, pieces, s, &dev));
+    fl_dev_features fs{};
+    fs.count = num_tables;
+    fs.width = width;
+    fs.concat = sum_combine ? 0 : 1;
+    flame_dtype float_dtype = FLAME_DTYPE_F32; // the tables' common float dtype (F32 when all are INT8)
+    for (int t = 0; t < num_tables; t++) {
+        const fl_tbe_table &tb = tables[t];
+        fl_dev_feature &f = fs.f[t];
+        f.table = tb.data;
+        f.dim = tb.dim;
+        f.pooling = tb.pooling == FLAME_POOLING_MEAN ? 1 : 0;
+        f.out_col = tb.col;
+        f.ids = reinterpret_cast<const int64_t *>(dev + pieces[3 * t].at);
+        f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + pieces[3 * t + 1].at) : nullptr;
+        f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + pieces[3 * t + 2].at) : nullptr;
+        f.qparams = tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr;
+        if (tb.dtype != FLAME_DTYPE_INT8) float_dtype = tb.dtype;
+    }
+    flame_status st;
+    switch (float_dtype) {
+    case FLAME_DTYPE_F16: st = tbe_out<__half>(fs, batch, out, ld_out, out_dtype, s); break;
+    case FLAME_DTYPE_BF16: st = tbe_out<__nv_bfloat16>(fs, batch, out, ld_out, out_dtype, s); break;
+    default: st = tbe_out<float>(fs, batch, out, ld_out, out_dtype, s); break;
+    }
+    cudaFreeAsync(dev, s);
+    return st;
+}
+
+extern "C" flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl_attn_seq *seqs, int64_t num_seqs,
+                                         int64_t rows, bool none_mask, int32_t heads, int32_t dh, const void *q,
+                                         int64_t ldq, const void *k, const void *v, int64_t ldkv, void *out,
+                                         int64_t ldo, void *stream)
+{
+    SCOPE(device);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    switch (dtype) {
+    case FLAME_DTYPE_F16:
+        return attention<__half>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, device, s);
+    case FLAME_DTYPE_BF16:
+        return attention<__nv_bfloat16>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo,
+                                        device, s);
+    default:
+        return attention<float>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, device, s);
+    }
+}

@@ -1,0 +1,369 @@
+/* The public embedding bag (flame/kernels.h): the handle, the validation of every table and
+ * lookup on the host, and the CPU path; the GPU path is in cuda/kernels_api.cu. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/abi.h"
+#include "cpu/kernels.h"
+#include "kernels/half.h"
+#include "kernels/kernels_gpu.h"
+#include "kernels/tbe_cpu.h"
+
+#define MAX_ROWS (INT64_C(1) << 40)
+#define MAX_DIM 16384
+#define MAX_THREADS 1024
+
+struct flame_embedding_bag {
+    int32_t device;
+    bool sum_combine;
+    int32_t num_tables;
+    int32_t width;
+    fl_tbe_table t[FL_TBE_MAX_TABLES];
+    pthread_rwlock_t lock; /* CPU: forwards read, updates write */
+};
+
+static size_t dtype_bytes(flame_dtype d)
+{
+    return d == FLAME_DTYPE_F32 ? 4 : d == FLAME_DTYPE_INT8 ? 1 : 2;
+}
+
+static const char *dtype_name(flame_dtype d)
+{
+    switch (d) {
+    case FLAME_DTYPE_F32: return "F32";
+    case FLAME_DTYPE_F16: return "F16";
+    case FLAME_DTYPE_BF16: return "BF16";
+    case FLAME_DTYPE_INT8: return "INT8";
+    }
+    return "(unknown)";
+}
+
+/* dst[0..n) = float32 values of n fp16/bf16/f32 elements at src */
+static void to_f32(float *dst, const void *src, size_t n, flame_dtype d)
+{
+    if (d == FLAME_DTYPE_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = src;
+    for (size_t i = 0; i < n; i++) dst[i] = d == FLAME_DTYPE_F16 ? fl_f16_to_f32(h[i]) : fl_bf16_to_f32(h[i]);
+}
+
+static flame_status check_qparams(int32_t table, int64_t first_row, const float *qp, int64_t n)
+{
+    for (int64_t i = 0; i < 2 * n; i++)
+        if (!isfinite(qp[i]))
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d row %lld: %s %g is not finite", table,
+                            (long long)(first_row + i / 2), i % 2 ? "bias" : "scale", (double)qp[i]);
+    return FLAME_OK;
+}
+
+static void free_tables(flame_embedding_bag *b)
+{
+    for (int i = 0; i < b->num_tables; i++) {
+        fl_tbe_table *t = &b->t[i];
+        if (!t->owned) continue;
+        if (b->device == FLAME_DEVICE_CPU) {
+            fl_aligned_free(t->data);
+            fl_aligned_free(t->qparams);
+        } else {
+            fl_gpu_kernels_free(b->device, t->data);
+            fl_gpu_kernels_free(b->device, t->qparams);
+        }
+    }
+}
+
+/* Copies (or borrows) table i's memory into the handle's form. */
+static flame_status take_table(flame_embedding_bag *b, int i, const flame_embedding_table *in, bool borrow)
+{
+    fl_tbe_table *t = &b->t[i];
+    const bool cpu = b->device == FLAME_DEVICE_CPU;
+    t->given = in->dtype;
+    t->dtype = cpu && in->dtype != FLAME_DTYPE_INT8 ? FLAME_DTYPE_F32 : in->dtype;
+    t->pooling = in->pooling;
+    t->rows = in->rows;
+    t->dim = in->dim;
+    const size_t n = (size_t)in->rows * (size_t)in->dim;
+    if (borrow) {
+        if (cpu && t->dtype != t->given)
+            return fl_error(FLAME_ERR_UNSUPPORTED,
+                            "embedding bag: table %d: a borrowed %s table on the CPU (its kernel reads F32 or INT8 "
+                            "rows; borrow 0 converts the table to F32)",
+                            i, dtype_name(in->dtype));
+        if (!cpu) { /* a host pointer would fault in the kernel: refused now */
+            char what[64];
+            snprintf(what, sizeof what, "table %d data", i);
+            flame_status st = fl_gpu_kernels_check_pointer(b->device, in->data, what);
+            snprintf(what, sizeof what, "table %d qparams", i);
+            if (!st && in->qparams) st = fl_gpu_kernels_check_pointer(b->device, in->qparams, what);
+            if (st) return st;
+        }
+        t->data = (void *)in->data;
+        t->qparams = (float *)in->qparams;
+        t->owned = false;
+        return FLAME_OK;
+    }
+    t->owned = true;
+    if (cpu) {
+        t->data = fl_aligned_alloc(n * dtype_bytes(t->dtype));
+        t->qparams = in->qparams ? fl_aligned_alloc((size_t)in->rows * 2 * sizeof(float)) : NULL;
+        if (!t->data || (in->qparams && !t->qparams))
+            return fl_error(FLAME_ERR_NOMEM, "embedding bag: table %d: %zu bytes", i, n * dtype_bytes(t->dtype));
+        if (t->dtype == FLAME_DTYPE_INT8)
+            memcpy(t->data, in->data, n);
+        else
+            to_f32(t->data, in->data, n, in->dtype);
+        if (in->qparams) memcpy(t->qparams, in->qparams, (size_t)in->rows * 2 * sizeof(float));
+        return FLAME_OK;
+    }
+    flame_status st = fl_gpu_kernels_upload(b->device, in->data, n * dtype_bytes(t->dtype), &t->data);
+    if (!st && in->qparams)
+        st = fl_gpu_kernels_upload(b->device, in->qparams, (size_t)in->rows * 2 * sizeof(float), (void **)&t->qparams);
+    return st;
+}
+
+flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params, flame_embedding_bag **out)
+{
+    fl_clear_error();
+    if (out) *out = NULL;
+    if (!params || !out) return fl_error(FLAME_ERR_INVALID_ARG, "flame_embedding_bag_create: NULL params or out");
+    flame_embedding_bag_params p = {0};
+    flame_status st = fl_struct_in("flame_embedding_bag_params", &p, sizeof p, params);
+    if (st) return st;
+    if (p.device < FLAME_DEVICE_CPU)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: device %d (FLAME_DEVICE_CPU or a CUDA device index)",
+                        p.device);
+    if (p.combine != FLAME_COMBINE_CONCAT && p.combine != FLAME_COMBINE_SUM)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: combine %d is neither CONCAT (0) nor SUM (1)",
+                        (int)p.combine);
+    if (p.borrow != 0 && p.borrow != 1)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: borrow %d (0 or 1)", p.borrow);
+    if (p.num_tables < 1 || p.num_tables > FL_TBE_MAX_TABLES)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: num_tables %zu is outside 1..%d", p.num_tables,
+                        FL_TBE_MAX_TABLES);
+    if (!p.tables) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: tables is NULL");
+    const size_t stride = fl_struct_size_of(p.tables);
+    if ((st = fl_struct_size_check("flame_embedding_table", stride, sizeof(flame_embedding_table)))) return st;
+    if (stride % 8)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: tables[0].struct_size %zu is not a multiple of 8",
+                        stride);
+    flame_embedding_table tabs[FL_TBE_MAX_TABLES];
+    int64_t width = 0;
+    flame_dtype float_dtype = FLAME_DTYPE_INT8; /* the float tables' dtype on a GPU; INT8: none yet */
+    for (size_t i = 0; i < p.num_tables; i++) {
+        const void *src = (const char *)p.tables + i * stride;
+        if (fl_struct_size_of(src) != stride)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: tables[%zu].struct_size %zu differs from tables[0]'s %zu",
+                            i, fl_struct_size_of(src), stride);
+        flame_embedding_table *t = &tabs[i];
+        memset(t, 0, sizeof *t);
+        if ((st = fl_struct_in("flame_embedding_table", t, sizeof *t, src))) return st;
+        if ((unsigned)t->dtype > FLAME_DTYPE_INT8)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: dtype %d is unknown", i, (int)t->dtype);
+        if (t->pooling != FLAME_POOLING_SUM && t->pooling != FLAME_POOLING_MEAN)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: pooling %d is neither SUM nor MEAN", i,
+                            (int)t->pooling);
+        if (t->rows < 1 || t->rows > MAX_ROWS)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: rows %lld is outside 1..2^40", i,
+                            (long long)t->rows);
+        if (t->dim < 1 || t->dim > MAX_DIM)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: dim %d is outside 1..%d", i, t->dim,
+                            MAX_DIM);
+        if (!t->data) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: data is NULL", i);
+        if ((t->dtype == FLAME_DTYPE_INT8) != (t->qparams != NULL))
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: qparams %s for a %s table", i,
+                            t->qparams ? "given" : "missing", dtype_name(t->dtype));
+        /* host-readable scales and biases are checked (borrowed device memory is the caller's) */
+        if (t->qparams && !(p.borrow && p.device != FLAME_DEVICE_CPU) &&
+            (st = check_qparams((int32_t)i, 0, t->qparams, t->rows)))
+            return st;
+        if (p.combine == FLAME_COMBINE_SUM && t->dim != tabs[0].dim)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: dim %d differs from table 0's %d under "
+                            "SUM combine", i, t->dim, tabs[0].dim);
+        width = p.combine == FLAME_COMBINE_SUM ? t->dim : width + t->dim;
+        if (p.device != FLAME_DEVICE_CPU && t->dtype != FLAME_DTYPE_INT8) {
+            if (float_dtype != FLAME_DTYPE_INT8 && float_dtype != t->dtype)
+                return fl_error(FLAME_ERR_UNSUPPORTED, "embedding bag: table %zu is %s, an earlier float table %s (a GPU "
+                                "handle's float tables share one dtype)", i, dtype_name(t->dtype), dtype_name(float_dtype));
+            float_dtype = t->dtype;
+        }
+    }
+    if (width > INT32_MAX / 2)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: output width %lld is too large", (long long)width);
+    if (p.device != FLAME_DEVICE_CPU && (st = fl_gpu_kernels_device(p.device))) return st;
+
+    flame_embedding_bag *b = calloc(1, sizeof *b);
+    if (!b) return fl_error(FLAME_ERR_NOMEM, "embedding bag: handle");
+    b->device = p.device;
+    b->sum_combine = p.combine == FLAME_COMBINE_SUM;
+    b->width = (int32_t)width;
+    int32_t col = 0;
+    for (size_t i = 0; i < p.num_tables; i++) {
+        b->num_tables = (int32_t)i + 1; /* what free_tables may need to free */
+        if ((st = take_table(b, (int)i, &tabs[i], p.borrow == 1))) {
+            free_tables(b);
+            free(b);
+            return st;
+        }
+        b->t[i].col = b->sum_combine ? 0 : col;
+        col += tabs[i].dim;
+    }
+    if (pthread_rwlock_init(&b->lock, NULL)) {
+        free_tables(b);
+        free(b);
+        return fl_error(FLAME_ERR_NOMEM, "embedding bag: lock");
+    }
+    *out = b;
+    return FLAME_OK;
+}
+
+void flame_embedding_bag_destroy(flame_embedding_bag *bag)
+{
+    if (!bag) return;
+    free_tables(bag);
+    pthread_rwlock_destroy(&bag->lock);
+    free(bag);
+}
+
+int64_t flame_embedding_bag_width(const flame_embedding_bag *bag)
+{
+    return bag ? bag->width : 0;
+}
+
+/* Every offset, id and weight of table t's lookups, before anything is written. */
+static flame_status check_lookup(int t, const fl_tbe_table *tab, const fl_tbe_lookup *lk, int64_t batch)
+{
+    if (lk->num_ids < 0)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is negative", t,
+                        (long long)lk->num_ids);
+    if (lk->num_ids > 0 && !lk->ids)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: ids is NULL with num_ids %lld", t,
+                        (long long)lk->num_ids);
+    if (!lk->offsets) {
+        if (lk->num_ids != batch)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld without offsets (one id per "
+                            "bag) must equal batch %lld", t, (long long)lk->num_ids, (long long)batch);
+    } else {
+        if (lk->offsets[0] != 0)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag 0: offsets[0] = %lld, not 0", t,
+                            (long long)lk->offsets[0]);
+        for (int64_t b = 0; b < batch; b++)
+            if (lk->offsets[b + 1] < lk->offsets[b] || lk->offsets[b + 1] > lk->num_ids)
+                return fl_error(FLAME_ERR_INVALID_ARG,
+                                "embedding bag: table %d bag %lld: offsets[%lld] = %lld is outside offsets[%lld] = "
+                                "%lld .. num_ids = %lld",
+                                t, (long long)b, (long long)(b + 1), (long long)lk->offsets[b + 1], (long long)b,
+                                (long long)lk->offsets[b], (long long)lk->num_ids);
+        if (lk->offsets[batch] != lk->num_ids)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: offsets[batch = %lld] = %lld but num_ids = "
+                            "%lld", t, (long long)batch, (long long)lk->offsets[batch], (long long)lk->num_ids);
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t i0 = lk->offsets ? lk->offsets[b] : b, i1 = lk->offsets ? lk->offsets[b + 1] : b + 1;
+        for (int64_t i = i0; i < i1; i++) {
+            if (lk->ids[i] < 0 || lk->ids[i] >= tab->rows)
+                return fl_error(FLAME_ERR_INVALID_ARG,
+                                "embedding bag: table %d bag %lld: ids[%lld] = %lld is outside 0..%lld", t, (long long)b,
+                                (long long)i, (long long)lk->ids[i], (long long)(tab->rows - 1));
+            if (lk->weights && !isfinite(lk->weights[i]))
+                return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: weights[%lld] = %g is not "
+                                "finite", t, (long long)b, (long long)i, (double)lk->weights[i]);
+        }
+    }
+    return FLAME_OK;
+}
+
+flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_embedding_bag_batch *batch)
+{
+    fl_clear_error();
+    if (!bag || !batch) return fl_error(FLAME_ERR_INVALID_ARG, "flame_embedding_bag_forward: NULL bag or batch");
+    flame_embedding_bag_batch q = {0};
+    flame_status st = fl_struct_in("flame_embedding_bag_batch", &q, sizeof q, batch);
+    if (st) return st;
+    if (q.batch < 0 || q.batch > INT32_MAX)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: batch %lld is outside 0..2^31-1", (long long)q.batch);
+    if (q.num_inputs != (size_t)bag->num_tables)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: num_inputs %zu, the handle has %d tables", q.num_inputs,
+                        bag->num_tables);
+    if (!q.inputs) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: inputs is NULL");
+    const bool cpu = bag->device == FLAME_DEVICE_CPU;
+    if (q.out_dtype != FLAME_DTYPE_F32 && (cpu || (q.out_dtype != FLAME_DTYPE_F16 && q.out_dtype != FLAME_DTYPE_BF16)))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out_dtype %s is not written by the %s (%s)",
+                        dtype_name(q.out_dtype), cpu ? "CPU" : "GPU", cpu ? "F32" : "F32, F16 or BF16");
+    const int64_t ld = q.ld_out ? q.ld_out : bag->width;
+    if (ld < bag->width || ld > (INT64_C(1) << 40))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: ld_out %lld is outside width %d..2^40",
+                        (long long)q.ld_out, bag->width);
+    if (q.threads < 0 || q.threads > MAX_THREADS)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: threads %d is outside 0..%d", q.threads, MAX_THREADS);
+    const size_t stride = fl_struct_size_of(q.inputs);
+    if ((st = fl_struct_size_check("flame_embedding_bag_input", stride, sizeof(flame_embedding_bag_input)))) return st;
+    if (stride % 8)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: inputs[0].struct_size %zu is not a multiple of 8", stride);
+    fl_tbe_lookup lk[FL_TBE_MAX_TABLES];
+    for (int t = 0; t < bag->num_tables; t++) {
+        const void *src = (const char *)q.inputs + (size_t)t * stride;
+        if (fl_struct_size_of(src) != stride)
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: inputs[%d].struct_size %zu differs from inputs[0]'s %zu",
+                            t, fl_struct_size_of(src), stride);
+        flame_embedding_bag_input in = {0};
+        if ((st = fl_struct_in("flame_embedding_bag_input", &in, sizeof in, src))) return st;
+        lk[t] = (fl_tbe_lookup){in.ids, in.offsets, in.num_ids, in.weights};
+        if ((st = check_lookup(t, &bag->t[t], &lk[t], q.batch))) return st;
+    }
+    if (q.batch == 0) return FLAME_OK; /* nothing to write or launch */
+    if (!q.out) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out is NULL with batch %lld", (long long)q.batch);
+    if (!cpu)
+        return fl_gpu_tbe_forward(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk, q.batch,
+                                  q.out, ld, q.out_dtype, q.cuda_stream);
+    pthread_rwlock_rdlock(&bag->lock);
+    fl_tbe_cpu_forward(bag->t, bag->num_tables, lk, q.batch, q.out, ld, bag->width, q.threads ? q.threads : 1);
+    pthread_rwlock_unlock(&bag->lock);
+    return FLAME_OK;
+}
+
+flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t table, int64_t first_row,
+                                             int64_t num_rows, const void *values, flame_dtype values_dtype,
+                                             const float *qparams, void *cuda_stream)
+{
+    fl_clear_error();
+    if (!bag) return fl_error(FLAME_ERR_INVALID_ARG, "flame_embedding_bag_update_rows: NULL bag");
+    if (table < 0 || table >= bag->num_tables)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d is outside 0..%d", table,
+                        bag->num_tables - 1);
+    fl_tbe_table *t = &bag->t[table];
+    if (first_row < 0 || num_rows < 0 || first_row > t->rows || num_rows > t->rows - first_row)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: rows %lld..%lld (%lld rows) are not "
+                        "within 0..%lld", table, (long long)first_row, (long long)(first_row + num_rows - 1),
+                        (long long)num_rows, (long long)(t->rows - 1));
+    if (values_dtype != t->given)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d is %s, values_dtype %s", table,
+                        dtype_name(t->given), dtype_name(values_dtype));
+    if ((t->given == FLAME_DTYPE_INT8) != (qparams != NULL))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: qparams %s for a %s table", table,
+                        qparams ? "given" : "missing", dtype_name(t->given));
+    if (num_rows == 0) return FLAME_OK;
+    if (!values) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: values is NULL", table);
+    flame_status st;
+    if (qparams && (st = check_qparams(table, first_row, qparams, num_rows))) return st;
+    const size_t n = (size_t)num_rows * (size_t)t->dim, at = (size_t)first_row * (size_t)t->dim;
+    const size_t esize = dtype_bytes(t->dtype);
+    if (bag->device != FLAME_DEVICE_CPU) {
+        st = fl_gpu_kernels_copy_in(bag->device, (char *)t->data + at * esize, values, n * esize, cuda_stream);
+        if (!st && qparams)
+            st = fl_gpu_kernels_copy_in(bag->device, t->qparams + 2 * first_row, qparams,
+                                        (size_t)num_rows * 2 * sizeof(float), cuda_stream);
+        return st;
+    }
+    pthread_rwlock_wrlock(&bag->lock);
+    if (t->dtype == FLAME_DTYPE_INT8)
+        memcpy((int8_t *)t->data + at, values, n);
+    else
+        to_f32((float *)t->data + at, values, n, t->given);
+    if (qparams) memcpy(t->qparams + 2 * first_row, qparams, (size_t)num_rows * 2 * sizeof(float));
+    pthread_rwlock_unlock(&bag->lock);
+    return FLAME_OK;
+}

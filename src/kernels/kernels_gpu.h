@@ -1,0 +1,74 @@
+/* The GPU side of the public kernels (flame/kernels.h), as src/kernels/ sees it: implemented in
+ * cuda/kernels_api.cu, stand-in in src/engine/no_cuda.c. Everything here receives validated
+ * arguments (src/kernels/ checks them on the host first); it only moves data and launches. */
+#ifndef FLAME_KERNELS_GPU_H
+#define FLAME_KERNELS_GPU_H
+
+#include "core/common.h"
+#include "flame/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FL_TBE_MAX_TABLES 64
+
+/* One table of an embedding bag handle; data/qparams are device pointers on a GPU handle. */
+typedef struct fl_tbe_table {
+    flame_dtype dtype; /* as held: a CPU handle holds F16/BF16 tables as F32 */
+    flame_dtype given; /* as the caller gave it */
+    flame_pooling pooling;
+    int64_t rows;
+    int32_t dim;
+    int32_t col;  /* first output column */
+    void *data;   /* [rows, dim] of dtype */
+    float *qparams; /* INT8: [rows, 2] */
+    bool owned;   /* freed with the handle */
+} fl_tbe_table;
+
+/* One table's validated lookups (host arrays, as the caller gave them). */
+typedef struct fl_tbe_lookup {
+    const int64_t *ids, *offsets; /* offsets NULL: bag b = {ids[b]} */
+    int64_t num_ids;
+    const float *weights;
+} fl_tbe_lookup;
+
+/* FLAME_OK when `device` is a usable CUDA device; FLAME_ERR_UNSUPPORTED without CUDA,
+ * FLAME_ERR_NO_DEVICE (with the reason) otherwise. */
+flame_status fl_gpu_kernels_device(int device);
+
+/* FLAME_OK when kernels on `device` may access p (device memory of that device, managed or
+ * page-locked host memory); FLAME_ERR_INVALID_ARG naming `what` otherwise. */
+flame_status fl_gpu_kernels_check_pointer(int device, const void *p, const char *what);
+
+/* Device copy of `bytes` of host memory (synchronous: creation time); *dev NULL for 0 bytes. */
+flame_status fl_gpu_kernels_upload(int device, const void *host, size_t bytes, void **dev);
+void fl_gpu_kernels_free(int device, void *dev);
+
+/* Host -> device copy enqueued on `stream` through libflame's page-locked staging (the host
+ * memory may be reused on return). */
+flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void *host, size_t bytes, void *stream);
+
+/* The embedding bag on device tables: ids/offsets/weights are host arrays (validated), copied
+ * in on `stream`, then one launch of the engine's kernel per float dtype group. */
+flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
+                                int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
+                                flame_dtype out_dtype, void *stream);
+
+/* One sequence of an attention batch (validated). */
+typedef struct fl_attn_seq {
+    int64_t row;    /* first packed row */
+    int32_t n_hist; /* keys with the causal history mask (all keys under NONE and CAUSAL) */
+    int32_t len;    /* rows */
+} fl_attn_seq;
+
+/* SUMI attention on the device through the engine's dispatcher (fl_cuda_attention);
+ * none_mask: every query sees all len keys. */
+flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl_attn_seq *seqs, int64_t num_seqs,
+                              int64_t rows, bool none_mask, int32_t heads, int32_t dh, const void *q, int64_t ldq,
+                              const void *k, const void *v, int64_t ldkv, void *out, int64_t ldo, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,84 @@
+/* The CPU embedding bag of the public API. Unweighted lookups run the engine's kernel
+ * (fl_cpu_embedding_bag) on slices of the batch, one per thread; per-id weights, which that
+ * kernel does not take, run the loop below with the same float32 operations per row
+ * (value = scale * q + bias for int8 rows, then the pooling weight times the value). */
+#include <string.h>
+
+#include "cpu/kernels.h"
+#include "kernels/tbe_cpu.h"
+
+/* Bags per thread below which a thread is not worth starting. */
+#define MIN_BAGS_PER_THREAD 64
+
+static void weighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t b0,
+                     int64_t b1, float *out, int64_t ld, int32_t width)
+{
+    for (int64_t b = b0; b < b1; b++) {
+        float *row = out + b * ld;
+        memset(row, 0, (size_t)width * sizeof *row);
+        for (int f = 0; f < num_tables; f++) {
+            const fl_tbe_table *t = &tables[f];
+            const fl_tbe_lookup *lk = &lookups[f];
+            const int64_t i0 = lk->offsets ? lk->offsets[b] : b, i1 = lk->offsets ? lk->offsets[b + 1] : b + 1;
+            if (i1 == i0) continue; /* empty bag: zeros for sum and mean */
+            const float scale = t->pooling == FLAME_POOLING_MEAN ? 1.0f / (float)(i1 - i0) : 1.0f;
+            float *restrict dst = row + t->col;
+            for (int64_t i = i0; i < i1; i++) {
+                const float w = lk->weights ? scale * lk->weights[i] : scale;
+                const int64_t r = lk->ids[i];
+                if (t->dtype == FLAME_DTYPE_INT8) {
+                    const int8_t *restrict q = (const int8_t *)t->data + r * t->dim;
+                    const float qs = t->qparams[2 * r], qb = t->qparams[2 * r + 1];
+                    for (int32_t j = 0; j < t->dim; j++) dst[j] += w * (qs * (float)q[j] + qb);
+                } else {
+                    const float *restrict src = (const float *)t->data + r * t->dim;
+                    for (int32_t j = 0; j < t->dim; j++) dst[j] += w * src[j];
+                }
+            }
+        }
+    }
+}
+
+static void unweighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t b0,
+                       int64_t b1, float *out, int64_t ld, int32_t width)
+{
+    fl_emb_feature fe[FL_TBE_MAX_TABLES];
+    for (int f = 0; f < num_tables; f++) {
+        const fl_tbe_table *t = &tables[f];
+        const fl_tbe_lookup *lk = &lookups[f];
+        const bool q8 = t->dtype == FLAME_DTYPE_INT8;
+        /* the kernel indexes offsets and ids by bag from its own 0: a slice starts at bag b0
+         * (offsets keep their absolute values into ids) */
+        fe[f] = (fl_emb_feature){
+            .table = q8 ? NULL : (const float *)t->data,
+            .rows = t->rows,
+            .dim = t->dim,
+            .pooling = t->pooling == FLAME_POOLING_MEAN ? FL_KPOOL_MEAN : FL_KPOOL_SUM,
+            .offsets = lk->offsets ? lk->offsets + b0 : NULL,
+            .ids = lk->offsets ? lk->ids : lk->ids + b0,
+            .out_col = t->col,
+            .table_q8 = q8 ? (const int8_t *)t->data : NULL,
+            .qparams = q8 ? t->qparams : NULL,
+        };
+    }
+    fl_cpu_embedding_bag(fe, num_tables, b1 - b0, out + b0 * ld, ld, width);
+}
+
+void fl_tbe_cpu_forward(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t batch,
+                        float *out, int64_t ld, int32_t width, int threads)
+{
+    bool any_weights = false;
+    for (int f = 0; f < num_tables; f++) any_weights = any_weights || lookups[f].weights;
+    int64_t parts = batch / MIN_BAGS_PER_THREAD;
+    parts = parts < 1 ? 1 : parts > threads ? threads : parts;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads((int)parts) schedule(static)
+#endif
+    for (int64_t p = 0; p < parts; p++) {
+        const int64_t b0 = batch * p / parts, b1 = batch * (p + 1) / parts;
+        if (any_weights)
+            weighted(tables, num_tables, lookups, b0, b1, out, ld, width);
+        else
+            unweighted(tables, num_tables, lookups, b0, b1, out, ld, width);
+    }
+}

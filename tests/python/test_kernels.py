@@ -1,0 +1,199 @@
+"""flame.kernels on the CPU: the embedding bag and SUMI attention against float64 numpy
+references on fresh random inputs (and against torch.nn.functional.embedding_bag and a masked
+scaled_dot_product_attention where torch is installed), and the rejections with their messages
+leaving the output as it was."""
+import numpy as np
+import pytest
+
+import flame
+import flame.kernels as fk
+
+RNG = np.random.default_rng()
+
+
+def bf16_bits(x):
+    """bfloat16 bit patterns of float32 values that bfloat16 holds exactly"""
+    return (np.asarray(x, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def random_tables(n, same_dim=None):
+    tables, values = [], []
+    for _ in range(n):
+        rows, dim = int(RNG.integers(1, 200)), same_dim or int(RNG.integers(1, 40))
+        kind = RNG.integers(4)
+        if kind == 0:
+            t = RNG.uniform(-1, 1, (rows, dim)).astype(np.float32)
+            tables.append(t), values.append(t.astype(np.float64))
+        elif kind == 1:  # k/64: exact in float16 and bfloat16
+            v = RNG.integers(-64, 65, (rows, dim)) / 64.0
+            tables.append(v.astype(np.float16)), values.append(v)
+        elif kind == 2:
+            v = RNG.integers(-64, 65, (rows, dim)) / 64.0
+            tables.append(("bfloat16", bf16_bits(v))), values.append(v)
+        else:
+            q = RNG.integers(-128, 128, (rows, dim)).astype(np.int8)
+            qp = np.stack([RNG.uniform(-0.05, 0.05, rows), RNG.uniform(-1, 1, rows)], 1).astype(np.float32)
+            tables.append((q, qp)), values.append(qp[:, :1].astype(np.float64) * q + qp[:, 1:].astype(np.float64))
+    return tables, values
+
+
+def reference_bag(values, pools, ids, offsets, weights, combine):
+    cols = []
+    for v, pool, i, o, w in zip(values, pools, ids, offsets, weights):
+        batch = len(i) if o is None else len(o) - 1
+        out = np.zeros((batch, v.shape[1]))
+        for b in range(batch):
+            lo, hi = (b, b + 1) if o is None else (o[b], o[b + 1])
+            for j in range(lo, hi):
+                out[b] += (1.0 if w is None else float(w[j])) * v[i[j]]
+            if pool == "mean" and hi > lo:
+                out[b] /= hi - lo
+        cols.append(out)
+    return sum(cols) if combine == "sum" else np.concatenate(cols, 1)
+
+
+@pytest.mark.parametrize("rep", range(20))
+def test_embedding_bag_against_reference(rep):
+    n = int(RNG.integers(1, 5))
+    combine = "sum" if RNG.integers(3) == 0 else "concat"
+    tables, values = random_tables(n, same_dim=int(RNG.integers(1, 30)) if combine == "sum" else None)
+    pools = [("sum", "mean")[RNG.integers(2)] for _ in range(n)]
+    batch = int(RNG.integers(0, 40))
+    ids, offsets, weights = [], [], []
+    for v in values:
+        if RNG.integers(4) == 0:
+            o = None
+            k = batch
+        else:
+            o = np.concatenate([[0], np.cumsum(RNG.integers(0, 6, batch))]).astype(np.int64)
+            k = int(o[-1])
+        ids.append(RNG.integers(0, v.shape[0], k).astype(np.int64))
+        offsets.append(o)
+        weights.append(RNG.uniform(-2, 2, k).astype(np.float32) if RNG.integers(3) == 0 else None)
+    with fk.EmbeddingBag(tables, pooling=pools, combine=combine, copy=bool(RNG.integers(2)), threads=2) as bag:
+        out = np.full((batch, bag.width + 3), np.nan, dtype=np.float32)
+        got = bag(ids, offsets, weights, out=out[:, :bag.width])
+    want = reference_bag(values, pools, ids, offsets, weights, combine)
+    assert got.shape == want.shape
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max(initial=0))))
+    assert np.all(np.isnan(out[:, bag.width:]))  # the stride's gap is not written
+
+
+def test_embedding_bag_rejections_name_table_bag_value():
+    t = RNG.uniform(-1, 1, (10, 4)).astype(np.float32)
+    with fk.EmbeddingBag([t, t], pooling="mean") as bag:
+        out = np.full((2, 8), np.nan, dtype=np.float32)
+        with pytest.raises(flame.InvalidArgumentError, match=r"table 1 bag 1: ids\[2\] = 10 is outside 0..9"):
+            bag([[1, 2], [0, 1, 10]], [[0, 1, 2], [0, 1, 3]], out=out)
+        assert np.all(np.isnan(out))
+        with pytest.raises(flame.InvalidArgumentError, match=r"table 0: offsets\[batch = 2\] = 1 but num_ids = 2"):
+            bag([[1, 2], [0, 1]], [[0, 1, 1], [0, 1, 2]], out=out)
+        with pytest.raises(flame.InvalidArgumentError, match=r"weights\[0\] = nan is not finite"):
+            bag([[1, 2], [0, 1]], None, [None, np.array([np.nan, 1], np.float32)], out=out)
+        assert np.all(np.isnan(out))
+        with pytest.raises(flame.ShapeError):
+            bag([[1, 2], [0, 1, 2]])  # batches of 2 and 3 bags
+        assert bag([np.zeros(0, np.int64)] * 2).shape == (0, 8)  # batch 0
+    with pytest.raises(flame.InvalidArgumentError, match="dim 3 differs from table 0's 4 under SUM combine"):
+        fk.EmbeddingBag([t, t[:, :3].copy()], combine="sum")
+
+
+def test_embedding_bag_update_rows():
+    q = RNG.integers(-128, 128, (6, 5)).astype(np.int8)
+    qp = np.ones((6, 2), np.float32)
+    f16 = (RNG.integers(-64, 65, (6, 5)) / 64.0).astype(np.float16)
+    with fk.EmbeddingBag([(q, qp), f16]) as bag:
+        newq = RNG.integers(-128, 128, (1, 5)).astype(np.int8)
+        bag.update_rows(0, 2, newq, np.array([[0.5, -1.0]], np.float32))
+        newh = np.full((1, 5), 0.25, np.float16)
+        bag.update_rows(1, 4, newh)
+        got = bag([[2], [4]])
+        np.testing.assert_allclose(got[0, :5], 0.5 * newq[0].astype(np.float64) - 1.0, rtol=1e-6)
+        np.testing.assert_array_equal(got[0, 5:], np.full(5, 0.25, np.float32))
+        with pytest.raises(flame.InvalidArgumentError, match=r"rows 5..6 \(2 rows\) are not within 0..5"):
+            bag.update_rows(1, 5, np.zeros((2, 5), np.float16))
+
+
+def reference_attention(q, k, v, ch, cc, heads, mask):
+    rows, w = q.shape
+    dh = w // heads
+    out = np.zeros((rows, w))
+    for s in range(len(ch) - 1):
+        n, m = ch[s + 1] - ch[s], (cc[s + 1] - cc[s]) if cc is not None else 0
+        r0, L = ch[s] + (cc[s] if cc is not None else 0), n + m
+        pos = np.arange(L)
+        if mask == "none":
+            vis = np.ones((L, L), bool)
+        elif mask == "causal":
+            vis = pos[None, :] <= pos[:, None]
+        else:
+            vis = np.where(pos[:, None] < n, pos[None, :] <= pos[:, None],
+                           (pos[None, :] < n) | (pos[None, :] == pos[:, None]))
+        for h in range(heads):
+            c = slice(h * dh, (h + 1) * dh)
+            S = q[r0:r0 + L, c].astype(np.float64) @ k[r0:r0 + L, c].astype(np.float64).T / np.sqrt(dh)
+            S = np.where(vis, S, -np.inf)
+            P = np.exp(S - S.max(1, keepdims=True)) if L else S
+            P /= P.sum(1, keepdims=True) if L else 1
+            out[r0:r0 + L, c] = P @ v[r0:r0 + L, c].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("mask", ["sumi", "causal", "none"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_sumi_attention_against_reference(mask, fused):
+    for _ in range(4):
+        B, heads, dh = int(RNG.integers(1, 5)), int(RNG.integers(1, 4)), int(RNG.integers(1, 33))
+        n = RNG.integers(0, 30, B) * (RNG.integers(0, 4, B) > 0)
+        m = RNG.integers(0, 8, B) * (n > 0)
+        ch = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+        cc = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
+        rows, w = int(ch[-1] + cc[-1]), heads * dh
+        if fused:
+            big = RNG.uniform(-2, 2, (rows, 3 * w + 2)).astype(np.float32)
+            qkv = big[:, :3 * w]
+            q, k, v = qkv[:, :w], qkv[:, w:2 * w], qkv[:, 2 * w:]
+            got = fk.sumi_attention(cu_history=ch, cu_candidates=cc, heads=heads, qkv=qkv, mask=mask, threads=2)
+        else:
+            q, k, v = (RNG.uniform(-2, 2, (rows, w)).astype(np.float32) for _ in range(3))
+            got = fk.sumi_attention(q, k, v, ch, cc, heads=heads, mask=mask, threads=2)
+        want = reference_attention(q, k, v, ch, cc, heads, mask)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sumi_attention_rejections():
+    q = RNG.uniform(-1, 1, (5, 8)).astype(np.float32)
+    out = np.full((5, 8), np.nan, np.float32)
+    with pytest.raises(flame.InvalidArgumentError, match=r"sequence 0: cu_history\[1\] = -1 is outside"):
+        fk.sumi_attention(q, q, q, [0, -1, 5], heads=2, out=out)
+    with pytest.raises(flame.InvalidArgumentError, match="rows 5, the sequences hold 4 history"):
+        fk.sumi_attention(q, q, q, [0, 4], heads=2, out=out)
+    with pytest.raises(flame.InvalidArgumentError, match="out overlaps"):
+        fk.sumi_attention(q, q, q, [0, 5], heads=2, out=q)
+    with pytest.raises(flame.DTypeError):
+        fk.sumi_attention(q.astype(np.float16), q, q, [0, 5], heads=2)
+    assert np.all(np.isnan(out))
+
+
+def test_against_torch_where_installed():
+    torch = pytest.importorskip("torch", reason="torch is not installed: the comparison with PyTorch is skipped")
+    F = torch.nn.functional
+    t = RNG.uniform(-1, 1, (50, 16)).astype(np.float32)
+    ids = RNG.integers(0, 50, 30).astype(np.int64)
+    off = np.array([0, 3, 3, 10, 30], np.int64)
+    w = RNG.uniform(-1, 1, 30).astype(np.float32)
+    with fk.EmbeddingBag([t], pooling="sum") as bag:
+        got = bag([ids], [off], [w])
+    want = F.embedding_bag(torch.from_numpy(ids), torch.from_numpy(t), torch.from_numpy(off[:-1]), mode="sum",
+                           per_sample_weights=torch.from_numpy(w)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    n, m, heads, dh = 12, 4, 2, 8
+    q, k, v = (RNG.uniform(-1, 1, (n + m, heads * dh)).astype(np.float32) for _ in range(3))
+    got = fk.sumi_attention(q, k, v, [0, n], [0, m], heads=heads)
+    pos = torch.arange(n + m)
+    allowed = torch.where(pos[:, None] < n, pos[None, :] <= pos[:, None], (pos[None, :] < n) | (pos[None, :] == pos[:, None]))
+    split = lambda x: torch.from_numpy(x).view(n + m, heads, dh).transpose(0, 1)
+    want = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=allowed)
+    np.testing.assert_allclose(got, want.transpose(0, 1).reshape(n + m, heads * dh).numpy(), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,631 @@
+/* The public kernels (flame/kernels.h) on the CPU: the table-batched embedding bag (F32, F16,
+ * BF16 and INT8 tables, sum and mean pooling, per-id weights, concat and sum combine, one id
+ * per bag or offsets with empty bags, strided outputs, several threads, in-place row updates)
+ * and SUMI attention (SUMI, causal and no mask over ragged batches with empty sequences, fused
+ * and separate Q/K/V with padded strides, several threads), each against a float64 reference
+ * on fresh random inputs with NaN-poisoned outputs; every rejection with its message and
+ * nothing written; the GPU entry points without a GPU. */
+#include <pthread.h>
+
+#include "testutil.h"
+#include "tu_kernels.h"
+#include "core/device.h"
+
+/* ---- embedding bag */
+
+static flame_embedding_bag *make_bag(const tuk_table *t, int nt, bool sum, flame_status *st)
+{
+    flame_embedding_table d[8];
+    for (int f = 0; f < nt; f++) d[f] = tuk_desc(&t[f]);
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, sum ? FLAME_COMBINE_SUM : FLAME_COMBINE_CONCAT, d,
+                                    (size_t)nt, 0};
+    flame_embedding_bag *b = NULL;
+    *st = flame_embedding_bag_create(&p, &b);
+    return b;
+}
+
+static void run_tbe_case(void)
+{
+    const int nt = 1 + (int)tu_below(5);
+    const bool sum = tu_below(3) == 0;
+    const int32_t sum_dim = 1 + (int32_t)tu_below(48);
+    const int64_t batch = tu_below(80);
+    tuk_table t[8];
+    tuk_lookup l[8];
+    int32_t width = 0;
+    bool any_weights = false;
+    for (int f = 0; f < nt; f++) {
+        const flame_dtype dt = (flame_dtype)tu_below(4);
+        const int32_t dim = sum ? sum_dim : 1 + (int32_t)tu_below(48);
+        tuk_table_fill(&t[f], dt, 1 + tu_below(300), dim, (flame_pooling)tu_below(2));
+        const bool weighted = tu_below(3) == 0;
+        any_weights |= weighted;
+        tuk_lookup_fill(&l[f], &t[f], batch, tu_below(4) == 0, weighted, 9);
+        width = sum ? dim : width + dim;
+    }
+    flame_status st;
+    flame_embedding_bag *bag = make_bag(t, nt, sum, &st);
+    if (st) fail_msg("create: %s", flame_last_error());
+    assert_int_equal(flame_embedding_bag_width(bag), width);
+    const int64_t ld = width + tu_below(3);
+    float *out = malloc((size_t)(batch * ld + 1) * sizeof(float));
+    tu_poison(out, (size_t)(batch * ld + 1));
+    flame_embedding_bag_input in[8];
+    for (int f = 0; f < nt; f++) in[f] = tuk_input(&l[f]);
+    flame_embedding_bag_batch q = {sizeof q, batch, in, (size_t)nt, out, ld, FLAME_DTYPE_F32, NULL,
+                                   1 + (int32_t)tu_below(4)};
+    st = flame_embedding_bag_forward(bag, &q);
+    if (st) fail_msg("forward: %s", flame_last_error());
+    double *want = malloc((size_t)(batch * width + 1) * sizeof(double));
+    tuk_tbe_reference(t, l, nt, sum, batch, width, want);
+    float *got = malloc((size_t)(batch * width + 1) * sizeof(float));
+    for (int64_t b = 0; b < batch; b++) {
+        memcpy(got + b * width, out + b * ld, (size_t)width * sizeof(float));
+        for (int64_t j = width; j < ld; j++) assert_true(isnan(out[b * ld + j])); /* the gap is not written */
+    }
+    if (batch) assert_rel_err_below(got, want, (size_t)(batch * width), 2e-6);
+    (void)any_weights;
+    free(got);
+    free(want);
+    free(out);
+    flame_embedding_bag_destroy(bag);
+    for (int f = 0; f < nt; f++) {
+        tuk_table_free(&t[f]);
+        tuk_lookup_free(&l[f]);
+    }
+}
+
+static void test_tbe_against_reference(void **state)
+{
+    for (int rep = 0; rep < 200; rep++) run_tbe_case();
+}
+
+/* Empty bags are zeros under sum and mean, weighted or not. */
+static void test_tbe_empty_bags_are_zero(void **state)
+{
+    for (int pool = 0; pool < 2; pool++)
+        for (int weighted = 0; weighted < 2; weighted++) {
+            tuk_table t;
+            tuk_table_fill(&t, FLAME_DTYPE_F32, 5, 7, (flame_pooling)pool);
+            flame_status st;
+            flame_embedding_bag *bag = make_bag(&t, 1, false, &st);
+            assert_int_equal(st, FLAME_OK);
+            int64_t off[4] = {0, 0, 0, 0}, ids[1] = {0};
+            float w[1] = {1};
+            flame_embedding_bag_input in = {sizeof in, ids, off, 0, weighted ? w : NULL};
+            float out[21];
+            tu_poison(out, 21);
+            flame_embedding_bag_batch q = {sizeof q, 3, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0};
+            assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+            for (int i = 0; i < 21; i++) assert_true(out[i] == 0.0f);
+            flame_embedding_bag_destroy(bag);
+            tuk_table_free(&t);
+        }
+}
+
+/* Borrowed F32/INT8 tables are read in place (a later change of the caller's memory shows). */
+static void test_tbe_borrow(void **state)
+{
+    tuk_table t;
+    tuk_table_fill(&t, FLAME_DTYPE_F32, 4, 3, FLAME_POOLING_SUM);
+    flame_embedding_table d = tuk_desc(&t);
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    ((float *)t.data)[2 * 3 + 1] = 42.0f;
+    int64_t ids[1] = {2};
+    flame_embedding_bag_input in = {sizeof in, ids, NULL, 1, NULL};
+    float out[3];
+    tu_poison(out, 3);
+    flame_embedding_bag_batch q = {sizeof q, 1, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0};
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    assert_true(out[1] == 42.0f);
+    flame_embedding_bag_destroy(bag);
+    /* borrowed F16 on the CPU: refused (its kernel reads F32 or INT8) */
+    tuk_table h;
+    tuk_table_fill(&h, FLAME_DTYPE_F16, 4, 3, FLAME_POOLING_SUM);
+    d = tuk_desc(&h);
+    assert_status_msg(flame_embedding_bag_create(&p, &bag), FLAME_ERR_UNSUPPORTED, "borrowed F16 table on the CPU");
+    assert_null(bag);
+    tuk_table_free(&h);
+    tuk_table_free(&t);
+}
+
+/* update_rows replaces rows (F16 converted, INT8 with its scale and bias); a forward sees them. */
+static void test_tbe_update_rows(void **state)
+{
+    const flame_dtype dts[3] = {FLAME_DTYPE_F16, FLAME_DTYPE_INT8, FLAME_DTYPE_F32};
+    for (int k = 0; k < 3; k++) {
+        tuk_table t;
+        tuk_table_fill(&t, dts[k], 10, 5, FLAME_POOLING_SUM);
+        flame_status st;
+        flame_embedding_bag *bag = make_bag(&t, 1, false, &st);
+        assert_int_equal(st, FLAME_OK);
+        tuk_table nw; /* two new rows for rows 3 and 4 */
+        tuk_table_fill(&nw, dts[k], 2, 5, FLAME_POOLING_SUM);
+        assert_int_equal(flame_embedding_bag_update_rows(bag, 0, 3, 2, nw.data, dts[k], nw.qp, NULL), FLAME_OK);
+        int64_t ids[3] = {3, 4, 5};
+        flame_embedding_bag_input in = {sizeof in, ids, NULL, 3, NULL};
+        float out[15];
+        tu_poison(out, 15);
+        flame_embedding_bag_batch q = {sizeof q, 3, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0};
+        assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+        double want[15];
+        for (int j = 0; j < 5; j++) {
+            want[j] = nw.value[j];
+            want[5 + j] = nw.value[5 + j];
+            want[10 + j] = t.value[5 * 5 + j];
+        }
+        assert_rel_err_below(out, want, 15, 1e-6);
+        /* rejections write nothing */
+        assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 9, 2, nw.data, dts[k], nw.qp, NULL),
+                          FLAME_ERR_INVALID_ARG, "rows 9..10 (2 rows) are not within 0..9");
+        assert_status_msg(flame_embedding_bag_update_rows(bag, 1, 0, 1, nw.data, dts[k], nw.qp, NULL),
+                          FLAME_ERR_INVALID_ARG, "table 1 is outside 0..0");
+        assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 1, nw.data, FLAME_DTYPE_BF16, nw.qp, NULL),
+                          FLAME_ERR_INVALID_ARG, "values_dtype BF16");
+        if (nw.qp) {
+            nw.qp[3] = NAN;
+            assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 2, nw.data, dts[k], nw.qp, NULL),
+                              FLAME_ERR_INVALID_ARG, "table 0 row 1: bias nan is not finite");
+            assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 2, nw.data, dts[k], NULL, NULL),
+                              FLAME_ERR_INVALID_ARG, "qparams missing");
+        }
+        tu_poison(out, 15);
+        assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+        assert_rel_err_below(out, want, 15, 1e-6);
+        flame_embedding_bag_destroy(bag);
+        tuk_table_free(&nw);
+        tuk_table_free(&t);
+    }
+}
+
+/* Forwards running while another thread replaces rows see each row wholly before or after an
+ * update, never a mix: every row is one generation's constant, so a torn row has two values. */
+enum { RACE_DIM = 512, RACE_ROWS = 4, RACE_GENERATIONS = 400 };
+typedef struct race {
+    flame_embedding_bag *bag;
+    int failures;
+} race;
+
+static void *race_reader(void *arg)
+{
+    race *r = arg;
+    int64_t ids[RACE_ROWS] = {0, 1, 2, 3};
+    flame_embedding_bag_input in = {sizeof in, ids, NULL, RACE_ROWS, NULL};
+    static __thread float out[RACE_ROWS * RACE_DIM];
+    flame_embedding_bag_batch q = {sizeof q, RACE_ROWS, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 1};
+    float last = 0;
+    for (int it = 0; it < 2 * RACE_GENERATIONS; it++) {
+        if (flame_embedding_bag_forward(r->bag, &q) != FLAME_OK) r->failures++;
+        for (int b = 0; b < RACE_ROWS; b++)
+            for (int j = 1; j < RACE_DIM; j++)
+                if (out[b * RACE_DIM + j] != out[b * RACE_DIM]) r->failures++;
+        if (out[0] < last) r->failures++; /* generations only grow */
+        last = out[0];
+    }
+    return NULL;
+}
+
+static void test_tbe_update_rows_against_concurrent_forwards(void **state)
+{
+    static float table[RACE_ROWS * RACE_DIM];
+    tuk_table t = {FLAME_DTYPE_F32, FLAME_POOLING_SUM, RACE_ROWS, RACE_DIM, table, NULL, NULL};
+    flame_status st;
+    race r = {make_bag(&t, 1, false, &st), 0};
+    assert_int_equal(st, FLAME_OK);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, race_reader, &r), 0);
+    static float rows[RACE_ROWS * RACE_DIM];
+    for (int g = 1; g <= RACE_GENERATIONS; g++) {
+        for (int i = 0; i < RACE_ROWS * RACE_DIM; i++) rows[i] = (float)g;
+        assert_int_equal(flame_embedding_bag_update_rows(r.bag, 0, 0, RACE_ROWS, rows, FLAME_DTYPE_F32, NULL, NULL),
+                         FLAME_OK);
+    }
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    assert_int_equal(r.failures, 0);
+    flame_embedding_bag_destroy(r.bag);
+}
+
+/* Every lookup rejection names its table, bag and value; the output stays poisoned. */
+static void test_tbe_rejections(void **state)
+{
+    tuk_table t[2];
+    tuk_table_fill(&t[0], FLAME_DTYPE_F32, 10, 4, FLAME_POOLING_SUM);
+    tuk_table_fill(&t[1], FLAME_DTYPE_INT8, 20, 3, FLAME_POOLING_MEAN);
+    flame_status st;
+    flame_embedding_bag *bag = make_bag(t, 2, false, &st);
+    assert_int_equal(st, FLAME_OK);
+    int64_t off0[4] = {0, 1, 2, 3}, ids0[3] = {1, 2, 3};
+    int64_t off1[4] = {0, 2, 2, 4}, ids1[4] = {0, 5, 19, 7};
+    float w1[4] = {1, 1, 1, 1};
+    flame_embedding_bag_input in[2] = {{sizeof in[0], ids0, off0, 3, NULL}, {sizeof in[1], ids1, off1, 4, w1}};
+    float out[3 * 7 + 1];
+    flame_embedding_bag_batch q = {sizeof q, 3, in, 2, out, 0, FLAME_DTYPE_F32, NULL, 0};
+#define REJECT(status, needle)                                                                                   \
+    do {                                                                                                         \
+        tu_poison(out, 22);                                                                                      \
+        assert_status_msg(flame_embedding_bag_forward(bag, &q), status, needle);                                 \
+        for (int i_ = 0; i_ < 22; i_++) assert_true(isnan(out[i_]));                                             \
+    } while (0)
+    tu_poison(out, 22);
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    ids1[2] = 20;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 2: ids[2] = 20 is outside 0..19");
+    ids1[2] = -1;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 2: ids[2] = -1 is outside 0..19");
+    ids1[2] = 19;
+    off1[0] = 1;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 0: offsets[0] = 1, not 0");
+    off1[0] = 0;
+    off1[2] = 1;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 1: offsets[2] = 1 is outside offsets[1] = 2 .. num_ids = 4");
+    off1[2] = 2;
+    off1[3] = 3;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1: offsets[batch = 3] = 3 but num_ids = 4");
+    off1[3] = 5;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 2: offsets[3] = 5 is outside offsets[2] = 2 .. num_ids = 4");
+    off1[3] = 4;
+    w1[3] = INFINITY;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 2: weights[3] = inf is not finite");
+    w1[3] = 1;
+    in[0].offsets = NULL;
+    in[0].num_ids = 2;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: num_ids 2 without offsets (one id per bag) must equal batch 3");
+    in[0].num_ids = 3;
+    ids0[0] = 10;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0 bag 0: ids[0] = 10 is outside 0..9");
+    ids0[0] = 1;
+    in[0].offsets = off0;
+    in[0].num_ids = -1;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: num_ids -1 is negative");
+    in[0].num_ids = 3;
+    in[0].ids = NULL;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: ids is NULL with num_ids 3");
+    in[0].ids = ids0;
+    q.num_inputs = 1;
+    REJECT(FLAME_ERR_INVALID_ARG, "num_inputs 1, the handle has 2 tables");
+    q.num_inputs = 2;
+    q.ld_out = 6;
+    REJECT(FLAME_ERR_INVALID_ARG, "ld_out 6 is outside width 7..2^40");
+    q.ld_out = 0;
+    q.out_dtype = FLAME_DTYPE_F16;
+    REJECT(FLAME_ERR_INVALID_ARG, "out_dtype F16 is not written by the CPU");
+    q.out_dtype = FLAME_DTYPE_F32;
+    q.threads = -1;
+    REJECT(FLAME_ERR_INVALID_ARG, "threads -1 is outside 0..1024");
+    q.threads = 0;
+    q.batch = -2;
+    REJECT(FLAME_ERR_INVALID_ARG, "batch -2 is outside 0..2^31-1");
+    q.batch = 3;
+    in[1].struct_size = 4;
+    REJECT(FLAME_ERR_INVALID_ARG, "inputs[1].struct_size 4 differs from inputs[0]'s");
+    in[1].struct_size = sizeof in[1];
+    q.struct_size = 3;
+    REJECT(FLAME_ERR_INVALID_ARG, "flame_embedding_bag_batch");
+    q.struct_size = sizeof q;
+    q.out = NULL;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "out is NULL with batch 3");
+    /* batch 0: nothing to write, out may be NULL */
+    q.batch = 0;
+    off0[0] = off1[0] = 0;
+    in[0].num_ids = in[1].num_ids = 0;
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    assert_status_msg(flame_embedding_bag_forward(NULL, &q), FLAME_ERR_INVALID_ARG, "NULL bag or batch");
+#undef REJECT
+    flame_embedding_bag_destroy(bag);
+    flame_embedding_bag_destroy(NULL);
+    tuk_table_free(&t[0]);
+    tuk_table_free(&t[1]);
+}
+
+static void test_tbe_create_rejections(void **state)
+{
+    tuk_table t[2];
+    tuk_table_fill(&t[0], FLAME_DTYPE_F32, 10, 4, FLAME_POOLING_SUM);
+    tuk_table_fill(&t[1], FLAME_DTYPE_INT8, 20, 3, FLAME_POOLING_MEAN);
+    flame_embedding_table d[2] = {tuk_desc(&t[0]), tuk_desc(&t[1])};
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, d, 2, 0};
+    flame_embedding_bag *bag = (flame_embedding_bag *)&p; /* set to NULL on failure */
+#define REJECT(status, needle)                                                                                   \
+    do {                                                                                                         \
+        assert_status_msg(flame_embedding_bag_create(&p, &bag), status, needle);                                 \
+        assert_null(bag);                                                                                        \
+    } while (0)
+    p.combine = FLAME_COMBINE_SUM;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1: dim 3 differs from table 0's 4 under SUM combine");
+    p.combine = (flame_combine)2;
+    REJECT(FLAME_ERR_INVALID_ARG, "combine 2 is neither CONCAT (0) nor SUM (1)");
+    p.combine = FLAME_COMBINE_CONCAT;
+    d[1].qparams = NULL;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1: qparams missing for a INT8 table");
+    d[1].qparams = t[1].qp;
+    d[0].qparams = t[1].qp;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: qparams given for a F32 table");
+    d[0].qparams = NULL;
+    t[1].qp[2 * 7] = NAN;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 row 7: scale nan is not finite");
+    t[1].qp[2 * 7] = 0.01f;
+    d[0].rows = 0;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: rows 0 is outside 1..2^40");
+    d[0].rows = 10;
+    d[0].dim = 0;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: dim 0 is outside 1..16384");
+    d[0].dim = 4;
+    d[0].dtype = (flame_dtype)9;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: dtype 9 is unknown");
+    d[0].dtype = FLAME_DTYPE_F32;
+    d[1].pooling = (flame_pooling)5;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1: pooling 5 is neither SUM nor MEAN");
+    d[1].pooling = FLAME_POOLING_MEAN;
+    d[0].data = NULL;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 0: data is NULL");
+    d[0].data = t[0].data;
+    p.num_tables = 0;
+    REJECT(FLAME_ERR_INVALID_ARG, "num_tables 0 is outside 1..64");
+    p.num_tables = 2;
+    d[1].struct_size = 16;
+    REJECT(FLAME_ERR_INVALID_ARG, "tables[1].struct_size 16 differs from tables[0]'s");
+    d[1].struct_size = sizeof d[1];
+    p.device = -2;
+    REJECT(FLAME_ERR_INVALID_ARG, "device -2");
+    p.device = FLAME_DEVICE_CPU;
+    p.borrow = 2;
+    REJECT(FLAME_ERR_INVALID_ARG, "borrow 2 (0 or 1)");
+    p.borrow = 0;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    flame_embedding_bag_destroy(bag);
+#undef REJECT
+    tuk_table_free(&t[0]);
+    tuk_table_free(&t[1]);
+}
+
+/* ---- attention */
+
+typedef struct att_case {
+    tuk_batch b;
+    int32_t heads, dh;
+    flame_attention_mask mask;
+    bool fused;
+    int64_t ldq, ldkv, ldo;
+    float *qkv, *q, *k, *v, *out;
+    double *dq, *dk, *dv;
+} att_case;
+
+static float *rand_rows(int64_t rows, int64_t ld, double **d)
+{
+    float *x = malloc((size_t)(rows * ld + 1) * sizeof(float));
+    *d = malloc((size_t)(rows * ld + 1) * sizeof(double));
+    for (int64_t i = 0; i < rows * ld; i++) (*d)[i] = x[i] = 2.0f * tu_uniform();
+    return x;
+}
+
+static void att_make(att_case *c, flame_attention_params *p)
+{
+    tuk_batch_fill(&c->b, 1 + tu_below(5), 40, 10);
+    c->heads = 1 + (int32_t)tu_below(3);
+    c->dh = 1 + (int32_t)tu_below(40);
+    c->mask = (flame_attention_mask)tu_below(3);
+    c->fused = tu_below(2);
+    const int64_t w = (int64_t)c->heads * c->dh, R = c->b.rows;
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->device = FLAME_DEVICE_CPU;
+    p->dtype = FLAME_DTYPE_F32;
+    p->mask = c->mask;
+    p->heads = c->heads;
+    p->head_dim = c->dh;
+    p->num_seqs = c->b.num_seqs;
+    p->cu_history = c->b.cu_h;
+    p->cu_candidates = c->b.cu_c;
+    p->rows = R;
+    c->q = c->k = c->v = c->qkv = NULL;
+    if (c->fused) {
+        c->ldq = c->ldkv = 3 * w + tu_below(3);
+        c->qkv = rand_rows(R, c->ldq, &c->dq);
+        c->dk = c->dq + w;
+        c->dv = c->dq + 2 * w;
+        p->qkv = c->qkv;
+        p->ld_qkv = c->ldq;
+    } else {
+        c->ldq = w + tu_below(3);
+        c->ldkv = w + tu_below(3);
+        c->q = rand_rows(R, c->ldq, &c->dq);
+        c->k = rand_rows(R, c->ldkv, &c->dk);
+        c->v = rand_rows(R, c->ldkv, &c->dv);
+        p->q = c->q;
+        p->k = c->k;
+        p->v = c->v;
+        p->ld_q = c->ldq;
+        p->ld_k = p->ld_v = c->ldkv;
+    }
+    c->ldo = w + tu_below(3);
+    c->out = malloc((size_t)(R * c->ldo + 1) * sizeof(float));
+    tu_poison(c->out, (size_t)(R * c->ldo + 1));
+    p->out = c->out;
+    p->ld_out = c->ldo;
+    p->threads = 1 + (int32_t)tu_below(3);
+}
+
+static void att_free(att_case *c)
+{
+    if (c->fused) {
+        free(c->qkv);
+        free(c->dq);
+    } else {
+        free(c->q);
+        free(c->k);
+        free(c->v);
+        free(c->dq);
+        free(c->dk);
+        free(c->dv);
+    }
+    free(c->out);
+    tuk_batch_free(&c->b);
+}
+
+static void test_attention_against_reference(void **state)
+{
+    for (int rep = 0; rep < 120; rep++) {
+        att_case c;
+        flame_attention_params p;
+        att_make(&c, &p);
+        flame_status st = flame_sumi_attention(&p);
+        if (st) fail_msg("attention: %s", flame_last_error());
+        const int64_t w = (int64_t)c.heads * c.dh, R = c.b.rows;
+        double *want = malloc((size_t)(R * w + 1) * sizeof(double));
+        tuk_attention_reference(&c.b, c.mask, c.heads, c.dh, c.dq, c.ldq, c.dk, c.ldkv, c.dv, c.ldkv, want);
+        float *got = malloc((size_t)(R * w + 1) * sizeof(float));
+        for (int64_t r = 0; r < R; r++) {
+            memcpy(got + r * w, c.out + r * c.ldo, (size_t)w * sizeof(float));
+            for (int64_t j = w; j < c.ldo; j++) assert_true(isnan(c.out[r * c.ldo + j]));
+        }
+        if (R) assert_rel_err_below(got, want, (size_t)(R * w), 1e-5);
+        free(got);
+        free(want);
+        att_free(&c);
+    }
+}
+
+static void test_attention_rejections(void **state)
+{
+    att_case c;
+    flame_attention_params p;
+    do { /* a batch with at least two non-empty sequences, separate Q/K/V */
+        att_make(&c, &p);
+        if (c.b.num_seqs >= 2 && c.b.rows > 0 && !c.fused && c.b.cu_h[1] > 0) break;
+        att_free(&c);
+    } while (1);
+    const size_t nout = (size_t)(c.b.rows * c.ldo);
+#define REJECT(status, needle)                                                                                   \
+    do {                                                                                                         \
+        tu_poison(c.out, nout);                                                                                  \
+        assert_status_msg(flame_sumi_attention(&p), status, needle);                                             \
+        for (size_t i_ = 0; i_ < nout; i_++) assert_true(isnan(c.out[i_]));                                      \
+    } while (0)
+    char msg[200];
+    int64_t *cu = c.b.cu_h, keep = cu[1];
+    cu[1] = cu[2] + 1;
+    snprintf(msg, sizeof msg, "sequence 1: cu_history[2] = %lld is outside cu_history[1] = %lld", (long long)cu[2],
+             (long long)cu[1]);
+    REJECT(FLAME_ERR_INVALID_ARG, msg);
+    cu[1] = keep;
+    cu[0] = 1;
+    REJECT(FLAME_ERR_INVALID_ARG, "cu_history[0] = 1, not 0");
+    cu[0] = 0;
+    p.rows++;
+    snprintf(msg, sizeof msg, "rows %lld, the sequences hold", (long long)p.rows);
+    REJECT(FLAME_ERR_INVALID_ARG, msg);
+    p.rows--;
+    p.qkv = c.q;
+    REJECT(FLAME_ERR_INVALID_ARG, "qkv is given together with q, k or v");
+    p.qkv = NULL;
+    p.ld_q = c.heads * c.dh - 1;
+    REJECT(FLAME_ERR_INVALID_ARG, "ld_q");
+    p.ld_q = c.ldq;
+    p.ld_v = c.ldkv + 1;
+    REJECT(FLAME_ERR_UNSUPPORTED, "ld_k");
+    p.ld_v = c.ldkv;
+    p.dtype = FLAME_DTYPE_F16;
+    REJECT(FLAME_ERR_UNSUPPORTED, "the CPU computes F32 only");
+    p.dtype = (flame_dtype)7;
+    REJECT(FLAME_ERR_INVALID_ARG, "dtype 7");
+    p.dtype = FLAME_DTYPE_F32;
+    p.mask = (flame_attention_mask)3;
+    REJECT(FLAME_ERR_INVALID_ARG, "mask 3");
+    p.mask = c.mask;
+    p.heads = 0;
+    REJECT(FLAME_ERR_INVALID_ARG, "heads 0 is outside 1..65535");
+    p.heads = c.heads;
+    p.head_dim = 1025;
+    REJECT(FLAME_ERR_INVALID_ARG, "head_dim 1025 is outside 1..1024");
+    p.head_dim = c.dh;
+    p.num_seqs = -1;
+    REJECT(FLAME_ERR_INVALID_ARG, "num_seqs -1");
+    p.num_seqs = c.b.num_seqs;
+    p.cu_history = NULL;
+    REJECT(FLAME_ERR_INVALID_ARG, "cu_history is NULL");
+    p.cu_history = c.b.cu_h;
+    p.k = NULL;
+    REJECT(FLAME_ERR_INVALID_ARG, "k is NULL");
+    p.k = c.k;
+    p.v = c.out;
+    p.ld_v = c.ldo;
+    p.ld_k = c.ldo;
+    REJECT(FLAME_ERR_INVALID_ARG, "out overlaps v");
+    p.v = c.v;
+    p.ld_k = p.ld_v = c.ldkv;
+    p.threads = 2000;
+    REJECT(FLAME_ERR_INVALID_ARG, "threads 2000");
+    p.threads = 1;
+    p.struct_size = 2;
+    REJECT(FLAME_ERR_INVALID_ARG, "flame_attention_params");
+    p.struct_size = sizeof p;
+    assert_int_equal(flame_sumi_attention(&p), FLAME_OK);
+    assert_status_msg(flame_sumi_attention(NULL), FLAME_ERR_INVALID_ARG, "NULL params");
+#undef REJECT
+    att_free(&c);
+    /* no rows: nothing to do, pointers may be NULL */
+    int64_t zero[3] = {0, 0, 0};
+    flame_attention_params e = {0};
+    e.struct_size = sizeof e;
+    e.device = FLAME_DEVICE_CPU;
+    e.heads = 2;
+    e.head_dim = 8;
+    e.num_seqs = 2;
+    e.cu_history = zero;
+    e.ld_q = e.ld_k = e.ld_v = e.ld_out = 16;
+    assert_int_equal(flame_sumi_attention(&e), FLAME_OK);
+}
+
+/* ---- the GPU entry points where no GPU is usable */
+
+static void test_gpu_calls_without_gpu(void **state)
+{
+    char why[256];
+    if (fl_cuda_device_count(why, sizeof why) > 0) skip(); /* the GPU suite covers them */
+    const flame_status want = strstr(why, "without CUDA") ? FLAME_ERR_UNSUPPORTED : FLAME_ERR_NO_DEVICE;
+    tuk_table t;
+    tuk_table_fill(&t, FLAME_DTYPE_F32, 4, 4, FLAME_POOLING_SUM);
+    flame_embedding_table d = tuk_desc(&t);
+    flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, &d, 1, 0};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), want);
+    assert_null(bag);
+    int64_t cu[2] = {0, 3};
+    float x[3 * 12];
+    flame_attention_params a = {0};
+    a.struct_size = sizeof a;
+    a.device = 0;
+    a.dtype = FLAME_DTYPE_F16;
+    a.heads = 1;
+    a.head_dim = 4;
+    a.num_seqs = 1;
+    a.cu_history = cu;
+    a.rows = 3;
+    a.qkv = x;
+    a.ld_qkv = 12;
+    float o[12];
+    a.out = o;
+    a.ld_out = 4;
+    assert_int_equal(flame_sumi_attention(&a), want);
+    tuk_table_free(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tbe_against_reference),
+        cmocka_unit_test(test_tbe_empty_bags_are_zero),
+        cmocka_unit_test(test_tbe_borrow),
+        cmocka_unit_test(test_tbe_update_rows),
+        cmocka_unit_test(test_tbe_update_rows_against_concurrent_forwards),
+        cmocka_unit_test(test_tbe_rejections),
+        cmocka_unit_test(test_tbe_create_rejections),
+        cmocka_unit_test(test_attention_against_reference),
+        cmocka_unit_test(test_attention_rejections),
+        cmocka_unit_test(test_gpu_calls_without_gpu),
+    };
+    tu_seed();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

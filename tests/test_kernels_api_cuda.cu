@@ -1,0 +1,375 @@
+/* The public kernels (flame/kernels.h) on a GPU, against float64 references on fresh random
+ * inputs, through the public calls only: the embedding bag (copied and borrowed device tables,
+ * F32/F16/BF16 float tables mixed with INT8 ones, per-id weights, concat and sum combine,
+ * F32/F16/BF16 outputs with a NaN-poisoned, strided output whose gap must stay poisoned, row
+ * updates ordered by the stream) and SUMI attention (F16/BF16/F32, every mask, fused and
+ * separate Q/K/V, aligned strides that take the tensor-core kernels and odd ones that take the
+ * CUDA-core kernel, shapes large enough for the Hopper kernel); the calls return while a busy
+ * stream still runs (no hidden synchronization); rejections write nothing. Skipped with a
+ * message where no GPU is usable; FLAME_REQUIRE_GPU turns the skip into a failure. */
+#include <vector>
+
+extern "C" {
+#include "testutil.h"
+#include "tu_gpu.h"
+#include "tu_kernels.h"
+}
+#include "tu_cuda.cuh"
+
+// Keeps a stream busy for about `ms` milliseconds.
+__global__ void spin(long long cycles)
+{
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+static void busy(cudaStream_t s, int ms)
+{
+    int khz = 0;
+    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+    spin<<<1, 1, 0, s>>>((long long)khz * ms);
+    CK(cudaGetLastError());
+}
+
+template <typename X> static X *dev_copy(const X *h, size_t n)
+{
+    X *d = nullptr;
+    CK(cudaMalloc(&d, n * sizeof(X) + 16));
+    if (n) CK(cudaMemcpy(d, h, n * sizeof(X), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static size_t esize(flame_dtype d)
+{
+    return d == FLAME_DTYPE_F32 ? 4 : d == FLAME_DTYPE_INT8 ? 1 : 2;
+}
+
+// element i of a host copy of a device output of dtype d, as float
+static float out_at(const std::vector<uint8_t> &h, size_t i, flame_dtype d)
+{
+    if (d == FLAME_DTYPE_F32) return reinterpret_cast<const float *>(h.data())[i];
+    if (d == FLAME_DTYPE_F16) return from_t(reinterpret_cast<const __half *>(h.data())[i]);
+    return from_t(reinterpret_cast<const __nv_bfloat16 *>(h.data())[i]);
+}
+
+/* ---- embedding bag */
+
+static void run_tbe_case(bool borrow, flame_dtype out_dtype, cudaStream_t s)
+{
+    const int nt = 1 + (int)tu_below(5);
+    const bool sum = tu_below(3) == 0;
+    const int32_t sum_dim = tu_below(3) == 0 ? 16 * (1 + (int32_t)tu_below(8)) : 1 + (int32_t)tu_below(70);
+    const int64_t batch = tu_below(300);
+    const flame_dtype fdt = (flame_dtype)tu_below(3); // the handle's float dtype
+    std::vector<tuk_table> t(nt);
+    std::vector<tuk_lookup> l(nt);
+    std::vector<flame_embedding_table> d(nt);
+    std::vector<void *> borrowed;
+    int32_t width = 0;
+    for (int f = 0; f < nt; f++) {
+        const flame_dtype dt = tu_below(3) == 0 ? FLAME_DTYPE_INT8 : fdt;
+        const int32_t dim = sum ? sum_dim : (tu_below(2) ? 16 * (1 + (int32_t)tu_below(8)) : 1 + (int32_t)tu_below(70));
+        tuk_table_fill(&t[f], dt, 1 + tu_below(1000), dim, (flame_pooling)tu_below(2));
+        tuk_lookup_fill(&l[f], &t[f], batch, tu_below(4) == 0, tu_below(3) == 0, 12);
+        d[f] = tuk_desc(&t[f]);
+        if (borrow) {
+            d[f].data = dev_copy((const uint8_t *)t[f].data, (size_t)t[f].rows * dim * esize(dt));
+            borrowed.push_back((void *)d[f].data);
+            if (t[f].qp) {
+                d[f].qparams = dev_copy(t[f].qp, (size_t)t[f].rows * 2);
+                borrowed.push_back((void *)d[f].qparams);
+            }
+        }
+        width = sum ? dim : width + dim;
+    }
+    flame_embedding_bag_params p = {sizeof p, 0, sum ? FLAME_COMBINE_SUM : FLAME_COMBINE_CONCAT, d.data(),
+                                    (size_t)nt, borrow ? 1 : 0};
+    flame_embedding_bag *bag = nullptr;
+    if (flame_embedding_bag_create(&p, &bag)) fail_msg("create: %s", flame_last_error());
+    const int64_t ld = width + tu_below(3);
+    const size_t es = esize(out_dtype), bytes = (size_t)(batch * ld) * es;
+    void *out;
+    CK(cudaMalloc(&out, bytes + 16));
+    CK(cudaMemset(out, 0xff, bytes + 16)); // NaN in every float dtype
+    std::vector<flame_embedding_bag_input> in(nt);
+    for (int f = 0; f < nt; f++) in[f] = tuk_input(&l[f]);
+    flame_embedding_bag_batch q = {sizeof q, batch, in.data(), (size_t)nt, out, ld, out_dtype, s, 0};
+    busy(s, 20);
+    if (flame_embedding_bag_forward(bag, &q)) fail_msg("forward: %s", flame_last_error());
+    if (batch > 0) assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady); // the call did not wait
+    (void)cudaGetLastError();
+    CK(cudaStreamSynchronize(s));
+    std::vector<uint8_t> h(bytes + 16);
+    CK(cudaMemcpy(h.data(), out, bytes, cudaMemcpyDeviceToHost));
+    std::vector<double> want((size_t)(batch * width) + 1);
+    tuk_tbe_reference(t.data(), l.data(), nt, sum, batch, width, want.data());
+    std::vector<float> got((size_t)(batch * width) + 1);
+    for (int64_t b = 0; b < batch; b++) {
+        for (int32_t j = 0; j < width; j++) got[b * width + j] = out_at(h, (size_t)(b * ld + j), out_dtype);
+        for (int64_t j = width; j < ld; j++) assert_true(isnan(out_at(h, (size_t)(b * ld + j), out_dtype)));
+    }
+    const double bound = out_dtype == FLAME_DTYPE_F32 ? 1e-5 : out_dtype == FLAME_DTYPE_F16 ? 2e-3 : 1e-2;
+    if (batch) assert_rel_err_below(got.data(), want.data(), (size_t)(batch * width), bound);
+    flame_embedding_bag_destroy(bag);
+    CK(cudaFree(out));
+    for (void *b : borrowed) CK(cudaFree(b));
+    for (int f = 0; f < nt; f++) {
+        tuk_table_free(&t[f]);
+        tuk_lookup_free(&l[f]);
+    }
+}
+
+static void test_gpu_tbe_against_reference(void **state)
+{
+    TU_NEED_GPU();
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int rep = 0; rep < 60; rep++)
+        run_tbe_case(rep % 2 == 1, (flame_dtype)(rep % 3), s);
+    CK(cudaStreamDestroy(s));
+}
+
+/* Rows replaced on a stream are seen by the forwards enqueued after them on that stream;
+ * a rejected lookup writes nothing. */
+static void test_gpu_tbe_update_and_rejections(void **state)
+{
+    TU_NEED_GPU();
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    tuk_table t, nw;
+    tuk_table_fill(&t, FLAME_DTYPE_INT8, 50, 32, FLAME_POOLING_SUM);
+    tuk_table_fill(&nw, FLAME_DTYPE_INT8, 1, 32, FLAME_POOLING_SUM);
+    flame_embedding_table d = tuk_desc(&t);
+    flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, &d, 1, 0};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    int64_t ids[2] = {7, 8};
+    flame_embedding_bag_input in = {sizeof in, ids, NULL, 2, NULL};
+    float *out;
+    CK(cudaMalloc(&out, 64 * sizeof(float)));
+    CK(cudaMemset(out, 0xff, 64 * sizeof(float)));
+    flame_embedding_bag_batch q = {sizeof q, 2, &in, 1, out, 0, FLAME_DTYPE_F32, s, 0};
+    busy(s, 20);
+    assert_int_equal(flame_embedding_bag_update_rows(bag, 0, 7, 1, nw.data, FLAME_DTYPE_INT8, nw.qp, s), FLAME_OK);
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady);
+    (void)cudaGetLastError();
+    CK(cudaStreamSynchronize(s));
+    float h[64];
+    CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+    double want[64];
+    for (int j = 0; j < 32; j++) {
+        want[j] = nw.value[j];
+        want[32 + j] = t.value[8 * 32 + j];
+    }
+    assert_rel_err_below(h, want, 64, 1e-6);
+    CK(cudaMemset(out, 0xff, 64 * sizeof(float)));
+    ids[1] = 50;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "table 0 bag 1: ids[1] = 50 is outside 0..49");
+    ids[1] = 8;
+    q.out_dtype = FLAME_DTYPE_INT8;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "out_dtype INT8 is not written by the GPU");
+    q.out_dtype = FLAME_DTYPE_F32;
+    static float host_out[64];
+    q.out = host_out; /* pageable host memory would fault in the kernel */
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "is pageable host memory");
+    q.out = out;
+    cudaStream_t cap; /* a stream capturing a graph: refused, nothing captured */
+    CK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
+    q.cuda_stream = cap;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_UNSUPPORTED, "captured into a CUDA graph");
+    cudaGraph_t graph;
+    CK(cudaStreamEndCapture(cap, &graph));
+    size_t nodes = 99;
+    CK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    assert_int_equal(nodes, 0);
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(cap));
+    q.cuda_stream = s;
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++) assert_true(isnan(h[i]));
+    /* a borrowed table in host memory */
+    flame_embedding_table hd = tuk_desc(&t);
+    flame_embedding_bag_params hp = {sizeof hp, 0, FLAME_COMBINE_CONCAT, &hd, 1, 1};
+    flame_embedding_bag *hb;
+    assert_status_msg(flame_embedding_bag_create(&hp, &hb), FLAME_ERR_INVALID_ARG, "table 0 data");
+    assert_null(hb);
+    flame_embedding_bag_destroy(bag);
+    /* float tables of two dtypes in one GPU handle */
+    tuk_table a, b;
+    tuk_table_fill(&a, FLAME_DTYPE_F16, 5, 8, FLAME_POOLING_SUM);
+    tuk_table_fill(&b, FLAME_DTYPE_BF16, 5, 8, FLAME_POOLING_SUM);
+    flame_embedding_table two[2] = {tuk_desc(&a), tuk_desc(&b)};
+    p.tables = two;
+    p.num_tables = 2;
+    assert_status_msg(flame_embedding_bag_create(&p, &bag), FLAME_ERR_UNSUPPORTED, "share one dtype");
+    p.device = 4096;
+    p.num_tables = 1;
+    assert_status_msg(flame_embedding_bag_create(&p, &bag), FLAME_ERR_NO_DEVICE, "device 4096");
+    tuk_table_free(&a);
+    tuk_table_free(&b);
+    tuk_table_free(&t);
+    tuk_table_free(&nw);
+    CK(cudaFree(out));
+    CK(cudaStreamDestroy(s));
+}
+
+/* ---- attention */
+
+template <typename T>
+static void run_attention_case(flame_attention_mask mask, int32_t heads, int32_t dh, bool fused, bool odd_strides,
+                               int64_t num_seqs, int max_hist, int max_cand, cudaStream_t s)
+{
+    tuk_batch b;
+    tuk_batch_fill(&b, num_seqs, max_hist, max_cand);
+    const int64_t w = (int64_t)heads * dh, R = b.rows;
+    const int64_t pad = odd_strides ? 1 : 8;
+    const int64_t ldq = fused ? 3 * w + pad : w + pad, ldkv = fused ? ldq : w + 2 * pad, ldo = w + pad;
+    const int ninputs = fused ? 1 : 3;
+    std::vector<std::vector<T>> hin(ninputs);
+    std::vector<std::vector<double>> din(ninputs);
+    std::vector<T *> dev(ninputs);
+    for (int i = 0; i < ninputs; i++) {
+        const int64_t ld = i == 0 ? ldq : ldkv;
+        hin[i].resize((size_t)(R * ld) + 1);
+        din[i].resize((size_t)(R * ld) + 1);
+        for (size_t e = 0; e < hin[i].size(); e++) {
+            hin[i][e] = to_t<T>(2.0f * tu_uniform());
+            din[i][e] = from_t(hin[i][e]);
+        }
+        dev[i] = dev_copy(hin[i].data(), hin[i].size());
+    }
+    T *out;
+    const size_t obytes = (size_t)(R * ldo) * sizeof(T);
+    CK(cudaMalloc(&out, obytes + 16));
+    CK(cudaMemset(out, 0xff, obytes + 16));
+    flame_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.device = 0;
+    p.dtype = sizeof(T) == 4 ? FLAME_DTYPE_F32 : std::is_same<T, __half>::value ? FLAME_DTYPE_F16 : FLAME_DTYPE_BF16;
+    p.mask = mask;
+    p.heads = heads;
+    p.head_dim = dh;
+    p.num_seqs = num_seqs;
+    p.cu_history = b.cu_h;
+    p.cu_candidates = b.cu_c;
+    p.rows = R;
+    if (fused) {
+        p.qkv = dev[0];
+        p.ld_qkv = ldq;
+    } else {
+        p.q = dev[0];
+        p.k = dev[1];
+        p.v = dev[2];
+        p.ld_q = ldq;
+        p.ld_k = p.ld_v = ldkv;
+    }
+    p.out = out;
+    p.ld_out = ldo;
+    p.cuda_stream = s;
+    busy(s, 20);
+    if (flame_sumi_attention(&p)) fail_msg("attention: %s", flame_last_error());
+    if (R > 0) assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady);
+    (void)cudaGetLastError();
+    CK(cudaStreamSynchronize(s));
+    std::vector<T> h((size_t)(R * ldo) + 1);
+    CK(cudaMemcpy(h.data(), out, obytes, cudaMemcpyDeviceToHost));
+    const double *dq = din[0].data(), *dk = fused ? dq + w : din[1].data(), *dv = fused ? dq + 2 * w : din[2].data();
+    std::vector<double> want((size_t)(R * w) + 1);
+    tuk_attention_reference(&b, mask, heads, dh, dq, ldq, dk, ldkv, dv, ldkv, want.data());
+    std::vector<float> got((size_t)(R * w) + 1);
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t j = 0; j < w; j++) got[r * w + j] = from_t(h[r * ldo + j]);
+        for (int64_t j = w; j < ldo; j++) assert_true(isnan(from_t(h[r * ldo + j])));
+    }
+    const double bound = sizeof(T) == 4 ? 1e-4 : std::is_same<T, __half>::value ? 4e-3 : 2e-2;
+    if (R) {
+        const double e = tu_rel_err(got.data(), want.data(), (size_t)(R * w));
+        if (!(e < bound))
+            fail_msg("mask %d heads %d dh %d fused %d odd %d rows %lld: relative error %.3g >= %.3g", (int)mask, heads,
+                     dh, fused, odd_strides, (long long)R, e, bound);
+    }
+    for (T *d : dev) CK(cudaFree(d));
+    CK(cudaFree(out));
+    tuk_batch_free(&b);
+}
+
+template <typename T> static void attention_cases(cudaStream_t s)
+{
+    static const int32_t dhs[] = {16, 32, 64, 128, 40, 24, 8};
+    for (int rep = 0; rep < 24; rep++) {
+        const int32_t dh = sizeof(T) == 4 ? 1 + (int32_t)tu_below(128) : dhs[tu_below(7)];
+        run_attention_case<T>((flame_attention_mask)(rep % 3), 1 + (int32_t)tu_below(4), dh, tu_below(2), tu_below(4) == 0,
+                              1 + tu_below(6), 200, 40, s);
+    }
+    if (sizeof(T) == 2) // enough queries for the Hopper kernel (head dims 64 and 128, aligned rows)
+        for (int m = 0; m < 3; m++)
+            for (int32_t dh = 64; dh <= 128; dh += 64)
+                run_attention_case<T>((flame_attention_mask)m, 8, dh, m == 1, false, 6, 500, 150, s);
+}
+
+static void test_gpu_attention_against_reference(void **state)
+{
+    TU_NEED_GPU();
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    attention_cases<__half>(s);
+    attention_cases<__nv_bfloat16>(s);
+    attention_cases<float>(s);
+    CK(cudaStreamDestroy(s));
+}
+
+static void test_gpu_attention_rejections(void **state)
+{
+    TU_NEED_GPU();
+    int64_t cu[2] = {0, 4};
+    __half *x, *o;
+    CK(cudaMalloc(&x, 4 * 3 * 256 * sizeof(__half)));
+    CK(cudaMalloc(&o, 4 * 256 * sizeof(__half)));
+    CK(cudaMemset(o, 0xff, 4 * 256 * sizeof(__half)));
+    flame_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.dtype = FLAME_DTYPE_F16;
+    p.heads = 1;
+    p.head_dim = 129;
+    p.num_seqs = 1;
+    p.cu_history = cu;
+    p.rows = 4;
+    p.qkv = x;
+    p.ld_qkv = 3 * 256;
+    p.out = o;
+    p.ld_out = 256;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_UNSUPPORTED, "GPU head dims are 1..128, not 129");
+    p.head_dim = 64;
+    cu[1] = 5;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "rows 4, the sequences hold 5 history");
+    cu[1] = 4;
+    static __half host_q[4 * 3 * 256];
+    p.qkv = host_q;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "q 0x");
+    p.qkv = x;
+    p.device = 4096;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_NO_DEVICE, "device 4096");
+    CK(cudaDeviceSynchronize());
+    std::vector<__half> h(4 * 256);
+    CK(cudaMemcpy(h.data(), o, h.size() * sizeof(__half), cudaMemcpyDeviceToHost));
+    for (const __half &v : h) assert_true(isnan(from_t(v)));
+    CK(cudaFree(x));
+    CK(cudaFree(o));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpu_tbe_against_reference),
+        cmocka_unit_test(test_gpu_tbe_update_and_rejections),
+        cmocka_unit_test(test_gpu_attention_against_reference),
+        cmocka_unit_test(test_gpu_attention_rejections),
+    };
+    return cmocka_run_group_tests(tests, tu_gpu_setup, NULL);
+}
