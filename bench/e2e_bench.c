@@ -66,7 +66,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: e2e-bench [--model FILE | --config FILE] [--device cpu|cuda|cuda:N|auto] [--dtype fp32|fp16|bf16]\n"
             "                 [--users B] [--history L] [--history-min L0] [--candidates M] [--calls N] [--warmup W] [--bag K]\n"
-            "                 [--sets S] [--seed S] [--sequences FILE] [--all-items] [--json]\n"
+            "                 [--sets S] [--seed S] [--sequences FILE] [--all-items] [--json] [--graphs 0|1]\n"
+            "                 [--portable-attention 0|1]\n"
             "                 [--clients N [--via direct|scheduler] [--sched-users U] [--sched-candidates C]\n"
             "                  [--max-wait-us W] [--workers K]]\n");
 }
@@ -97,6 +98,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--bag")) num = &o->bag;
         else if (!strcmp(a, "--sets")) num = &o->sets;
         else if (!strcmp(a, "--graphs")) num = &o->graphs; /* FLAME_OPT_CUDA_GRAPHS: 1 (default) or 0 */
+        else if (!strcmp(a, "--portable-attention")) num = &o->portable_attention; /* FLAME_OPT_CUDA_ATTENTION */
         else if (!strcmp(a, "--clients")) num = &o->clients;
         else if (!strcmp(a, "--via")) str = &o->via;
         else if (!strcmp(a, "--sched-users")) num = &o->sched_users;
@@ -352,6 +354,7 @@ int main(int argc, char **argv)
     CHECK(flame_config_set_string(cfg, FLAME_OPT_DEVICE, o.device));
     CHECK(flame_config_set_string(cfg, FLAME_OPT_DTYPE, o.dtype));
     CHECK(flame_config_set_int(cfg, FLAME_OPT_CUDA_GRAPHS, (int64_t)o.graphs));
+    CHECK(flame_config_set_int(cfg, FLAME_OPT_CUDA_ATTENTION, (int64_t)o.portable_attention));
     if (o.users > 256) CHECK(flame_config_set_int(cfg, FLAME_OPT_MAX_BATCH, (int64_t)(o.users < 65536 ? o.users : 65536)));
     flame_engine *engine;
     t0 = now_us();

@@ -3,7 +3,8 @@
 # (FLAME_REQUIRE_GPU=1), compute-sanitizer memcheck and racecheck on its quick form, the SASS
 # matrix instructions and resources of each kernel, attention-bench and the PyTorch peers on
 # the same inputs, the whole-model GPU suites, and the reference model end to end at B32 L1024
-# M512 with the Hopper kernel and with FLAME_CUDA_ATTENTION=mma. Results under $1 (default
+# M512 with the kernel chosen per launch and with FLAME_OPT_CUDA_ATTENTION = 1 (the portable
+# mma.sync kernel). Results under $1 (default
 # $OUT). Steps: build test san bench torch gpu e2e.
 out=${1:-$OUT}
 steps=${STEPS:-"build test san bench torch"}
@@ -45,7 +46,7 @@ if has e2e; then
     make -j16 CUDA=1 bench/e2e-bench >/dev/null 2>&1
     ./bench/attention-bench --shape 32,1024,512,8,64 >>"$out/bench.jsonl" 2>/dev/null
     for mode in wgmma mma; do
-        env $([ $mode = mma ] && echo FLAME_CUDA_ATTENTION=mma) timeout 120 ./bench/e2e-bench --config bench/ref_gr_config.json \
+        timeout 120 ./bench/e2e-bench --portable-attention $([ $mode = mma ] && echo 1 || echo 0) --config bench/ref_gr_config.json \
             --device cuda --dtype fp16 --users 32 --history 1024 --candidates 512 --calls 40 --warmup 10 --json |
             sed "s/^{/{\"attention\": \"$mode\", /" >>"$out/e2e.jsonl"
     done

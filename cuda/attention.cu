@@ -201,10 +201,6 @@ flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, con
 int32_t fl_cuda_attention_tile_queries(int32_t elem_bytes, int32_t dh, int64_t queries, int32_t heads)
 {
     if (elem_bytes != 2 || (dh != 64 && dh != 128) || !fl_cuda_attention_wg_device()) return FL_ATTN_QT;
-    // FLAME_CUDA_ATTENTION=mma keeps the mma.sync kernel everywhere (a diagnostic: compares
-    // the two in the whole model)
-    const char *force = getenv("FLAME_CUDA_ATTENTION");
-    if (force && !strcmp(force, "mma")) return FL_ATTN_QT;
     // 128-query CTAs win from about a third of the GPU's 132 SMs on (H200: 72 CTAs 22 us
     // against 28 us for 16-query tiles); below, 16-query tiles spread a small problem wider
     // (24 CTAs: 9.4 us against 8.7)

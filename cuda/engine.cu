@@ -290,6 +290,7 @@ extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_w
     g->ab = g->dtype == FL_COMPUTE_FP16 ? CUDA_R_16F : g->dtype == FL_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     g->budget = (uint64_t)cfg->device_memory_budget;
     g->use_graphs = cfg->cuda_graphs != 0;
+    g->attention_portable = cfg->cuda_attention != 0;
     flame_status st = FLAME_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) st = fl_error(FLAME_ERR_NO_DEVICE, "cuda:%d: %s", device, cudaGetErrorString(e));

@@ -72,6 +72,7 @@ struct fl_cuda_engine {
     fl_model_cfg cfg;
     int64_t num_items = 0;
     bool use_graphs = true;
+    bool attention_portable = false; // FLAME_OPT_CUDA_ATTENTION = 1
     // weights
     void *tables[FL_MAX_TABLES] = {}; // compute dtype; for an int8 table only the dot head's dequantized copy
     int8_t *tables_q8[FL_MAX_TABLES] = {}; // int8 tables that features read, as stored

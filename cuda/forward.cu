@@ -86,8 +86,9 @@ void plan(pass &p)
         if (!sumi && s.nsel && q.num_candidates) p.gathered += (int64_t)q.num_candidates; // upper bound
     }
     const int32_t esize = g->dtype == FL_COMPUTE_FP32 ? 4 : 2, dh = c.d_model / c.num_heads;
-    p.tq_full = fl_cuda_attention_tile_queries(esize, dh, p.T, c.num_heads);
-    p.tq_last = fl_cuda_attention_tile_queries(esize, dh, p.S, c.num_heads);
+    // FLAME_OPT_CUDA_ATTENTION = 1: 16-query tiles, i.e. the portable kernel, everywhere
+    p.tq_full = p.g->attention_portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.T, c.num_heads);
+    p.tq_last = p.g->attention_portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.S, c.num_heads);
     for (size_t r = 0; r < p.n; r++) {
         p.tiles_full += ceil_div(x->seqs[r].n + x->seqs[r].m, p.tq_full);
         p.tiles_last += ceil_div(x->seqs[r].nsel, p.tq_last);

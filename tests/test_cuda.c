@@ -413,6 +413,59 @@ static void *gpu_worker(void *arg)
     return NULL;
 }
 
+/* FLAME_OPT_CUDA_ATTENTION: a model and batch large enough that the kernel chosen per launch is
+ * the 128-query Hopper kernel on an H200 (head dim 64, 8 users x 384 tokens x 4 heads = 96
+ * CTAs), scored with that choice and with the portable kernel forced, both against the CPU. */
+static void test_attention_kernel_option(void **state)
+{
+    TU_NEED_GPU();
+    static const char *cfg =
+        "{\"format\":\"flame\",\"version\":1,\"d_model\":256,\"max_len\":384,"
+        "\"tables\":[{\"name\":\"item\",\"rows\":2000,\"dim\":256}],"
+        "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+        "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":384},"
+        "\"blocks\":{\"count\":1,\"num_heads\":4,\"ffn_dim\":256,\"norm\":\"pre\",\"activation\":\"gelu_erf\"},"
+        "\"final_layernorm\":true,\"head\":{\"type\":\"dot\",\"table\":\"item\"}}";
+    flame_model *m = NULL;
+    flame_engine *cpu = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &cpu), FLAME_OK);
+    enum { N = 8, L = 384, M = 32 };
+    static int64_t hist[N][L], cand[N][M];
+    flame_request req[N];
+    for (int r = 0; r < N; r++) {
+        for (int i = 0; i < L; i++) hist[r][i] = tu_below(2000);
+        for (int i = 0; i < M; i++) cand[r][i] = tu_below(2000);
+        req[r] = (flame_request){.struct_size = sizeof req[r], .history = hist[r], .history_len = L,
+                                 .candidates = cand[r], .num_candidates = M};
+    }
+    static float want[N * M + 1], got[N * M + 1];
+    static double ref[N * M];
+    tu_poison(want, N * M + 1);
+    assert_int_equal(flame_score_batch(cpu, req, N, want, N * M), FLAME_OK);
+    for (int i = 0; i < N * M; i++) ref[i] = want[i];
+    for (int portable = 0; portable < 2; portable++) {
+        flame_config *c = NULL;
+        flame_engine *e = NULL;
+        assert_int_equal(flame_config_create(&c), FLAME_OK);
+        assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+        assert_int_equal(flame_config_set_string(c, FLAME_OPT_DTYPE, "fp16"), FLAME_OK);
+        assert_int_equal(flame_config_set_int(c, FLAME_OPT_CUDA_ATTENTION, portable), FLAME_OK);
+        if (flame_engine_create(m, c, &e)) fail_msg("cuda engine: %s", flame_last_error());
+        flame_config_destroy(c);
+        tu_poison(got, N * M + 1);
+        if (flame_score_batch(e, req, N, got, N * M)) fail_msg("%s", flame_last_error());
+        assert_true(isnan(got[N * M]));
+        const double err = tu_rel_err(got, ref, N * M);
+        fprintf(stderr, "# attention kernel %s: relative error %.2e against the CPU\n",
+                portable ? "portable" : "chosen per launch", err);
+        if (!(err < 1e-2)) fail_msg("FLAME_OPT_CUDA_ATTENTION = %d: relative error %.3g", portable, err);
+        flame_engine_destroy(e);
+    }
+    flame_engine_destroy(cpu);
+    flame_model_destroy(m);
+}
+
 static void test_concurrent_callers(void **state)
 {
     TU_NEED_GPU();
@@ -463,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_int8_tables_match_cpu),
         cmocka_unit_test(test_graph_replay_matches_cpu),
         cmocka_unit_test(test_bag_count_refused_like_cpu),
+        cmocka_unit_test(test_attention_kernel_option),
         cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_memory_budget_and_devices),
     };

@@ -554,6 +554,13 @@ static void test_config_options(void **state)
     assert_ptr_equal(got, &stream_stub);
     assert_status_msg(flame_config_set_pointer(c, FLAME_OPT_DTYPE, &stream_stub), FLAME_ERR_INVALID_ARG, "not a pointer option");
     assert_status_msg(flame_config_set_int(c, FLAME_OPT_THREADS, 257), FLAME_ERR_INVALID_ARG, "FLAME_OPT_THREADS = 257");
+    assert_int_equal(flame_config_get_int(c, FLAME_OPT_CUDA_ATTENTION, &v), FLAME_OK);
+    assert_int_equal(v, 0); /* the kernel chosen per launch */
+    assert_int_equal(flame_config_set_int(c, FLAME_OPT_CUDA_ATTENTION, 1), FLAME_OK);
+    assert_status_msg(flame_config_set_int(c, FLAME_OPT_CUDA_ATTENTION, 2), FLAME_ERR_INVALID_ARG,
+                      "FLAME_OPT_CUDA_ATTENTION = 2 is out of range [0, 1]");
+    assert_int_equal(flame_config_get_int(c, FLAME_OPT_CUDA_ATTENTION, &v), FLAME_OK);
+    assert_int_equal(v, 1);
     flame_config_destroy(c);
     flame_config_destroy(NULL);
 }

@@ -298,7 +298,13 @@ typedef enum flame_option {
     FLAME_OPT_ITEM_CACHE = 10,
     /* pointer: a user cache handle (flame/memory.h) requests with history_from_user_cache = 1
      * read their history from; NULL (default) = none. Held as FLAME_OPT_ITEM_CACHE is. */
-    FLAME_OPT_USER_CACHE = 11
+    FLAME_OPT_USER_CACHE = 11,
+    /* int: the GPU engine's SUMI attention kernel. 0 (default) = chosen per launch by head
+     * dim, dtype, GPU and size (on compute capability 9.0 the wgmma kernel for head dims 64
+     * and 128 once a launch fills about a third of the GPU; docs/benchmarks.md); 1 = the
+     * portable tensor-core kernel (mma.sync) on every GPU, to compare the two or to rule the
+     * Hopper kernel out. Results agree within the compute dtype's rounding either way. */
+    FLAME_OPT_CUDA_ATTENTION = 12
 } flame_option;
 
 /*

@@ -24,7 +24,8 @@ from .user_cache import UserCache
 
 # Engine options (flame_option): keyword -> (enum value, Python type).
 OPTIONS = {"device": (1, str), "max_batch": (2, int), "dtype": (4, str),
-           "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int)}
+           "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int),
+           "cuda_attention": (12, int)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
 # does not export are left out, so newer handles slot in as one line each; the attached
@@ -73,7 +74,9 @@ class Engine(Handle):
       max_batch: requests per pass in score_batch (1..65536, default 256)
       dtype: GPU compute dtype "fp32" (default), "fp16", "bf16"
       device_memory_budget: most bytes of GPU memory the engine may hold (0 = no limit)
-      cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0
+      cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0;
+      cuda_attention: 0 (default, the kernel chosen per launch) or 1 (the portable kernel on
+      every GPU)
     """
 
     _destroy, _what = "flame_engine_destroy", "engine"

@@ -17,6 +17,7 @@ static const int_option int_options[] = {
      offsetof(struct flame_config, device_memory_budget)},
     {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", 1, 16, offsetof(struct flame_config, cuda_executors)},
     {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", 0, 1, offsetof(struct flame_config, cuda_graphs)},
+    {FLAME_OPT_CUDA_ATTENTION, "FLAME_OPT_CUDA_ATTENTION", 0, 1, offsetof(struct flame_config, cuda_attention)},
     {FLAME_OPT_THREADS, "FLAME_OPT_THREADS", 0, 256, offsetof(struct flame_config, threads)},
 };
 

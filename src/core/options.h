@@ -14,6 +14,7 @@ struct flame_config {
     void *cuda_stream;            /* the caller's cudaStream_t, or NULL for the engine's own */
     int64_t cuda_executors;       /* GPU executors (streams with their own buffers) */
     int64_t cuda_graphs;          /* 1: capture and replay CUDA graphs */
+    int64_t cuda_attention;       /* 1: the portable attention kernel on every GPU */
     int64_t threads;              /* CPU threads for the single-user dot head; 0 = the BLAS's count */
     /* the caches the engine reads, borrowed by the config (the engine takes references) */
     struct flame_item_cache *item_cache;
