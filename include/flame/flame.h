@@ -575,6 +575,41 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
 FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_request *requests, size_t num_requests,
                                          float *scores, size_t scores_len);
 
+/* Most candidates flame_score_batch_topk keeps per request. */
+#define FLAME_TOPK_MAX 1024
+
+/*
+ * flame_score_batch_topk: the k best candidates of each request by one task's score.
+ *
+ * Full-sort retrieval: a request whose candidates are the whole item table (one contiguous
+ * range 0..num_items-1, scored by one GEMM under the dot head) returns the k best items of the
+ * catalogue. The requests are scored as flame_score_batch scores them, into memory of the
+ * library's, and ranked per request: score descending (NaN last), ties by lower item id, then
+ * by the earlier candidate. The selection runs on the host after the scores are complete, on
+ * every engine.
+ *
+ * Parameters:
+ *   engine        the engine.
+ *   requests      [num_requests] as flame_score_batch; borrowed for the call.
+ *   num_requests  0 is valid (nothing is written).
+ *   k             candidates kept per request, 1..FLAME_TOPK_MAX.
+ *   task          the score column ranked by, 0..num_tasks - 1 (0 under the dot head).
+ *   ids           output [num_requests, k] int64, the caller's: request r's best item ids at
+ *                 r * k, best first; a request with fewer than k candidates has as many, then
+ *                 -1.
+ *   scores        output [num_requests, k] float32, the caller's: their scores of `task`;
+ *                 -INFINITY where ids is -1.
+ *   out_len       capacity of ids and of scores, in elements each.
+ * Thread-safety: thread-safe (flame_engine_create).
+ * Returns: FLAME_OK; the statuses of flame_score_batch (nothing is written then);
+ *   FLAME_ERR_INVALID_ARG for a NULL engine, k outside 1..FLAME_TOPK_MAX, task outside the
+ *   model's tasks, NULL requests with num_requests > 0, NULL ids or scores (the message names
+ *   the value); FLAME_ERR_BUFFER_TOO_SMALL when out_len < num_requests * k (names both);
+ *   FLAME_ERR_NOMEM when the scores do not fit in host memory (4 bytes a candidate and task).
+ */
+FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_request *requests, size_t num_requests,
+                                              uint32_t k, uint32_t task, int64_t *ids, float *scores, size_t out_len);
+
 typedef struct flame_engine_stats {
     size_t struct_size;            /* sizeof(flame_engine_stats) */
     uint64_t calls;                /* flame_score + flame_score_batch calls that succeeded */

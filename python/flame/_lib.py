@@ -51,6 +51,8 @@ PROTOTYPES = [
     ("flame_engine_destroy", None, [_vp]),
     ("flame_score", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t]),
     ("flame_score_batch", _st, [_vp, C.POINTER(Request), C.c_size_t, F32P, C.c_size_t]),
+    ("flame_score_batch_topk", _st, [_vp, C.POINTER(Request), C.c_size_t, C.c_uint32, C.c_uint32, I64P, F32P,
+                                     C.c_size_t]),
     ("flame_engine_get_stats", _st, [_vp, C.POINTER(EngineStats)]),
     ("flame_engine_set_item_cache", _st, [_vp, _vp]),
     ("flame_engine_set_user_cache", _st, [_vp, _vp]),

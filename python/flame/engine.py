@@ -10,7 +10,7 @@ import contextlib
 import ctypes as C
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -234,6 +234,34 @@ class Engine(Handle):
             self._check(lambda: _lib.lib().flame_score_batch(h, reqs, len(requests), res.ctypes.data_as(F32P),
                                                              res.size))
         return np.split(res, np.cumsum(sizes)[:-1]) if sizes else []
+
+    def score_topk(self, requests: Sequence[Union[Request, Sequence[Any], Dict[str, Any]]], k: int,
+                   task: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+        """The k best candidates of each request by one task's score (full-sort retrieval:
+        candidates = np.arange(num_items) ranks the whole catalogue).
+
+        requests: as score_batch. k: 1..1024. task: the score column ranked by.
+        Returns (ids int64 [len(requests), k], scores float32 [len(requests), k]), best first,
+        ties by lower id; a request with fewer than k candidates ends in ids -1, scores -inf.
+        """
+        if not isinstance(k, int) or isinstance(k, bool) or not isinstance(task, int) or isinstance(task, bool):
+            raise TypeError("k and task must be integers")
+        if not 1 <= k <= 1024 or not 0 <= task < 2**32:
+            raise ValueError(f"k = {k} must be in 1..1024 and task = {task} a task index")
+        keep: List[Any] = []
+        reqs = (_Request * max(1, len(requests)))()
+        for r, item in enumerate(requests):
+            if isinstance(item, dict):
+                item = Request(**item)
+            elif not isinstance(item, Request):
+                item = Request(*item)
+            reqs[r] = self._request(item, keep, f"request {r}: ")
+        ids = np.empty((len(requests), k), dtype=np.int64)
+        scores = np.empty((len(requests), k), dtype=np.float32)
+        with self._use() as h:
+            self._check(lambda: _lib.lib().flame_score_batch_topk(
+                h, reqs, len(requests), k, task, ids.ctypes.data_as(I64P), scores.ctypes.data_as(F32P), ids.size))
+        return ids, scores
 
     # ------------------------------------------------------------ statistics
 
