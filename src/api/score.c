@@ -59,7 +59,7 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     size_t need = 0;
     for (size_t r0 = 0; r0 < num_requests; r0 += slice) {
         int64_t tokens = 0;
-        size_t b = fl_forward_bytes(engine->model, reqs + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
+        size_t b = fl_forward_bytes(engine, reqs + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
                                     &tokens);
         if (tokens > INT32_MAX) { /* GEMM dimensions are 32-bit in CBLAS */
             fl_workspace_release(engine, ws);

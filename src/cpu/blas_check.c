@@ -40,3 +40,9 @@ int fl_blas_threads(void)
 {
     return openblas_get_num_threads();
 }
+
+const char *fl_blas_name(void)
+{
+    const char *core = openblas_get_corename();
+    return core ? core : "unknown";
+}

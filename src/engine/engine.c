@@ -8,6 +8,7 @@
 #include "ucache/user_cache.h"
 #include "core/device.h"
 #include "cpu/kernels.h"
+#include "engine/cpu_plan.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
@@ -70,6 +71,14 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     e->cfg = cfg;
     e->threads = cfg.threads > 0 ? (int)cfg.threads : openblas_get_num_threads();
     if (e->threads < 1) e->threads = 1;
+    if (ordinal < 0) {
+        st = fl_cpu_plan_create(model, e->threads, &e->cpu);
+        if (st) {
+            pthread_mutex_destroy(&e->pool_lock);
+            free(e);
+            return st;
+        }
+    }
     e->model = model;
     fl_model_retain(model);
     *out = e;
@@ -80,6 +89,7 @@ FLAME_API void flame_engine_destroy(flame_engine *engine)
 {
     if (!engine) return;
     fl_cuda_engine_destroy(engine->gpu);
+    fl_cpu_plan_destroy(engine->cpu);
     for (fl_workspace *ws = engine->free_list, *next; ws; ws = next) {
         next = ws->next;
         fl_workspace_free_features(ws);

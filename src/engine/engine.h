@@ -24,11 +24,13 @@ typedef struct fl_workspace {
 } fl_workspace;
 
 struct fl_cuda_engine;
+struct fl_cpu_plan;
 
 struct flame_engine {
     struct flame_model *model;
     struct fl_cuda_engine *gpu; /* non-NULL: the forward pass runs on this GPU backend */
-    int threads;                /* FLAME_OPT_THREADS resolved (>= 1) */
+    int threads;                /* FLAME_OPT_THREADS resolved (>= 1): the CPU pass's OpenMP threads */
+    struct fl_cpu_plan *cpu;    /* CPU engines: the kernel choice and packed weights (engine/cpu_plan.h) */
     struct flame_config cfg;
     pthread_mutex_t pool_lock;
     fl_workspace *free_list; /* workspaces not in use; all are freed at destroy */
@@ -89,7 +91,7 @@ flame_status fl_check_side_bags(const struct flame_model *m, size_t r, const cha
 
 /* Scratch bytes fl_forward_cpu needs for these requests (reserve it first so a call either
  * gets all its memory or fails before writing anything). */
-size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, size_t n, int64_t *tokens);
+size_t fl_forward_bytes(const struct flame_engine *e, const flame_request *reqs, size_t n, int64_t *tokens);
 
 /* Scores n validated requests in one pass into `scores` (their concatenated blocks). */
 flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,

@@ -2,6 +2,7 @@
  * bad request gets a message naming the value and the scores buffer stays untouched. */
 #include <stdio.h>
 
+#include "cpu/kernels.h"
 #include "engine/engine.h"
 
 #define BAD(...) fl_error(FLAME_ERR_INVALID_ARG, __VA_ARGS__)
@@ -138,10 +139,10 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
         return check_tokens(r, "candidate", m, q->candidates, q->candidate_side, q->num_candidates, 0,
                             q->num_candidates, parts);
     const fl_table_cfg *t = &c->tables[m->num_items_table];
-    for (size_t i = 0; i < q->num_candidates; i++)
-        if (q->candidates[i] < 0 || q->candidates[i] >= m->num_items)
-            return BAD("request %zu: candidate %zu (table '%s'): id %lld out of range [0, %lld)", r, i, t->name,
-                       (long long)q->candidates[i], (long long)m->num_items);
+    const int64_t i = fl_cpu_first_out_of_range(q->candidates, q->num_candidates, m->num_items);
+    if (i >= 0)
+        return BAD("request %zu: candidate %lld (table '%s'): id %lld out of range [0, %lld)", r, (long long)i, t->name,
+                   (long long)q->candidates[i], (long long)m->num_items);
     return FLAME_OK;
 }
 
