@@ -36,20 +36,43 @@ void fl_cpu_pack(const float *w, int64_t ldw, int32_t k, int64_t n, float *dst)
     }
 }
 
+/* erf(x) as x P(x^2) / Q(x^2) on x clamped to [-4, 4] (beyond, erf is +-1 in float32): the
+ * rational approximation of Eigen and XLA's float erf, absolute error 3.7e-7 evaluated in
+ * float32 (GELU error < 1e-6), one fused multiply-add per term so the vector versions give
+ * the same bits. A NaN stays NaN (the clamp's comparisons are false for it). */
+static const float ERF_A[7] = {-2.72614225801306e-10f, 2.77068142495902e-08f, -2.10102402082508e-06f,
+                               -5.69250639462346e-05f, -7.34990630326855e-04f, -2.95459980854025e-03f,
+                               -1.60960333262415e-02f};
+static const float ERF_B[5] = {-1.45660718464996e-05f, -2.13374055278905e-04f, -1.68282697438203e-03f,
+                               -7.37332916720468e-03f, -1.42647390514189e-02f};
+#define SQRT1_2 0.70710678118654752f
+
+static inline float gelu_erf1(float v)
+{
+    float x = v * SQRT1_2;
+    x = x < -4.0f ? -4.0f : x;
+    x = x > 4.0f ? 4.0f : x;
+    const float x2 = x * x;
+    float p = ERF_A[0], q = ERF_B[0];
+    for (int i = 1; i < 7; i++) p = fmaf(p, x2, ERF_A[i]);
+    for (int i = 1; i < 5; i++) q = fmaf(q, x2, ERF_B[i]);
+    return (0.5f * v) * (1.0f + (p * x) / q);
+}
+
 static inline float act1(float v, fl_act_kind act)
 {
     switch (act) {
     case FL_KACT_RELU: return v > 0.0f ? v : 0.0f;
-    case FL_KACT_GELU_ERF: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case FL_KACT_GELU_ERF: return gelu_erf1(v);
     case FL_KACT_GELU_TANH: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     default: return v;
     }
 }
 
-/* The activations without a vector form here, over a stored tile. */
+/* The activation without a vector form here, over a stored tile. */
 static inline void act_tile(int mr, int64_t nc, float *c, int64_t ldc, fl_act_kind act)
 {
-    if (act != FL_KACT_GELU_ERF && act != FL_KACT_GELU_TANH) return;
+    if (act != FL_KACT_GELU_TANH) return;
     for (int r = 0; r < mr; r++)
         for (int64_t j = 0; j < nc; j++) c[r * ldc + j] = act1(c[r * ldc + j], act);
 }
@@ -77,6 +100,19 @@ static void gemm_base(int64_t rows, int64_t n, int32_t k, const float *a, int64_
 
 #define T512 __attribute__((target("avx512f"), always_inline)) inline
 #define T512_OUTER __attribute__((target("avx512f")))
+
+static T512 __m512 gelu512(__m512 v)
+{
+    __m512 x = _mm512_mul_ps(v, _mm512_set1_ps(SQRT1_2));
+    x = _mm512_max_ps(_mm512_set1_ps(-4.0f), x); /* max/min return the second operand for a NaN */
+    x = _mm512_min_ps(_mm512_set1_ps(4.0f), x);
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 p = _mm512_set1_ps(ERF_A[0]), q = _mm512_set1_ps(ERF_B[0]);
+    for (int i = 1; i < 7; i++) p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(ERF_A[i]));
+    for (int i = 1; i < 5; i++) q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(ERF_B[i]));
+    const __m512 e = _mm512_div_ps(_mm512_mul_ps(p, x), q);
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
 
 static T512 void tile512(const int mr, const int np, int32_t k, const float *a, int64_t lda, const float *p,
                          size_t ps, int64_t nc, const float *bias, bool accumulate, fl_act_kind act, float *c,
@@ -107,6 +143,7 @@ static T512 void tile512(const int mr, const int np, int32_t k, const float *a, 
             if (bias) v = _mm512_add_ps(v, bv);
             if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, dst));
             if (act == FL_KACT_RELU) v = _mm512_max_ps(v, _mm512_setzero_ps());
+            if (act == FL_KACT_GELU_ERF) v = gelu512(v);
             _mm512_mask_storeu_ps(dst, m, v);
         }
     }
@@ -164,6 +201,19 @@ static T256 __m256i lanes_below(int64_t left)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(l), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+static T256 __m256 gelu256(__m256 v)
+{
+    __m256 x = _mm256_mul_ps(v, _mm256_set1_ps(SQRT1_2));
+    x = _mm256_max_ps(_mm256_set1_ps(-4.0f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(4.0f), x);
+    const __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_set1_ps(ERF_A[0]), q = _mm256_set1_ps(ERF_B[0]);
+    for (int i = 1; i < 7; i++) p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(ERF_A[i]));
+    for (int i = 1; i < 5; i++) q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(ERF_B[i]));
+    const __m256 e = _mm256_div_ps(_mm256_mul_ps(p, x), q);
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
 static T256 void tile256(const int mr, int32_t k, const float *a, int64_t lda, const float *p, int64_t nc,
                          const float *bias, bool accumulate, fl_act_kind act, float *c, int64_t ldc)
 {
@@ -191,6 +241,7 @@ static T256 void tile256(const int mr, int32_t k, const float *a, int64_t lda, c
             if (bias) v = _mm256_add_ps(v, bv);
             if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(dst, m));
             if (act == FL_KACT_RELU) v = _mm256_max_ps(v, _mm256_setzero_ps());
+            if (act == FL_KACT_GELU_ERF) v = gelu256(v);
             _mm256_maskstore_ps(dst, m, v);
         }
     }
