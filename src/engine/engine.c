@@ -49,7 +49,6 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     int ordinal = -1;
     flame_status st = choose_device(&cfg, &ordinal);
     if (st) return st;
-    if (ordinal < 0) (void)fl_blas_is_weak(); /* says once, now, if the BLAS runs slow kernels here */
     if (ordinal < 0 && strcmp(cfg.dtype, "fp32") != 0)
         fl_log(FLAME_LOG_INFO, "FLAME_OPT_DTYPE '%s': the CPU computes in fp32", cfg.dtype);
     struct flame_engine *e = calloc(1, sizeof *e);
