@@ -86,7 +86,7 @@ DEPFLAGS := -MMD -MP
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(or $(findstring src/cpu/,$<),$(findstring src/engine/forward.c,$<)),-fopenmp) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(or $(findstring src/cpu/,$<),$(findstring src/engine/forward.c,$<),$(findstring src/engine/validate.c,$<)),-fopenmp) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)

@@ -193,6 +193,8 @@ def main(argv=None):
     ap.add_argument("--machine", help="machine slug for the file name (default from lscpu + core count)")
     ap.add_argument("--openblas-coretype", help="set OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell) for libflame's OpenBLAS; "
                     "default: OpenBLAS's own CPU detection (or the caller's OPENBLAS_CORETYPE)")
+    ap.add_argument("--onnx", help="use this ONNX graph (bench/onnx_beauty.py build of the same model) instead of "
+                    "building one: the run then needs onnxruntime but not the onnx package")
     a = ap.parse_args(argv)
 
     data = Path(a.shared).resolve() / "data" / "amazon-beauty"
@@ -229,7 +231,11 @@ def main(argv=None):
             flame_file, onnx_file = Path(tmp) / "beauty.flame.safetensors", Path(tmp) / "beauty.onnx"
             print(f"converting {ckpt} ...", file=sys.stderr)
             run([py, "-m", "flame.convert", "iclrec", ckpt, flame_file], env, "conversion", parse_json=False)
-            built = run([py, "bench/onnx_beauty.py", "build", flame_file, onnx_file], env, "ONNX build")
+            if a.onnx:  # built elsewhere from the same conversion (a machine without the onnx package)
+                onnx_file = Path(a.onnx).resolve()
+                built = {"prebuilt": str(onnx_file)}
+            else:
+                built = run([py, "bench/onnx_beauty.py", "build", flame_file, onnx_file], env, "ONNX build")
             verify = run([py, "bench/onnx_beauty.py", "verify", flame_file, onnx_file, seqs], env, "score check")
             d = verify["max_abs_diff"]
             print(f"scores agree: max |ORT - libflame| {d['ort_vs_libflame']:.2e}, |ORT - reference| "

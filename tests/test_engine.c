@@ -794,6 +794,41 @@ static void test_threads_and_kernels_bitwise(void **state)
     free(dref);
 }
 
+/* A call large enough to be validated on several threads names the first bad request, as
+ * the serial checks do, writes nothing, and scores the same when all is well. */
+static void test_parallel_validation_names_first_bad(void **state)
+{
+    fixture *f = *state;
+    enum { R = 48, M = 2000 };
+    int64_t *cand = malloc((size_t)R * M * sizeof(int64_t)), hist[R][4];
+    flame_request reqs[R];
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < M; i++) cand[(size_t)r * M + i] = tu_below(100);
+        for (int j = 0; j < 4; j++) hist[r][j] = tu_below(100);
+        reqs[r] = dot_req(hist[r], 4, cand + (size_t)r * M, M); /* distinct arrays: each one is checked */
+    }
+    flame_engine *e2 = engine_with(f->dot, 2, NULL), *e1 = engine_with(f->dot, 1, NULL);
+    float *s2 = malloc((size_t)R * M * sizeof(float)), *s1 = malloc((size_t)R * M * sizeof(float));
+    tu_poison(s1, (size_t)R * M);
+    tu_poison(s2, (size_t)R * M);
+    assert_int_equal(flame_score_batch(e1, reqs, R, s1, (size_t)R * M), FLAME_OK);
+    assert_int_equal(flame_score_batch(e2, reqs, R, s2, (size_t)R * M), FLAME_OK);
+    assert_memory_equal(s1, s2, (size_t)R * M * sizeof(float));
+    const int bad = 30 + (int)tu_below(10);
+    cand[(size_t)bad * M + 1234] = 100;
+    cand[(size_t)(R - 1) * M + 5] = -3; /* a later one is not the one named */
+    tu_poison(s2, (size_t)R * M);
+    char want[96];
+    snprintf(want, sizeof want, "request %d: candidate 1234 (table 'item'): id 100 out of range", bad);
+    assert_status_msg(flame_score_batch(e2, reqs, R, s2, (size_t)R * M), FLAME_ERR_INVALID_ARG, want);
+    for (size_t i = 0; i < (size_t)R * M; i++) assert_true(isnan(s2[i]));
+    flame_engine_destroy(e1);
+    flame_engine_destroy(e2);
+    free(cand);
+    free(s1);
+    free(s2);
+}
+
 /* Per-call scratch for the Beauty architecture (d 64, 1 block, 50-item window, 12,103
  * items scored) stays under 1 MB. */
 static void test_beauty_sized_scratch(void **state)
@@ -869,6 +904,7 @@ int main(void)
         cmocka_unit_test(test_sumi_candidates_independent),
         cmocka_unit_test(test_batch_matches_single),
         cmocka_unit_test(test_threads_and_kernels_bitwise),
+        cmocka_unit_test(test_parallel_validation_names_first_bad),
         cmocka_unit_test(test_dot_batch_shared_range),
         cmocka_unit_test(test_eight_threads_bitwise),
         cmocka_unit_test(test_config_options),

@@ -76,6 +76,10 @@ typedef enum fl_check_mode {
  * request, token, feature and id. */
 flame_status fl_validate_requests(const struct flame_model *m, const flame_request *reqs, size_t n,
                                   uint64_t *total_scores, fl_check_mode mode);
+/* fl_validate_requests with the requests split over up to `threads` OpenMP threads when they
+ * hold enough ids (the same status and message as the serial checks). */
+flame_status fl_validate_requests_mt(const struct flame_model *m, const flame_request *reqs, size_t n,
+                                     uint64_t *total_scores, fl_check_mode mode, int threads);
 /* After FL_CHECK_DEFER_BAGS and fl_resolve_features: the bags resolved[r] got from the item
  * cache for the id-only requests of `given` (their structure, and the side ids' ranges: a
  * source's records are data like any other). */

@@ -190,3 +190,38 @@ flame_status fl_validate_resolved(const struct flame_model *m, const flame_reque
     }
     return FLAME_OK;
 }
+
+/* Ids a call checks at least before its requests are split over the threads. */
+#define MIN_IDS_PARALLEL 65536
+
+flame_status fl_validate_requests_mt(const struct flame_model *m, const flame_request *reqs, size_t n,
+                                     uint64_t *total_scores, fl_check_mode mode, int threads)
+{
+    uint64_t ids = 0;
+    for (size_t r = 0; r < n; r++) {
+        ids += reqs[r].history_len;
+        if (!(r > 0 && same_candidates(&reqs[r], &reqs[r - 1]))) ids += reqs[r].num_candidates;
+    }
+    if (threads <= 1 || n < 2 || ids < MIN_IDS_PARALLEL) return fl_validate_requests(m, reqs, n, total_scores, mode);
+    /* Each request is checked on its own, so they split over the threads; a failure anywhere
+     * sends the whole call through the serial pass, which names the first bad request exactly
+     * as it always does (and sets the message on the calling thread). */
+    size_t first_bad = n;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 4) reduction(min : first_bad)
+#endif
+    for (size_t r = 0; r < n; r++)
+        if (check_request(m, r, &reqs[r], r > 0 ? &reqs[r - 1] : NULL, mode) != FLAME_OK && r < first_bad)
+            first_bad = r;
+    if (first_bad < n) return fl_validate_requests(m, reqs, n, total_scores, mode);
+    fl_clear_error(); /* the calling thread's share left no message, but be exact */
+    uint64_t total = 0;
+    for (size_t r = 0; r < n; r++) {
+        uint64_t block;
+        if (!fl_mul_u64(reqs[r].num_candidates, (uint64_t)m->cfg.num_tasks, &block) ||
+            !fl_add_u64(total, block, &total))
+            return BAD("request %zu: the number of scores overflows 64 bits", r);
+    }
+    *total_scores = total;
+    return FLAME_OK;
+}
