@@ -29,7 +29,7 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFLAME_BUILDING \
                -Iinclude -Isrc $(shell pkg-config --cflags openblas 2>/dev/null || pkg-config --cflags cblas 2>/dev/null)
-LDLIBS  := -lcjson -lopenblas -lhiredis -fopenmp -lpthread -lm
+LDLIBS  := -lcjson -lopenblas -lhiredis -lpthread -lm
 
 SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
@@ -86,7 +86,7 @@ DEPFLAGS := -MMD -MP
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<),-O3) $(if $(or $(findstring src/cpu/,$<),$(findstring src/engine/forward.c,$<),$(findstring src/engine/validate.c,$<)),-fopenmp) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<),-O3) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)

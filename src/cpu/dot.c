@@ -5,6 +5,7 @@
  * int8 kernel is compiled for the same sets by the compiler (target_clones). */
 #include <math.h>
 
+#include "core/pool.h"
 #include "cpu/clones.h"
 #include "cpu/kernels.h"
 
@@ -183,6 +184,23 @@ void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_
 /* Rows per thread below which splitting costs more than it saves. */
 #define MIN_ROWS_PER_THREAD 1024
 
+typedef struct dot_job {
+    const float *h, *table;
+    const int64_t *ids;
+    int32_t d;
+    int64_t first, n, stride, parts;
+    float *out;
+} dot_job;
+
+static void dot_part(void *ctx, int64_t p, int worker)
+{
+    const dot_job *j = ctx;
+    (void)worker;
+    const int64_t lo = j->n * p / j->parts, hi = j->n * (p + 1) / j->parts;
+    fl_cpu_dot_rows(j->h, j->d, j->table, j->ids ? j->ids + lo : NULL, j->first + lo, hi - lo, j->out + lo * j->stride,
+                    j->stride);
+}
+
 void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                         float *out, int64_t stride, int threads)
 {
@@ -192,16 +210,12 @@ void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int
         fl_cpu_dot_rows(h, d, table, ids, first, n, out, stride);
         return;
     }
-    /* Each thread scores a contiguous quarter (say) of the rows: with two cores the halves of a
-     * 3 MB table stay in the two L2 caches from call to call. Every score is computed by the
-     * same code whatever the split, so results do not depend on the thread count. */
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static)
-#endif
-    for (int64_t p = 0; p < parts; p++) {
-        const int64_t lo = n * p / parts, hi = n * (p + 1) / parts;
-        fl_cpu_dot_rows(h, d, table, ids ? ids + lo : NULL, first + lo, hi - lo, out + lo * stride, stride);
-    }
+    /* Each part is a contiguous share of the rows: with two cores the halves of a 3 MB table
+     * stay in the two L2 caches from call to call. Every score is computed by the same code
+     * whatever the split, so results do not depend on the thread count. */
+    dot_job j = {.h = h, .table = table, .ids = ids, .d = d, .first = first, .n = n, .stride = stride, .parts = parts,
+                 .out = out};
+    fl_parallel((int)parts, parts, dot_part, &j);
 }
 
 /* ---- int8 tables: score = scale * <h, q> + bias * sum(h), straight from the int8 rows */
@@ -257,6 +271,26 @@ FL_CLONES static void dot_rows_q8(const float *h, int32_t d, float hsum, const i
     }
 }
 
+typedef struct q8_job {
+    const float *h;
+    const int8_t *table;
+    const float *qparams;
+    const int64_t *ids;
+    int32_t d;
+    float hsum;
+    int64_t first, n, stride, parts;
+    float *out;
+} q8_job;
+
+static void q8_part(void *ctx, int64_t p, int worker)
+{
+    const q8_job *j = ctx;
+    (void)worker;
+    const int64_t lo = j->n * p / j->parts, hi = j->n * (p + 1) / j->parts;
+    dot_rows_q8(j->h, j->d, j->hsum, j->table, j->qparams, j->ids ? j->ids + lo : NULL, j->first + lo, hi - lo,
+                j->out + lo * j->stride, j->stride);
+}
+
 void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const float *qparams, const int64_t *ids,
                            int64_t first, int64_t n, float *out, int64_t stride, int threads)
 {
@@ -274,11 +308,7 @@ void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const
         dot_rows_q8(h, d, hsum, table, qparams, ids, first, n, out, stride);
         return;
     }
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static)
-#endif
-    for (int64_t p = 0; p < parts; p++) {
-        const int64_t lo = n * p / parts, hi = n * (p + 1) / parts;
-        dot_rows_q8(h, d, hsum, table, qparams, ids ? ids + lo : NULL, first + lo, hi - lo, out + lo * stride, stride);
-    }
+    q8_job j = {.h = h, .table = table, .qparams = qparams, .ids = ids, .d = d, .hsum = hsum, .first = first, .n = n,
+                .stride = stride, .parts = parts, .out = out};
+    fl_parallel((int)parts, parts, q8_part, &j);
 }

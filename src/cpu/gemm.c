@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/pool.h"
 #include "cpu/kernels.h"
 
 #define NR 16 /* columns of a panel */
@@ -304,6 +305,36 @@ static int parts_of(int64_t macs, int threads)
     return p < 1 ? 1 : p > threads ? threads : (int)p;
 }
 
+typedef struct packed_job {
+    fl_cpu_isa isa;
+    int64_t rows, n, tiles, pairs;
+    int32_t k;
+    const float *a, *bp, *bias;
+    int64_t lda, ldc;
+    bool accumulate, by_rows;
+    fl_act_kind act;
+    float *c;
+    int parts;
+} packed_job;
+
+static void packed_part(void *ctx, int64_t p, int worker)
+{
+    const packed_job *j = ctx;
+    (void)worker;
+    if (j->by_rows) {
+        const int64_t lo = fl_part_lo(j->tiles, j->parts, p) * MR, hi = fl_part_lo(j->tiles, j->parts, p + 1) * MR;
+        const int64_t end = hi < j->rows ? hi : j->rows;
+        fl_cpu_gemm_packed(j->isa, end - lo, j->n, j->k, j->a + lo * j->lda, j->lda, j->bp, j->bias, j->accumulate,
+                           j->act, j->c + lo * j->ldc, j->ldc);
+    } else {
+        const int64_t lo = fl_part_lo(j->pairs, j->parts, p) * 2 * NR, hi = fl_part_lo(j->pairs, j->parts, p + 1) * 2 * NR;
+        const int64_t end = hi < j->n ? hi : j->n;
+        if (end > lo)
+            fl_cpu_gemm_packed(j->isa, j->rows, end - lo, j->k, j->a, j->lda, j->bp + (size_t)(lo / NR) * NR * j->k,
+                               j->bias ? j->bias + lo : NULL, j->accumulate, j->act, j->c + lo, j->ldc);
+    }
+}
+
 void fl_cpu_gemm_packed_mt(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, const float *a, int64_t lda,
                            const float *bp, const float *bias, bool accumulate, fl_act_kind act, float *c,
                            int64_t ldc, int threads)
@@ -315,26 +346,15 @@ void fl_cpu_gemm_packed_mt(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, c
         return;
     }
     /* Split the rows in whole tiles when there are enough of them, else the column pairs:
-     * either way each output is computed by the same tile code, so the split never shows. */
+     * either way each output is computed by the same tile code, so the split never shows.
+     * Twice as many parts as threads: a thread that starts late leaves less to the others. */
     const int64_t tiles = (rows + MR - 1) / MR, pairs = (n + 2 * NR - 1) / (2 * NR);
-    const bool by_rows = tiles >= 2 * parts || tiles >= pairs;
-    const size_t ps = (size_t)NR * (size_t)k;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static)
-#endif
-    for (int p = 0; p < parts; p++) {
-        if (by_rows) {
-            const int64_t lo = tiles * p / parts * MR, hi = tiles * (p + 1) / parts * MR;
-            const int64_t end = hi < rows ? hi : rows;
-            fl_cpu_gemm_packed(isa, end - lo, n, k, a + lo * lda, lda, bp, bias, accumulate, act, c + lo * ldc, ldc);
-        } else {
-            const int64_t lo = pairs * p / parts * 2 * NR, hi = pairs * (p + 1) / parts * 2 * NR;
-            const int64_t end = hi < n ? hi : n;
-            if (end > lo)
-                fl_cpu_gemm_packed(isa, rows, end - lo, k, a, lda, bp + (size_t)(lo / NR) * ps, bias ? bias + lo : NULL,
-                                   accumulate, act, c + lo, ldc);
-        }
-    }
+    packed_job j = {.isa = isa, .rows = rows, .n = n, .tiles = tiles, .pairs = pairs, .k = k, .a = a, .bp = bp,
+                    .bias = bias, .lda = lda, .ldc = ldc, .accumulate = accumulate, .act = act, .c = c,
+                    .by_rows = tiles >= 2 * parts || tiles >= pairs};
+    const int64_t units = j.by_rows ? tiles : pairs;
+    j.parts = (int)(2 * parts < units ? 2 * parts : units);
+    fl_parallel(parts, j.parts, packed_part, &j);
 }
 
 /* Columns of B one thread packs and multiplies at a time: about 64 KiB of panels (L2). */
@@ -349,25 +369,32 @@ size_t fl_cpu_gemm_nt_scratch(int32_t k)
     return fl_cpu_pack_floats(k, nt_chunk(k));
 }
 
+typedef struct nt_job {
+    fl_cpu_isa isa;
+    int64_t rows, n, chunk;
+    int32_t k;
+    const float *a, *b;
+    int64_t lda, ldb, ldc;
+    float *c, *scratch;
+    size_t per;
+} nt_job;
+
+/* One chunk of B's rows: packed into the running thread's scratch, then multiplied. */
+static void nt_chunk_task(void *ctx, int64_t ch, int worker)
+{
+    const nt_job *j = ctx;
+    float *pk = j->scratch + (size_t)worker * j->per;
+    const int64_t j0 = ch * j->chunk, nc = j->n - j0 < j->chunk ? j->n - j0 : j->chunk;
+    fl_cpu_pack(j->b + j0 * j->ldb, j->ldb, j->k, nc, pk);
+    fl_cpu_gemm_packed(j->isa, j->rows, nc, j->k, j->a, j->lda, pk, NULL, false, FL_KACT_NONE, j->c + j0, j->ldc);
+}
+
 void fl_cpu_gemm_nt_mt(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float *c, int64_t ldc, float *scratch, int threads)
 {
     if (rows <= 0 || n <= 0) return;
     const int64_t chunk = nt_chunk(k), chunks = (n + chunk - 1) / chunk;
-    int parts = parts_of(rows * n * (int64_t)k, threads);
-    if (parts > chunks) parts = (int)chunks;
-    const size_t per = fl_cpu_gemm_nt_scratch(k);
-    /* Each part takes a contiguous run of chunks (with two cores, each half of the table stays
-     * in its core's L2 from call to call) and packs each chunk into its own scratch. */
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
-#endif
-    for (int p = 0; p < parts; p++) {
-        float *pk = scratch + (size_t)p * per;
-        for (int64_t ch = chunks * p / parts; ch < chunks * (p + 1) / parts; ch++) {
-            const int64_t j0 = ch * chunk, nc = n - j0 < chunk ? n - j0 : chunk;
-            fl_cpu_pack(b + j0 * ldb, ldb, k, nc, pk);
-            fl_cpu_gemm_packed(isa, rows, nc, k, a, lda, pk, NULL, false, FL_KACT_NONE, c + j0, ldc);
-        }
-    }
+    nt_job j = {.isa = isa, .rows = rows, .n = n, .chunk = chunk, .k = k, .a = a, .b = b, .lda = lda, .ldb = ldb,
+                .ldc = ldc, .c = c, .scratch = scratch, .per = fl_cpu_gemm_nt_scratch(k)};
+    fl_parallel(parts_of(rows * n * (int64_t)k, threads), chunks, nt_chunk_task, &j);
 }

@@ -78,13 +78,13 @@ void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_
 void fl_cpu_dot_rows_isa(fl_cpu_isa isa, const float *h, int32_t d, const float *table, const int64_t *ids,
                          int64_t first, int64_t n, float *out, int64_t stride);
 
-/* fl_cpu_dot_rows split over up to `threads` OpenMP threads (bitwise the same result). */
+/* fl_cpu_dot_rows split over up to `threads` threads of the pool (core/pool.h; bitwise the same result). */
 void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                         float *out, int64_t stride, int threads);
 
 /* The dot head on an int8 table (rows r = ids[c], or first + c), straight from the int8 rows:
  *   out[c * stride] = scale_r * <h, q_r> + bias_r * sum(h)     (= <h, scale_r * q_r + bias_r>)
- * float32 accumulation in a fixed order; split over up to `threads` OpenMP threads with a
+ * float32 accumulation in a fixed order; split over up to `threads` pool threads with a
  * bitwise-identical result whatever the split. */
 void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const float *qparams, const int64_t *ids,
                            int64_t first, int64_t n, float *out, int64_t stride, int threads);
@@ -121,7 +121,7 @@ void fl_cpu_pack(const float *w, int64_t ldw, int32_t k, int64_t n, float *dst);
  * whatever the rows around it. */
 void fl_cpu_gemm_packed(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, const float *a, int64_t lda,
                         const float *bp, const float *bias, bool accumulate, fl_act_kind act, float *c, int64_t ldc);
-/* fl_cpu_gemm_packed split over up to `threads` OpenMP threads (bitwise the same result). */
+/* fl_cpu_gemm_packed split over up to `threads` pool threads (bitwise the same result). */
 void fl_cpu_gemm_packed_mt(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, const float *a, int64_t lda,
                            const float *bp, const float *bias, bool accumulate, fl_act_kind act, float *c,
                            int64_t ldc, int threads);

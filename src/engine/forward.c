@@ -6,7 +6,7 @@
  * the rows the head reads (the last history token for the dot head, the candidates for the
  * sumi head): keys and values still come from every token.
  *
- * Threads: one pool, OpenMP's team of the calling thread, FLAME_OPT_THREADS strong. The GEMMs
+ * Threads: libflame's one pool (core/pool.h), FLAME_OPT_THREADS a call. The GEMMs
  * (own kernels, engine/cpu_plan.h) split their rows or columns over it; the per-request work
  * (embedding bags, positions, attention per request and head, LayerNorm rows) is spread over it
  * too. Each output is computed by the same code whatever thread runs it, so the bits depend on
@@ -15,10 +15,8 @@
  * run at once. */
 #include <cblas.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
+#include "core/pool.h"
 #include "cpu/kernels.h"
 #include "engine/cpu_plan.h"
 #include "engine/engine.h"
@@ -55,14 +53,6 @@ static int parts_for(int64_t work, int64_t min_per_part, int threads)
     return p < 1 ? 1 : p > threads ? threads : (int)p;
 }
 
-static int thread_num(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
 
 /* y = act(x W^T + bias (+ y when beta is 1)) for one of the model's Linears: the own kernel on
  * its packed weights, else the BLAS (fl_cpu_linear). */
@@ -76,20 +66,33 @@ static void linear(const batch *b, const fl_linear *l, const float *packed, int6
         fl_cpu_linear(rows, l->in, l->out, x, ldx, l->w, l->b, beta, act, y, ldy);
 }
 
+typedef struct ln_job {
+    const fl_model_cfg *c;
+    int64_t rows, ldx, ldr, ldo, parts;
+    int32_t d;
+    const float *x, *res;
+    const fl_layernorm *ln;
+    float *out;
+} ln_job;
+
+static void ln_part(void *ctx, int64_t p, int worker)
+{
+    const ln_job *j = ctx;
+    (void)worker;
+    const int64_t lo = fl_part_lo(j->rows, j->parts, p), hi = fl_part_lo(j->rows, j->parts, p + 1);
+    fl_cpu_layernorm(hi - lo, j->d, j->x + lo * j->ldx, j->ldx, j->res ? j->res + lo * j->ldr : NULL, j->ldr, j->ln->w,
+                     j->ln->b, j->c->ln_eps, j->c->eps_inside_sqrt, j->out + lo * j->ldo, j->ldo);
+}
+
 /* LayerNorm of rows, split over the threads (each row alone: the same bits any split). */
 static void layernorm(const batch *b, int64_t rows, int32_t d, const float *x, int64_t ldx, const float *res,
                       int64_t ldr, const fl_layernorm *ln, float *out, int64_t ldo)
 {
-    const fl_model_cfg *c = &b->model->cfg;
     const int parts = parts_for(rows * d, 8192, b->threads);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
-#endif
-    for (int p = 0; p < parts; p++) {
-        const int64_t lo = rows * p / parts, hi = rows * (p + 1) / parts;
-        fl_cpu_layernorm(hi - lo, d, x + lo * ldx, ldx, res ? res + lo * ldr : NULL, ldr, ln->w, ln->b, c->ln_eps,
-                         c->eps_inside_sqrt, out + lo * ldo, ldo);
-    }
+    ln_job j = {.c = &b->model->cfg, .rows = rows, .ldx = ldx, .ldr = ldr, .ldo = ldo, .parts = 2 * parts,
+                .d = d, .x = x, .res = res, .ln = ln, .out = out};
+    if (j.parts > rows) j.parts = rows > 0 ? rows : 1;
+    fl_parallel(parts, j.parts, ln_part, &j);
 }
 
 static fl_act_kind act_of(fl_activation a)
@@ -189,18 +192,19 @@ static fl_emb_feature feature_view(const fl_model_cfg *c, const struct flame_mod
     return v;
 }
 
-static void embed(batch *b)
+/* Requests handed out a few at a time (REQS_PER_TASK) to the pool. */
+#define REQS_PER_TASK 4
+
+static void embed_task(void *ctx, int64_t t, int worker)
 {
+    const batch *b = ctx;
     const struct flame_model *m = b->model;
     const fl_model_cfg *c = &m->cfg;
-    const int64_t d = c->d_model;
+    (void)worker;
     float *dst = c->projection ? b->E : b->X;
-    const int64_t ld = c->projection ? c->embed_dim : d;
-    const int parts = parts_for((int64_t)b->n, 4, b->threads);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(dynamic, 4) if (parts > 1)
-#endif
-    for (size_t r = 0; r < b->n; r++) {
+    const int64_t ld = c->projection ? c->embed_dim : c->d_model;
+    const size_t r1 = (size_t)(t + 1) * REQS_PER_TASK < b->n ? (size_t)(t + 1) * REQS_PER_TASK : b->n;
+    for (size_t r = (size_t)t * REQS_PER_TASK; r < r1; r++) {
         fl_emb_feature fv[FL_MAX_FEATURES];
         const flame_request *q = &b->reqs[r];
         const seq *s = &b->seqs[r];
@@ -219,26 +223,42 @@ static void embed(batch *b)
                                  c->embed_dim);
         }
     }
-    if (c->projection) linear(b, &m->w.proj, b->plan->proj, b->T, b->E, c->embed_dim, 0.0f, FL_KACT_NONE, b->X, d);
-    if (c->position_rule != FL_POS_NONE) {
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(dynamic, 4) if (parts > 1)
-#endif
-        for (size_t r = 0; r < b->n; r++) {
-            const seq *s = &b->seqs[r];
-            for (int64_t i = 0; i < s->n + s->m; i++) {
-                int64_t row;
-                if (i >= s->n)
-                    row = c->candidate_position;
-                else
-                    row = c->position_rule == FL_POS_LEFT_PADDED_SLOT ? c->max_len - s->n + i : s->n - 1 - i;
-                if (row < 0) continue;
-                const float *p = m->w.position + row * d;
-                float *x = b->X + (s->off + i) * d;
-                for (int64_t j = 0; j < d; j++) x[j] += p[j];
-            }
+}
+
+static void position_task(void *ctx, int64_t t, int worker)
+{
+    const batch *b = ctx;
+    const struct flame_model *m = b->model;
+    const fl_model_cfg *c = &m->cfg;
+    const int64_t d = c->d_model;
+    (void)worker;
+    const size_t r1 = (size_t)(t + 1) * REQS_PER_TASK < b->n ? (size_t)(t + 1) * REQS_PER_TASK : b->n;
+    for (size_t r = (size_t)t * REQS_PER_TASK; r < r1; r++) {
+        const seq *s = &b->seqs[r];
+        for (int64_t i = 0; i < s->n + s->m; i++) {
+            int64_t row;
+            if (i >= s->n)
+                row = c->candidate_position;
+            else
+                row = c->position_rule == FL_POS_LEFT_PADDED_SLOT ? c->max_len - s->n + i : s->n - 1 - i;
+            if (row < 0) continue;
+            const float *p = m->w.position + row * d;
+            float *x = b->X + (s->off + i) * d;
+            for (int64_t j = 0; j < d; j++) x[j] += p[j];
         }
     }
+}
+
+static void embed(batch *b)
+{
+    const struct flame_model *m = b->model;
+    const fl_model_cfg *c = &m->cfg;
+    const int64_t d = c->d_model;
+    const int64_t tasks = ((int64_t)b->n + REQS_PER_TASK - 1) / REQS_PER_TASK;
+    const int parts = parts_for(b->T * c->embed_dim, 16384, b->threads);
+    fl_parallel(parts, tasks, embed_task, b);
+    if (c->projection) linear(b, &m->w.proj, b->plan->proj, b->T, b->E, c->embed_dim, 0.0f, FL_KACT_NONE, b->X, d);
+    if (c->position_rule != FL_POS_NONE) fl_parallel(parts, tasks, position_task, b);
     if (c->input_layernorm) layernorm(b, b->T, (int32_t)d, b->X, d, NULL, 0, &m->w.input_ln, b->X, d);
 }
 
@@ -247,30 +267,37 @@ static void gather_rows(const float *src, const int64_t *rows, int64_t n, int64_
     for (int64_t i = 0; i < n; i++) memcpy(dst + i * d, src + rows[i] * d, (size_t)d * sizeof(float));
 }
 
+typedef struct att_job {
+    batch *b;
+    bool last;
+} att_job;
+
+static void attention_task(void *ctx, int64_t i, int worker)
+{
+    const att_job *j = ctx;
+    const batch *b = j->b;
+    const fl_model_cfg *c = &b->model->cfg;
+    const int32_t d = c->d_model, H = c->num_heads, dh = d / H;
+    const seq *s = &b->seqs[i / H];
+    const int64_t col = (i % H) * dh;
+    const int64_t q0 = j->last ? s->sel0 : s->off, nq = j->last ? s->nsel : s->n + s->m;
+    if (nq == 0) return;
+    fl_cpu_attention_sumi(s->n, s->m, 1, dh, b->Q + q0 * d + col, d, j->last ? b->qpos + s->sel0 : NULL, nq,
+                          b->K + s->off * d + col, b->V + s->off * d + col, d, NULL, b->A + q0 * d + col, d,
+                          b->att + (size_t)worker * b->att_per);
+}
+
 /* Attention of every request, each (request, head) pair a task for the threads. */
 static void attention(batch *b, bool last)
 {
     const fl_model_cfg *c = &b->model->cfg;
-    const int32_t d = c->d_model, H = c->num_heads, dh = d / H;
     int64_t work = 0; /* multiply-adds, roughly: queries x visible keys x width */
     for (size_t r = 0; r < b->n; r++) {
         const seq *s = &b->seqs[r];
-        work += (last ? s->nsel : s->n + s->m) * (s->n + 1) * d;
+        work += (last ? s->nsel : s->n + s->m) * (s->n + 1) * c->d_model;
     }
-    const int parts = parts_for(work, 32768, b->threads);
-    const int64_t pairs = (int64_t)b->n * H;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(dynamic, 1) if (parts > 1)
-#endif
-    for (int64_t i = 0; i < pairs; i++) {
-        const seq *s = &b->seqs[i / H];
-        const int64_t col = (i % H) * dh;
-        const int64_t q0 = last ? s->sel0 : s->off, nq = last ? s->nsel : s->n + s->m;
-        if (nq == 0) continue;
-        fl_cpu_attention_sumi(s->n, s->m, 1, dh, b->Q + q0 * d + col, d, last ? b->qpos + s->sel0 : NULL, nq,
-                              b->K + s->off * d + col, b->V + s->off * d + col, d, NULL, b->A + q0 * d + col, d,
-                              b->att + (size_t)thread_num() * b->att_per);
-    }
+    att_job j = {.b = b, .last = last};
+    fl_parallel(parts_for(work, 32768, b->threads), (int64_t)b->n * c->num_heads, attention_task, &j);
 }
 
 /* One transformer block. `last`: queries and everything after attention run only for the

@@ -1,7 +1,9 @@
 /* Request validation: every id, offset and length is checked before any computation, so a
  * bad request gets a message naming the value and the scores buffer stays untouched. */
+#include <stdatomic.h>
 #include <stdio.h>
 
+#include "core/pool.h"
 #include "cpu/kernels.h"
 #include "engine/engine.h"
 
@@ -191,6 +193,29 @@ flame_status fl_validate_resolved(const struct flame_model *m, const flame_reque
     return FLAME_OK;
 }
 
+typedef struct val_job {
+    const struct flame_model *m;
+    const flame_request *reqs;
+    size_t n;
+    fl_check_mode mode;
+    atomic_size_t first_bad; /* the lowest failing request seen, n when none */
+} val_job;
+
+/* Requests 8t .. 8t + 7; a failure lowers first_bad. */
+static void val_task(void *ctx, int64_t t, int worker)
+{
+    val_job *j = ctx;
+    (void)worker;
+    const size_t r1 = (size_t)(t + 1) * 8 < j->n ? (size_t)(t + 1) * 8 : j->n;
+    for (size_t r = (size_t)t * 8; r < r1; r++)
+        if (check_request(j->m, r, &j->reqs[r], r > 0 ? &j->reqs[r - 1] : NULL, j->mode) != FLAME_OK) {
+            size_t cur = atomic_load(&j->first_bad);
+            while (r < cur && !atomic_compare_exchange_weak(&j->first_bad, &cur, r)) {
+            }
+            return;
+        }
+}
+
 /* Ids a call checks at least before its requests are split over the threads. */
 #define MIN_IDS_PARALLEL 65536
 
@@ -206,13 +231,10 @@ flame_status fl_validate_requests_mt(const struct flame_model *m, const flame_re
     /* Each request is checked on its own, so they split over the threads; a failure anywhere
      * sends the whole call through the serial pass, which names the first bad request exactly
      * as it always does (and sets the message on the calling thread). */
-    size_t first_bad = n;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 4) reduction(min : first_bad)
-#endif
-    for (size_t r = 0; r < n; r++)
-        if (check_request(m, r, &reqs[r], r > 0 ? &reqs[r - 1] : NULL, mode) != FLAME_OK && r < first_bad)
-            first_bad = r;
+    val_job j = {.m = m, .reqs = reqs, .n = n, .mode = mode};
+    atomic_init(&j.first_bad, n);
+    fl_parallel(threads, (int64_t)((n + 7) / 8), val_task, &j);
+    const size_t first_bad = atomic_load(&j.first_bad);
     if (first_bad < n) return fl_validate_requests(m, reqs, n, total_scores, mode);
     fl_clear_error(); /* the calling thread's share left no message, but be exact */
     uint64_t total = 0;
