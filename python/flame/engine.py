@@ -24,7 +24,8 @@ from .user_cache import UserCache
 
 # Engine options (flame_option): keyword -> (enum value, Python type).
 OPTIONS = {"device": (1, str), "max_batch": (2, int), "dtype": (4, str),
-           "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int)}
+           "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int),
+           "threads": (9, int)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
 # does not export are left out, so newer handles slot in as one line each; the attached
@@ -73,6 +74,8 @@ class Engine(Handle):
       dtype: GPU compute dtype "fp32" (default), "fp16", "bf16"
       device_memory_budget: most bytes of GPU memory the engine may hold (0 = no limit)
       cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0
+      threads: CPU threads one call runs on, 1..256 (default 0: OPENBLAS_NUM_THREADS's count);
+        scores are bitwise the same for any count
     """
 
     _destroy, _what = "flame_engine_destroy", "engine"
