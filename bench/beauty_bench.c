@@ -142,7 +142,7 @@ static int fail(const char *what, flame_status st)
 }
 
 /* The engine's "CPU kernels: ..." line (logged at debug level when it is made). */
-static char kernels_line[512];
+static char kernels_line[640];
 static void on_log(flame_log_level level, const char *msg, void *user)
 {
     (void)level;

@@ -759,7 +759,9 @@ static void test_threads_and_kernels_bitwise(void **state)
     for (int k = 0; k < 3; k++)
         for (int threads = 1; threads <= 4; threads++) {
             if (k && threads > 2) continue;
+            void *packed = f->sumi->cpu_packed; /* made by the fixture's engine, shared after */
             flame_engine *es = engine_with(f->sumi, threads, kinds[k]), *ed = engine_with(f->dot, threads, kinds[k]);
+            assert_true(f->sumi->cpu_packed == packed); /* never packed again (NULL: no own kernels here) */
             float *got = malloc((total + 1) * sizeof(float)), *dgot = malloc((R * 100 + 1) * sizeof(float));
             tu_poison(got, total + 1);
             tu_poison(dgot, R * 100 + 1);

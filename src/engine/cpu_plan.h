@@ -17,18 +17,17 @@ typedef struct fl_cpu_plan {
      * scoring go to the BLAS (a CPU without AVX2) */
     fl_cpu_isa isa;
     bool own_gemv; /* single-user dot-head scoring on libflame's kernel (else the BLAS's sgemv) */
-    float *arena;  /* every packed weight, one allocation */
-    size_t arena_bytes;
+    size_t packed_bytes; /* the packed weights, held by the model (shared by its engines) */
     const float *proj;
-    fl_cpu_block_plan *blocks;
+    const fl_cpu_block_plan *blocks;
     const float *tasks[FL_MAX_TASKS][FL_MAX_TASK_LAYERS];
-    char summary[320]; /* the choice per GEMM class, as logged */
+    char summary[512]; /* the choice per GEMM class, as logged */
 } fl_cpu_plan;
 
-/* Chooses the kernels and packs the weights. FLAME_CPU_KERNELS=avx2|blas in the environment
+/* Chooses the kernels and packs the weights (once per model: later engines share them). FLAME_CPU_KERNELS=avx2|blas in the environment
  * narrows the choice (a diagnostic: to compare against the BLAS or the AVX2 kernels on an
  * AVX-512 CPU); it can never pick what the CPU lacks. FLAME_ERR_NOMEM. */
-flame_status fl_cpu_plan_create(const struct flame_model *m, int threads, fl_cpu_plan **out);
+flame_status fl_cpu_plan_create(struct flame_model *m, int threads, fl_cpu_plan **out);
 void fl_cpu_plan_destroy(fl_cpu_plan *p);
 
 #endif
