@@ -29,7 +29,7 @@ struct fl_cpu_plan;
 struct flame_engine {
     struct flame_model *model;
     struct fl_cuda_engine *gpu; /* non-NULL: the forward pass runs on this GPU backend */
-    int threads;                /* FLAME_OPT_THREADS resolved (>= 1): the CPU pass's OpenMP threads */
+    int threads;                /* FLAME_OPT_THREADS resolved (>= 1): the CPU pass's threads (core/pool.h) */
     struct fl_cpu_plan *cpu;    /* CPU engines: the kernel choice and packed weights (engine/cpu_plan.h) */
     struct flame_config cfg;
     pthread_mutex_t pool_lock;
@@ -76,7 +76,7 @@ typedef enum fl_check_mode {
  * request, token, feature and id. */
 flame_status fl_validate_requests(const struct flame_model *m, const flame_request *reqs, size_t n,
                                   uint64_t *total_scores, fl_check_mode mode);
-/* fl_validate_requests with the requests split over up to `threads` OpenMP threads when they
+/* fl_validate_requests with the requests split over up to `threads` pool threads when they
  * hold enough ids (the same status and message as the serial checks). */
 flame_status fl_validate_requests_mt(const struct flame_model *m, const flame_request *reqs, size_t n,
                                      uint64_t *total_scores, fl_check_mode mode, int threads);
