@@ -9,7 +9,8 @@
  *             the same candidates for every user; `--batch-users U` users in all after one
  *             untimed warm-up batch. Reports users/s and the per-call P50.
  *
- * Prints one JSON object on stdout. GEMM threads are OpenBLAS's: set OPENBLAS_NUM_THREADS
+ * Prints one JSON object on stdout, with the kernels the engine chose ("cpu_kernels", its
+ * debug log line). Threads: FLAME_OPT_THREADS defaults to OPENBLAS_NUM_THREADS
  * (bench/run_cpu_bench.py sets 2). bench/onnx_beauty.py selects the same users. */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include <dlfcn.h>
@@ -140,6 +141,15 @@ static int fail(const char *what, flame_status st)
     return 1;
 }
 
+/* The engine's "CPU kernels: ..." line (logged at debug level when it is made). */
+static char kernels_line[640];
+static void on_log(flame_log_level level, const char *msg, void *user)
+{
+    (void)level;
+    (void)user;
+    if (!strncmp(msg, "CPU kernels: ", 13)) snprintf(kernels_line, sizeof kernels_line, "%s", msg + 13);
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *seq_path = NULL;
@@ -179,7 +189,9 @@ int main(int argc, char **argv)
     flame_config *cfg = NULL;
     st = flame_config_create(&cfg);
     if (!st) st = flame_config_set_int(cfg, FLAME_OPT_MAX_BATCH, (int64_t)batch);
+    if (!st) st = flame_set_log_callback(on_log, NULL, FLAME_LOG_DEBUG);
     if (!st) st = flame_engine_create(model, cfg, &engine);
+    flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR);
     flame_config_destroy(cfg);
     if (st) return fail("flame_engine_create", st);
     flame_model_info info = {.struct_size = sizeof info};
@@ -262,6 +274,7 @@ int main(int argc, char **argv)
            "\"OPENBLAS_NUM_THREADS\": \"%s\",\n",
            ob_config ? ob_config() : "unknown", ob_core ? ob_core() : "unknown", ob_threads ? ob_threads() : -1,
            envt ? envt : "");
+    printf(" \"cpu_kernels\": \"%s\",\n", kernels_line); /* no quotes or backslashes in it */
     printf(" \"b1\": {\"users\": %zu, \"warmup\": %zu, \"mean_history_tokens\": %.2f, \"p50_us\": %.2f, "
            "\"p90_us\": %.2f, \"p99_us\": %.2f, \"mean_us\": %.2f, \"min_us\": %.2f},\n",
            users, warmup, hist_tokens / (double)users, percentile(lat, users, 50), percentile(lat, users, 90),

@@ -16,6 +16,8 @@ static const char *sumi_config = TU_SUMI_SIDE_CONFIG(100, 12, 13, gelu_tanh);
 /* SASRec-style dot model */
 static const char *dot_config = TU_DOT_CONFIG(100, 2, "\"input_layernorm\":true,\"layernorm\":{\"eps\":1e-12},");
 
+static flame_engine *engine_with(flame_model *m, int threads, const char *kernels);
+
 typedef struct fixture {
     flame_model *sumi, *dot;
     flame_engine *es, *ed;
@@ -606,9 +608,9 @@ static void test_device_choice(void **state)
     flame_config_destroy(c);
 }
 
-/* Concurrent calls while OpenBLAS runs several threads a call oversubscribe the cores: the
- * engine says so once (at its second workspace, i.e. two calls at once), and not when BLAS
- * runs one thread a call. */
+/* Concurrent calls on the BLAS path while OpenBLAS runs several threads a call oversubscribe
+ * the cores: the engine says so once (at its second workspace, i.e. two calls at once), and
+ * not when BLAS runs one thread a call. */
 void openblas_set_num_threads(int); /* OpenBLAS's own: cblas.h may be another's */
 static void test_concurrent_calls_with_threaded_blas_warn_once(void **state)
 {
@@ -618,8 +620,7 @@ static void test_concurrent_calls_with_threaded_blas_warn_once(void **state)
     const int before = fl_blas_threads();
     for (int threads = 1; threads <= 2; threads++) {
         openblas_set_num_threads(threads);
-        flame_engine *e = NULL;
-        assert_int_equal(flame_engine_create(f->dot, NULL, &e), FLAME_OK);
+        flame_engine *e = engine_with(f->dot, 0, "blas"); /* the BLAS path: own kernels share one pool */
         cap.lines = 0;
         fl_workspace *ws[3];
         for (int i = 0; i < 3; i++) ws[i] = fl_workspace_acquire(e); /* three calls at once */
@@ -705,6 +706,123 @@ static void test_lifetimes_and_names(void **state)
     assert_status_msg(flame_model_create_random("{\"format\":\"x\"}", 1, &a), FLAME_ERR_FORMAT, "'format' must be");
 }
 
+/* An engine on model m with FLAME_OPT_THREADS = threads and the kernels FLAME_CPU_KERNELS
+ * names (NULL: as detected). */
+static flame_engine *engine_with(flame_model *m, int threads, const char *kernels)
+{
+    flame_config *c = NULL;
+    flame_engine *e = NULL;
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    assert_int_equal(flame_config_set_int(c, FLAME_OPT_THREADS, threads), FLAME_OK);
+    if (kernels)
+        setenv("FLAME_CPU_KERNELS", kernels, 1);
+    else
+        unsetenv("FLAME_CPU_KERNELS");
+    assert_int_equal(flame_engine_create(m, c, &e), FLAME_OK);
+    unsetenv("FLAME_CPU_KERNELS");
+    flame_config_destroy(c);
+    return e;
+}
+
+/* A batch scored by engines of 1..4 threads gives the same bits; the AVX2 kernels give the
+ * bits of the AVX-512 ones; the BLAS path agrees within 1e-5. Sumi requests of mixed
+ * lengths, and dot-head users sharing a full-catalogue candidate array (the batched GEMM). */
+static void test_threads_and_kernels_bitwise(void **state)
+{
+    fixture *f = *state;
+    enum { R = 9 };
+    sreq q[R];
+    flame_request reqs[R];
+    size_t total = 0;
+    for (int i = 0; i < R; i++) {
+        make_sumi(&q[i], (size_t)tu_below(40), 1 + (size_t)tu_below(40));
+        reqs[i] = q[i].r;
+        total += q[i].r.num_candidates * 2;
+    }
+    int64_t cand[100], hist[R][8];
+    for (int i = 0; i < 100; i++) cand[i] = i;
+    flame_request dreqs[R];
+    for (int i = 0; i < R; i++) {
+        for (int j = 0; j < 8; j++) hist[i][j] = tu_below(100);
+        dreqs[i] = dot_req(hist[i], 1 + (size_t)tu_below(8), cand, 100);
+    }
+    const char *kinds[] = {NULL, "avx2", "blas"};
+    float *ref = NULL, *dref = NULL;
+    for (int k = 0; k < 3; k++)
+        for (int threads = 1; threads <= 4; threads++) {
+            if (k && threads > 2) continue;
+            void *packed = f->sumi->cpu_packed; /* made by the fixture's engine, shared after */
+            flame_engine *es = engine_with(f->sumi, threads, kinds[k]), *ed = engine_with(f->dot, threads, kinds[k]);
+            assert_true(f->sumi->cpu_packed == packed); /* never packed again (NULL: no own kernels here) */
+            float *got = malloc((total + 1) * sizeof(float)), *dgot = malloc((R * 100 + 1) * sizeof(float));
+            tu_poison(got, total + 1);
+            tu_poison(dgot, R * 100 + 1);
+            assert_int_equal(flame_score_batch(es, reqs, R, got, total), FLAME_OK);
+            assert_int_equal(flame_score_batch(ed, dreqs, R, dgot, R * 100), FLAME_OK);
+            flame_engine_destroy(es);
+            flame_engine_destroy(ed);
+            assert_true(isnan(got[total]) && isnan(dgot[R * 100]));
+            for (size_t i = 0; i < total; i++) assert_false(isnan(got[i]));
+            for (size_t i = 0; i < R * 100; i++) assert_false(isnan(dgot[i]));
+            if (!ref) {
+                ref = got;
+                dref = dgot;
+                continue;
+            }
+            if (k < 2) { /* own kernels, any isa, any thread count: the same bits */
+                assert_memory_equal(got, ref, total * sizeof(float));
+                assert_memory_equal(dgot, dref, R * 100 * sizeof(float));
+            } else { /* the BLAS sums in another order */
+                double *w = malloc(total * sizeof(double)), *dw = malloc(R * 100 * sizeof(double));
+                for (size_t i = 0; i < total; i++) w[i] = ref[i];
+                for (size_t i = 0; i < R * 100; i++) dw[i] = dref[i];
+                assert_rel_err_below(got, w, total, 1e-5);
+                assert_rel_err_below(dgot, dw, R * 100, 1e-5);
+                free(w);
+                free(dw);
+            }
+            free(got);
+            free(dgot);
+        }
+    free(ref);
+    free(dref);
+}
+
+/* A call large enough to be validated on several threads names the first bad request, as
+ * the serial checks do, writes nothing, and scores the same when all is well. */
+static void test_parallel_validation_names_first_bad(void **state)
+{
+    fixture *f = *state;
+    enum { R = 48, M = 2000 };
+    int64_t *cand = malloc((size_t)R * M * sizeof(int64_t)), hist[R][4];
+    flame_request reqs[R];
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < M; i++) cand[(size_t)r * M + i] = tu_below(100);
+        for (int j = 0; j < 4; j++) hist[r][j] = tu_below(100);
+        reqs[r] = dot_req(hist[r], 4, cand + (size_t)r * M, M); /* distinct arrays: each one is checked */
+    }
+    flame_engine *e2 = engine_with(f->dot, 2, NULL), *e1 = engine_with(f->dot, 1, NULL);
+    float *s2 = malloc((size_t)R * M * sizeof(float)), *s1 = malloc((size_t)R * M * sizeof(float));
+    tu_poison(s1, (size_t)R * M);
+    tu_poison(s2, (size_t)R * M);
+    assert_int_equal(flame_score_batch(e1, reqs, R, s1, (size_t)R * M), FLAME_OK);
+    assert_int_equal(flame_score_batch(e2, reqs, R, s2, (size_t)R * M), FLAME_OK);
+    assert_memory_equal(s1, s2, (size_t)R * M * sizeof(float));
+    const int bad = 30 + (int)tu_below(10);
+    cand[(size_t)bad * M + 1234] = 100;
+    cand[(size_t)(R - 1) * M + 5] = -3; /* a later one is not the one named */
+    tu_poison(s2, (size_t)R * M);
+    char want[96];
+    snprintf(want, sizeof want, "request %d: candidate 1234 (table 'item'): id 100 out of range", bad);
+    assert_status_msg(flame_score_batch(e2, reqs, R, s2, (size_t)R * M), FLAME_ERR_INVALID_ARG, want);
+    for (size_t i = 0; i < (size_t)R * M; i++) assert_true(isnan(s2[i]));
+    flame_engine_destroy(e1);
+    flame_engine_destroy(e2);
+    free(cand);
+    free(s1);
+    free(s2);
+}
+
 /* Per-call scratch for the Beauty architecture (d 64, 1 block, 50-item window, 12,103
  * items scored) stays under 1 MB. */
 static void test_beauty_sized_scratch(void **state)
@@ -779,6 +897,8 @@ int main(void)
         cmocka_unit_test(test_empty_bag_equals_zero_row),
         cmocka_unit_test(test_sumi_candidates_independent),
         cmocka_unit_test(test_batch_matches_single),
+        cmocka_unit_test(test_threads_and_kernels_bitwise),
+        cmocka_unit_test(test_parallel_validation_names_first_bad),
         cmocka_unit_test(test_dot_batch_shared_range),
         cmocka_unit_test(test_eight_threads_bitwise),
         cmocka_unit_test(test_config_options),

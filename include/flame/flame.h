@@ -284,10 +284,14 @@ typedef enum flame_option {
      * pay for a capture. 0 = never capture. Up to 16 graphs per executor, least recently
      * used dropped first. */
     FLAME_OPT_CUDA_GRAPHS = 8,
-    /* int: CPU threads one call may use in libflame's own dot-head kernel (gathered candidate
-     * ids, and single users when the BLAS library runs without vector kernels on this CPU).
-     * 0 (default) = as many as the BLAS library uses (OPENBLAS_NUM_THREADS), so one knob sets
-     * both; 1..256 otherwise. Results do not depend on it (bitwise). */
+    /* int: CPU threads one call runs on (the calling thread and libflame's own thread pool,
+     * for the whole pass): the GEMMs, the dot head, and the per-request work (embedding bags,
+     * attention per request and head, LayerNorm). On a CPU with AVX2 the pass calls no BLAS,
+     * so no BLAS threads run beside these; on one without, the GEMMs go to the BLAS between
+     * the parallel sections. 0 (default) = as many as the BLAS library uses
+     * (OPENBLAS_NUM_THREADS), so one knob sets both; 1..256 otherwise. Results do not depend
+     * on it (bitwise). Calls made at once share the pool: one call's sections run on it, the
+     * others' on their own calling threads (the same bits). */
     FLAME_OPT_THREADS = 9,
 
     /* pointer: an item cache (flame/features.h) the engine fills the side features of

@@ -25,7 +25,7 @@ from .user_cache import UserCache
 # Engine options (flame_option): keyword -> (enum value, Python type).
 OPTIONS = {"device": (1, str), "max_batch": (2, int), "dtype": (4, str),
            "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int),
-           "cuda_attention": (12, int)}
+           "cuda_attention": (12, int), "threads": (9, int)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
 # does not export are left out, so newer handles slot in as one line each; the attached
@@ -77,6 +77,8 @@ class Engine(Handle):
       cuda_executors: GPU executors, 1..16 (default 2); cuda_graphs: 1 (default) or 0;
       cuda_attention: 0 (default, the kernel chosen per launch) or 1 (the portable kernel on
       every GPU)
+      threads: CPU threads one call runs on, 1..256 (default 0: OPENBLAS_NUM_THREADS's count);
+        scores are bitwise the same for any count
     """
 
     _destroy, _what = "flame_engine_destroy", "engine"

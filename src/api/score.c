@@ -33,8 +33,8 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
      * fetches nothing from the feature source (and caches nothing) */
     uint64_t total = 0;
     const bool resolve = engine->item_cache && num_requests;
-    if (!st) st = fl_validate_requests(engine->model, reqs, num_requests, &total,
-                                       resolve ? FL_CHECK_DEFER_BAGS : FL_CHECK_ALL);
+    if (!st) st = fl_validate_requests_mt(engine->model, reqs, num_requests, &total,
+                                          resolve ? FL_CHECK_DEFER_BAGS : FL_CHECK_ALL, engine->gpu ? 1 : engine->threads);
     if (!st && total > scores_len)
         st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, %zu request(s) need %llu",
                       scores_len, num_requests, (unsigned long long)total);
@@ -59,7 +59,7 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     size_t need = 0;
     for (size_t r0 = 0; r0 < num_requests; r0 += slice) {
         int64_t tokens = 0;
-        size_t b = fl_forward_bytes(engine->model, reqs + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
+        size_t b = fl_forward_bytes(engine, reqs + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
                                     &tokens);
         if (tokens > INT32_MAX) { /* GEMM dimensions are 32-bit in CBLAS */
             fl_workspace_release(engine, ws);

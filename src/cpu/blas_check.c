@@ -1,6 +1,7 @@
 /* Whether the CBLAS library fell back to pre-AVX kernels on a CPU that has AVX2 (OpenBLAS
- * 0.3.21 does this on CPUs newer than it, e.g. Emerald Rapids: "Prescott"). Said once through
- * the log hook: the encoder's GEMMs and batched scoring then run several times slower. */
+ * 0.3.21 does this on CPUs newer than it, e.g. Emerald Rapids: "Prescott"). The CPU engine
+ * does not call the BLAS on a CPU with AVX2 (its own kernels, engine/cpu_plan.h), so this is
+ * only said at debug level; fl_cpu_linear, which goes to the BLAS, still avoids it. */
 #include <cblas.h>
 #include <pthread.h>
 #include <string.h>
@@ -23,10 +24,9 @@ static void check(void)
     for (size_t i = 0; core && avx2 && i < sizeof old / sizeof old[0]; i++)
         if (!strcasecmp(core, old[i])) weak = true;
     if (weak)
-        fl_log(FLAME_LOG_WARN,
-               "OpenBLAS uses its '%s' kernels on this AVX2 CPU (it does not recognise the CPU): GEMMs run "
-               "several times slower than they could; set OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) in the "
-               "environment, or use a newer OpenBLAS.",
+        fl_log(FLAME_LOG_DEBUG,
+               "OpenBLAS uses its '%s' kernels on this AVX2 CPU (it does not recognise the CPU); the CPU engine "
+               "runs its own AVX2/AVX-512 kernels here and does not call it",
                core);
 }
 
@@ -39,4 +39,10 @@ bool fl_blas_is_weak(void)
 int fl_blas_threads(void)
 {
     return openblas_get_num_threads();
+}
+
+const char *fl_blas_name(void)
+{
+    const char *core = openblas_get_corename();
+    return core ? core : "unknown";
 }

@@ -8,6 +8,12 @@
 
 typedef enum fl_pooling_kind { FL_KPOOL_SUM = 0, FL_KPOOL_MEAN = 1 } fl_pooling_kind;
 typedef enum fl_act_kind { FL_KACT_NONE = 0, FL_KACT_GELU_ERF, FL_KACT_GELU_TANH, FL_KACT_RELU } fl_act_kind;
+/* Vector instruction sets of the own kernels, chosen from the CPU's feature bits. */
+typedef enum fl_cpu_isa { FL_ISA_BASE = 0, FL_ISA_AVX2 = 1, FL_ISA_AVX512 = 2 } fl_cpu_isa;
+/* The widest set this CPU and operating system run: AVX-512F, else AVX2 with FMA, else base. */
+fl_cpu_isa fl_cpu_isa_detect(void);
+const char *fl_cpu_isa_name(fl_cpu_isa isa);
+
 
 /* One feature's bags over a run of tokens, read from one table. */
 typedef struct fl_emb_feature {
@@ -67,13 +73,18 @@ void fl_cpu_attention_sumi(int64_t n_hist, int64_t n_cand, int32_t heads, int32_
 void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                      float *out, int64_t stride);
 
-/* fl_cpu_dot_rows split over up to `threads` OpenMP threads (bitwise the same result). */
+/* fl_cpu_dot_rows with the given instruction set (fl_cpu_isa_detect's or narrower): the same bits
+ * for every isa. */
+void fl_cpu_dot_rows_isa(fl_cpu_isa isa, const float *h, int32_t d, const float *table, const int64_t *ids,
+                         int64_t first, int64_t n, float *out, int64_t stride);
+
+/* fl_cpu_dot_rows split over up to `threads` threads of the pool (core/pool.h; bitwise the same result). */
 void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                         float *out, int64_t stride, int threads);
 
 /* The dot head on an int8 table (rows r = ids[c], or first + c), straight from the int8 rows:
  *   out[c * stride] = scale_r * <h, q_r> + bias_r * sum(h)     (= <h, scale_r * q_r + bias_r>)
- * float32 accumulation in a fixed order; split over up to `threads` OpenMP threads with a
+ * float32 accumulation in a fixed order; split over up to `threads` pool threads with a
  * bitwise-identical result whatever the split. */
 void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const float *qparams, const int64_t *ids,
                            int64_t first, int64_t n, float *out, int64_t stride, int threads);
@@ -83,8 +94,43 @@ void fl_cpu_dot_rows_q8_mt(const float *h, int32_t d, const int8_t *table, const
 bool fl_blas_is_weak(void);
 /* Threads the BLAS library runs one call on (OPENBLAS_NUM_THREADS). */
 int fl_blas_threads(void);
+/* The kernels the BLAS library picked for this CPU (OpenBLAS's core name). */
+const char *fl_blas_name(void);
+
+/* Index of the first id outside [0, limit), or -1 when all are inside. */
+int64_t fl_cpu_first_out_of_range(const int64_t *ids, size_t n, int64_t limit);
+/* True when ids[i] == ids[0] + i for every i (a contiguous range; n == 0 too). */
+bool fl_cpu_ids_contiguous(const int64_t *ids, size_t n);
 
 /* In-place logistic sigmoid over n values with the given stride. */
 void fl_cpu_sigmoid(float *x, int64_t n, int64_t stride);
+
+/* ---- libflame's own GEMM (src/cpu/gemm.c, src/cpu/isa.c) */
+
+/* Floats of W [n, k] packed by fl_cpu_pack: ceil(n / 16) panels of 16 columns by k. */
+size_t fl_cpu_pack_floats(int32_t k, int64_t n);
+/* Packs W [n rows, k] (row stride ldw; a Linear's [out, in] weight, or table rows) into dst:
+ * panel j holds dst[j][kk][u] = W[16 j + u][kk], columns past n zero. */
+void fl_cpu_pack(const float *w, int64_t ldw, int32_t k, int64_t n, float *dst);
+
+/* C = act(A Bp^T + bias + (accumulate ? C : 0)): A [rows, k] (lda), Bp W [n, k] packed by
+ * fl_cpu_pack, bias [n] or NULL, C [rows, n] (ldc). act is applied last (a residual add with
+ * an activation is not what layers do, but it is defined); gelu_erf evaluates erf with a
+ * rational approximation (absolute error 3.7e-7, src/cpu/gemm.c), not libm's erff. Each output is one fused
+ * multiply-add chain over k in order, then + bias, then + C: every isa gives the same bits,
+ * whatever the rows around it. */
+void fl_cpu_gemm_packed(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, const float *a, int64_t lda,
+                        const float *bp, const float *bias, bool accumulate, fl_act_kind act, float *c, int64_t ldc);
+/* fl_cpu_gemm_packed split over up to `threads` pool threads (bitwise the same result). */
+void fl_cpu_gemm_packed_mt(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, const float *a, int64_t lda,
+                           const float *bp, const float *bias, bool accumulate, fl_act_kind act, float *c,
+                           int64_t ldc, int threads);
+/* Scratch floats per thread of fl_cpu_gemm_nt_mt. */
+size_t fl_cpu_gemm_nt_scratch(int32_t k);
+/* C [rows, n] (ldc) = A [rows, k] (lda) B^T, B [n, k] (ldb) unpacked (the item table): B is
+ * packed chunk by chunk into scratch (threads * fl_cpu_gemm_nt_scratch(k) floats) as it is
+ * used, once for all rows. Same bits as fl_cpu_gemm_packed on the packed B, any split. */
+void fl_cpu_gemm_nt_mt(fl_cpu_isa isa, int64_t rows, int64_t n, int32_t k, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float *c, int64_t ldc, float *scratch, int threads);
 
 #endif

@@ -8,6 +8,7 @@
 #include "ucache/user_cache.h"
 #include "core/device.h"
 #include "cpu/kernels.h"
+#include "engine/cpu_plan.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
@@ -67,7 +68,6 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     flame_status st = check_item_cache(model, cfg.item_cache);
     if (!st) st = choose_device(&cfg, &ordinal);
     if (st) return st;
-    if (ordinal < 0) (void)fl_blas_is_weak(); /* says once, now, if the BLAS runs slow kernels here */
     if (ordinal < 0 && strcmp(cfg.dtype, "fp32") != 0)
         fl_log(FLAME_LOG_INFO, "FLAME_OPT_DTYPE '%s': the CPU computes in fp32", cfg.dtype);
     struct flame_engine *e = calloc(1, sizeof *e);
@@ -89,6 +89,14 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     e->cfg = cfg;
     e->threads = cfg.threads > 0 ? (int)cfg.threads : openblas_get_num_threads();
     if (e->threads < 1) e->threads = 1;
+    if (ordinal < 0) {
+        st = fl_cpu_plan_create(model, e->threads, &e->cpu);
+        if (st) {
+            pthread_mutex_destroy(&e->pool_lock);
+            free(e);
+            return st;
+        }
+    }
     e->model = model;
     fl_model_retain(model);
     /* the caches named by the config are the engine's for its life; the config only borrowed them */
@@ -107,6 +115,7 @@ FLAME_API void flame_engine_destroy(flame_engine *engine)
 {
     if (!engine) return;
     fl_cuda_engine_destroy(engine->gpu);
+    fl_cpu_plan_destroy(engine->cpu);
     for (fl_workspace *ws = engine->free_list, *next; ws; ws = next) {
         next = ws->next;
         fl_workspace_free_features(ws);

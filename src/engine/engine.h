@@ -24,11 +24,13 @@ typedef struct fl_workspace {
 } fl_workspace;
 
 struct fl_cuda_engine;
+struct fl_cpu_plan;
 
 struct flame_engine {
     struct flame_model *model;
     struct fl_cuda_engine *gpu; /* non-NULL: the forward pass runs on this GPU backend */
-    int threads;                /* FLAME_OPT_THREADS resolved (>= 1) */
+    int threads;                /* FLAME_OPT_THREADS resolved (>= 1): the CPU pass's threads (core/pool.h) */
+    struct fl_cpu_plan *cpu;    /* CPU engines: the kernel choice and packed weights (engine/cpu_plan.h) */
     struct flame_config cfg;
     pthread_mutex_t pool_lock;
     fl_workspace *free_list; /* workspaces not in use; all are freed at destroy */
@@ -74,6 +76,10 @@ typedef enum fl_check_mode {
  * request, token, feature and id. */
 flame_status fl_validate_requests(const struct flame_model *m, const flame_request *reqs, size_t n,
                                   uint64_t *total_scores, fl_check_mode mode);
+/* fl_validate_requests with the requests split over up to `threads` pool threads when they
+ * hold enough ids (the same status and message as the serial checks). */
+flame_status fl_validate_requests_mt(const struct flame_model *m, const flame_request *reqs, size_t n,
+                                     uint64_t *total_scores, fl_check_mode mode, int threads);
 /* After FL_CHECK_DEFER_BAGS and fl_resolve_features: the bags resolved[r] got from the item
  * cache for the id-only requests of `given` (their structure, and the side ids' ranges: a
  * source's records are data like any other). */
@@ -89,7 +95,7 @@ flame_status fl_check_side_bags(const struct flame_model *m, size_t r, const cha
 
 /* Scratch bytes fl_forward_cpu needs for these requests (reserve it first so a call either
  * gets all its memory or fails before writing anything). */
-size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, size_t n, int64_t *tokens);
+size_t fl_forward_bytes(const struct flame_engine *e, const flame_request *reqs, size_t n, int64_t *tokens);
 
 /* Scores n validated requests in one pass into `scores` (their concatenated blocks). */
 flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,

@@ -4,11 +4,21 @@
  * (projection, q/k/v/o, FFN, LayerNorm) is one GEMM or one loop over the batch; only
  * attention runs per request. The last block computes queries, FFN and LayerNorm only for
  * the rows the head reads (the last history token for the dot head, the candidates for the
- * sumi head): keys and values still come from every token. */
+ * sumi head): keys and values still come from every token.
+ *
+ * Threads: libflame's one pool (core/pool.h), FLAME_OPT_THREADS a call. The GEMMs
+ * (own kernels, engine/cpu_plan.h) split their rows or columns over it; the per-request work
+ * (embedding bags, positions, attention per request and head, LayerNorm rows) is spread over it
+ * too. Each output is computed by the same code whatever thread runs it, so the bits depend on
+ * neither the thread count nor the schedule. On a CPU without AVX2 the GEMMs go to the BLAS,
+ * called from the calling thread between the parallel sections: its threads and ours never
+ * run at once. */
 #include <cblas.h>
 #include <string.h>
 
+#include "core/pool.h"
 #include "cpu/kernels.h"
+#include "engine/cpu_plan.h"
 #include "engine/engine.h"
 
 typedef struct seq {
@@ -22,8 +32,8 @@ typedef struct seq {
 
 typedef struct batch {
     const struct flame_model *model;
-    int threads;    /* FLAME_OPT_THREADS resolved: threads of libflame's own dot-head kernel */
-    bool weak_blas; /* the BLAS runs pre-AVX kernels here (src/cpu/blas_check.c) */
+    const fl_cpu_plan *plan; /* NULL: sizing only */
+    int threads;             /* FLAME_OPT_THREADS resolved */
     const flame_request *reqs;
     size_t n;
     seq *seqs;
@@ -31,9 +41,59 @@ typedef struct batch {
     int64_t *sel;  /* [S] packed rows the head reads, in request order */
     int32_t *qpos; /* [S] position of each selected row inside its sequence */
     int64_t max_n; /* longest history, for attention scratch */
-    /* scratch */
-    float *X, *Y, *E, *Q, *K, *V, *A, *F, *XS, *att, *tmp;
+    /* scratch; att and pack hold one slice per thread */
+    float *X, *Y, *E, *Q, *K, *V, *A, *F, *XS, *att, *tmp, *pack;
+    size_t att_per, pack_per; /* floats of a thread's slice */
 } batch;
+
+/* Parts to split `work` units over: at most the threads, at least `min_per_part` units each. */
+static int parts_for(int64_t work, int64_t min_per_part, int threads)
+{
+    int64_t p = work / min_per_part;
+    return p < 1 ? 1 : p > threads ? threads : (int)p;
+}
+
+
+/* y = act(x W^T + bias (+ y when beta is 1)) for one of the model's Linears: the own kernel on
+ * its packed weights, else the BLAS (fl_cpu_linear). */
+static void linear(const batch *b, const fl_linear *l, const float *packed, int64_t rows, const float *x, int64_t ldx,
+                   float beta, fl_act_kind act, float *y, int64_t ldy)
+{
+    if (packed)
+        fl_cpu_gemm_packed_mt(b->plan->isa, rows, l->out, l->in, x, ldx, packed, l->b, beta != 0.0f, act, y, ldy,
+                              b->threads);
+    else
+        fl_cpu_linear(rows, l->in, l->out, x, ldx, l->w, l->b, beta, act, y, ldy);
+}
+
+typedef struct ln_job {
+    const fl_model_cfg *c;
+    int64_t rows, ldx, ldr, ldo, parts;
+    int32_t d;
+    const float *x, *res;
+    const fl_layernorm *ln;
+    float *out;
+} ln_job;
+
+static void ln_part(void *ctx, int64_t p, int worker)
+{
+    const ln_job *j = ctx;
+    (void)worker;
+    const int64_t lo = fl_part_lo(j->rows, j->parts, p), hi = fl_part_lo(j->rows, j->parts, p + 1);
+    fl_cpu_layernorm(hi - lo, j->d, j->x + lo * j->ldx, j->ldx, j->res ? j->res + lo * j->ldr : NULL, j->ldr, j->ln->w,
+                     j->ln->b, j->c->ln_eps, j->c->eps_inside_sqrt, j->out + lo * j->ldo, j->ldo);
+}
+
+/* LayerNorm of rows, split over the threads (each row alone: the same bits any split). */
+static void layernorm(const batch *b, int64_t rows, int32_t d, const float *x, int64_t ldx, const float *res,
+                      int64_t ldr, const fl_layernorm *ln, float *out, int64_t ldo)
+{
+    const int parts = parts_for(rows * d, 8192, b->threads);
+    ln_job j = {.c = &b->model->cfg, .rows = rows, .ldx = ldx, .ldr = ldr, .ldo = ldo, .parts = 2 * parts,
+                .d = d, .x = x, .res = res, .ln = ln, .out = out};
+    if (j.parts > rows) j.parts = rows > 0 ? rows : 1;
+    fl_parallel(parts, j.parts, ln_part, &j);
+}
 
 static fl_act_kind act_of(fl_activation a)
 {
@@ -81,6 +141,8 @@ static size_t carve(batch *b, fl_workspace *ws)
 {
     const fl_model_cfg *c = &b->model->cfg;
     int64_t T = b->T > 0 ? b->T : 1, S = b->S > 0 ? b->S : 1, d = c->d_model;
+    b->att_per = fl_cpu_attention_scratch(b->max_n);
+    b->pack_per = c->head == FLAME_HEAD_DOT ? fl_cpu_gemm_nt_scratch((int32_t)d) : 0;
     int64_t widest = c->ffn_dim > d ? c->ffn_dim : d;
     for (int t = 0; c->head == FLAME_HEAD_SUMI && t < c->num_tasks; t++)
         for (int l = 0; l <= c->tasks[t].num_layers; l++)
@@ -102,7 +164,8 @@ static size_t carve(batch *b, fl_workspace *ws)
         {(void **)&b->F, (size_t)(T * widest) * 4},
         {(void **)&b->XS, (size_t)(S * d) * 4},
         {(void **)&b->tmp, (size_t)(S * widest) * 4},
-        {(void **)&b->att, fl_cpu_attention_scratch(b->max_n) * 4},
+        {(void **)&b->att, b->att_per * (size_t)b->threads * 4},
+        {(void **)&b->pack, b->pack_per * (size_t)b->threads * 4},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
@@ -129,15 +192,20 @@ static fl_emb_feature feature_view(const fl_model_cfg *c, const struct flame_mod
     return v;
 }
 
-static void embed(batch *b)
+/* Requests handed out a few at a time (REQS_PER_TASK) to the pool. */
+#define REQS_PER_TASK 4
+
+static void embed_task(void *ctx, int64_t t, int worker)
 {
+    const batch *b = ctx;
     const struct flame_model *m = b->model;
     const fl_model_cfg *c = &m->cfg;
-    const int64_t d = c->d_model;
+    (void)worker;
     float *dst = c->projection ? b->E : b->X;
-    const int64_t ld = c->projection ? c->embed_dim : d;
-    fl_emb_feature fv[FL_MAX_FEATURES];
-    for (size_t r = 0; r < b->n; r++) {
+    const int64_t ld = c->projection ? c->embed_dim : c->d_model;
+    const size_t r1 = (size_t)(t + 1) * REQS_PER_TASK < b->n ? (size_t)(t + 1) * REQS_PER_TASK : b->n;
+    for (size_t r = (size_t)t * REQS_PER_TASK; r < r1; r++) {
+        fl_emb_feature fv[FL_MAX_FEATURES];
         const flame_request *q = &b->reqs[r];
         const seq *s = &b->seqs[r];
         /* a token list of length 0 is never viewed: its arrays may legitimately be NULL */
@@ -155,27 +223,43 @@ static void embed(batch *b)
                                  c->embed_dim);
         }
     }
-    if (c->projection)
-        fl_cpu_linear(b->T, c->embed_dim, (int32_t)d, b->E, c->embed_dim, m->w.proj.w, m->w.proj.b, 0.0f, FL_KACT_NONE,
-                      b->X, d);
-    if (c->position_rule != FL_POS_NONE)
-        for (size_t r = 0; r < b->n; r++) {
-            const seq *s = &b->seqs[r];
-            for (int64_t i = 0; i < s->n + s->m; i++) {
-                int64_t row;
-                if (i >= s->n)
-                    row = c->candidate_position;
-                else
-                    row = c->position_rule == FL_POS_LEFT_PADDED_SLOT ? c->max_len - s->n + i : s->n - 1 - i;
-                if (row < 0) continue;
-                const float *p = m->w.position + row * d;
-                float *x = b->X + (s->off + i) * d;
-                for (int64_t j = 0; j < d; j++) x[j] += p[j];
-            }
+}
+
+static void position_task(void *ctx, int64_t t, int worker)
+{
+    const batch *b = ctx;
+    const struct flame_model *m = b->model;
+    const fl_model_cfg *c = &m->cfg;
+    const int64_t d = c->d_model;
+    (void)worker;
+    const size_t r1 = (size_t)(t + 1) * REQS_PER_TASK < b->n ? (size_t)(t + 1) * REQS_PER_TASK : b->n;
+    for (size_t r = (size_t)t * REQS_PER_TASK; r < r1; r++) {
+        const seq *s = &b->seqs[r];
+        for (int64_t i = 0; i < s->n + s->m; i++) {
+            int64_t row;
+            if (i >= s->n)
+                row = c->candidate_position;
+            else
+                row = c->position_rule == FL_POS_LEFT_PADDED_SLOT ? c->max_len - s->n + i : s->n - 1 - i;
+            if (row < 0) continue;
+            const float *p = m->w.position + row * d;
+            float *x = b->X + (s->off + i) * d;
+            for (int64_t j = 0; j < d; j++) x[j] += p[j];
         }
-    if (c->input_layernorm)
-        fl_cpu_layernorm(b->T, (int32_t)d, b->X, d, NULL, 0, m->w.input_ln.w, m->w.input_ln.b, c->ln_eps,
-                         c->eps_inside_sqrt, b->X, d);
+    }
+}
+
+static void embed(batch *b)
+{
+    const struct flame_model *m = b->model;
+    const fl_model_cfg *c = &m->cfg;
+    const int64_t d = c->d_model;
+    const int64_t tasks = ((int64_t)b->n + REQS_PER_TASK - 1) / REQS_PER_TASK;
+    const int parts = parts_for(b->T * c->embed_dim, 16384, b->threads);
+    fl_parallel(parts, tasks, embed_task, b);
+    if (c->projection) linear(b, &m->w.proj, b->plan->proj, b->T, b->E, c->embed_dim, 0.0f, FL_KACT_NONE, b->X, d);
+    if (c->position_rule != FL_POS_NONE) fl_parallel(parts, tasks, position_task, b);
+    if (c->input_layernorm) layernorm(b, b->T, (int32_t)d, b->X, d, NULL, 0, &m->w.input_ln, b->X, d);
 }
 
 static void gather_rows(const float *src, const int64_t *rows, int64_t n, int64_t d, float *dst)
@@ -183,35 +267,62 @@ static void gather_rows(const float *src, const int64_t *rows, int64_t n, int64_
     for (int64_t i = 0; i < n; i++) memcpy(dst + i * d, src + rows[i] * d, (size_t)d * sizeof(float));
 }
 
-/* One transformer block. `last`: queries and everything after attention run only for the
- * selected rows, and the block's output lands in XS [S, d]; otherwise in X in place. */
-static void block(batch *b, const fl_block *blk, bool last)
+typedef struct att_job {
+    batch *b;
+    bool last;
+} att_job;
+
+static void attention_task(void *ctx, int64_t i, int worker)
 {
+    const att_job *j = ctx;
+    const batch *b = j->b;
     const fl_model_cfg *c = &b->model->cfg;
     const int32_t d = c->d_model, H = c->num_heads, dh = d / H;
-    const float eps = c->ln_eps;
-    const bool inside = c->eps_inside_sqrt;
+    const seq *s = &b->seqs[i / H];
+    const int64_t col = (i % H) * dh;
+    const int64_t q0 = j->last ? s->sel0 : s->off, nq = j->last ? s->nsel : s->n + s->m;
+    if (nq == 0) return;
+    fl_cpu_attention_sumi(s->n, s->m, 1, dh, b->Q + q0 * d + col, d, j->last ? b->qpos + s->sel0 : NULL, nq,
+                          b->K + s->off * d + col, b->V + s->off * d + col, d, NULL, b->A + q0 * d + col, d,
+                          b->att + (size_t)worker * b->att_per);
+}
+
+/* Attention of every request, each (request, head) pair a task for the threads. */
+static void attention(batch *b, bool last)
+{
+    const fl_model_cfg *c = &b->model->cfg;
+    int64_t work = 0; /* multiply-adds, roughly: queries x visible keys x width */
+    for (size_t r = 0; r < b->n; r++) {
+        const seq *s = &b->seqs[r];
+        work += (last ? s->nsel : s->n + s->m) * (s->n + 1) * c->d_model;
+    }
+    att_job j = {.b = b, .last = last};
+    fl_parallel(parts_for(work, 32768, b->threads), (int64_t)b->n * c->num_heads, attention_task, &j);
+}
+
+/* One transformer block. `last`: queries and everything after attention run only for the
+ * selected rows, and the block's output lands in XS [S, d]; otherwise in X in place. */
+static void block(batch *b, int bi, bool last)
+{
+    const fl_model_cfg *c = &b->model->cfg;
+    const fl_block *blk = &b->model->w.blocks[bi];
+    const fl_cpu_block_plan none = {0}, *pk = b->plan->blocks ? &b->plan->blocks[bi] : &none;
+    const int32_t d = c->d_model;
     const int64_t T = b->T, R = last ? b->S : T;
     const float *Yin = b->X;
     if (c->pre_ln) {
-        fl_cpu_layernorm(T, d, b->X, d, NULL, 0, blk->ln1.w, blk->ln1.b, eps, inside, b->Y, d);
+        layernorm(b, T, d, b->X, d, NULL, 0, &blk->ln1, b->Y, d);
         Yin = b->Y;
     }
-    fl_cpu_linear(T, d, d, Yin, d, blk->k.w, blk->k.b, 0.0f, FL_KACT_NONE, b->K, d);
-    fl_cpu_linear(T, d, d, Yin, d, blk->v.w, blk->v.b, 0.0f, FL_KACT_NONE, b->V, d);
+    linear(b, &blk->k, pk->k, T, Yin, d, 0.0f, FL_KACT_NONE, b->K, d);
+    linear(b, &blk->v, pk->v, T, Yin, d, 0.0f, FL_KACT_NONE, b->V, d);
     if (last) {
         gather_rows(Yin, b->sel, R, d, b->A); /* A is free until attention writes it */
-        fl_cpu_linear(R, d, d, b->A, d, blk->q.w, blk->q.b, 0.0f, FL_KACT_NONE, b->Q, d);
+        linear(b, &blk->q, pk->q, R, b->A, d, 0.0f, FL_KACT_NONE, b->Q, d);
     } else {
-        fl_cpu_linear(T, d, d, Yin, d, blk->q.w, blk->q.b, 0.0f, FL_KACT_NONE, b->Q, d);
+        linear(b, &blk->q, pk->q, T, Yin, d, 0.0f, FL_KACT_NONE, b->Q, d);
     }
-    for (size_t r = 0; r < b->n; r++) {
-        const seq *s = &b->seqs[r];
-        int64_t q0 = last ? s->sel0 : s->off, nq = last ? s->nsel : s->n + s->m;
-        if (nq == 0) continue;
-        fl_cpu_attention_sumi(s->n, s->m, H, dh, b->Q + q0 * d, d, last ? b->qpos + s->sel0 : NULL, nq,
-                              b->K + s->off * d, b->V + s->off * d, d, NULL, b->A + q0 * d, d, b->att);
-    }
+    attention(b, last);
     float *X = b->X;
     if (last) {
         gather_rows(b->X, b->sel, R, d, b->XS);
@@ -219,31 +330,29 @@ static void block(batch *b, const fl_block *blk, bool last)
     }
     /* attention output projection and residual */
     if (c->pre_ln) {
-        fl_cpu_linear(R, d, d, b->A, d, blk->o.w, blk->o.b, 1.0f, FL_KACT_NONE, X, d);
+        linear(b, &blk->o, pk->o, R, b->A, d, 1.0f, FL_KACT_NONE, X, d);
     } else {
-        fl_cpu_linear(R, d, d, b->A, d, blk->o.w, blk->o.b, 0.0f, FL_KACT_NONE, b->Q, d);
-        fl_cpu_layernorm(R, d, X, d, b->Q, d, blk->ln1.w, blk->ln1.b, eps, inside, X, d);
+        linear(b, &blk->o, pk->o, R, b->A, d, 0.0f, FL_KACT_NONE, b->Q, d);
+        layernorm(b, R, d, X, d, b->Q, d, &blk->ln1, X, d);
     }
     /* feed-forward and residual */
     const int32_t ff = c->ffn_dim;
     const fl_act_kind act = act_of(c->activation);
     if (c->pre_ln) {
-        fl_cpu_layernorm(R, d, X, d, NULL, 0, blk->ln2.w, blk->ln2.b, eps, inside, b->Q, d);
-        fl_cpu_linear(R, d, ff, b->Q, d, blk->fc1.w, blk->fc1.b, 0.0f, act, b->F, ff);
-        fl_cpu_linear(R, ff, d, b->F, ff, blk->fc2.w, blk->fc2.b, 1.0f, FL_KACT_NONE, X, d);
+        layernorm(b, R, d, X, d, NULL, 0, &blk->ln2, b->Q, d);
+        linear(b, &blk->fc1, pk->fc1, R, b->Q, d, 0.0f, act, b->F, ff);
+        linear(b, &blk->fc2, pk->fc2, R, b->F, ff, 1.0f, FL_KACT_NONE, X, d);
     } else {
-        fl_cpu_linear(R, d, ff, X, d, blk->fc1.w, blk->fc1.b, 0.0f, act, b->F, ff);
-        fl_cpu_linear(R, ff, d, b->F, ff, blk->fc2.w, blk->fc2.b, 0.0f, FL_KACT_NONE, b->Q, d);
-        fl_cpu_layernorm(R, d, X, d, b->Q, d, blk->ln2.w, blk->ln2.b, eps, inside, X, d);
+        linear(b, &blk->fc1, pk->fc1, R, X, d, 0.0f, act, b->F, ff);
+        linear(b, &blk->fc2, pk->fc2, R, b->F, ff, 0.0f, FL_KACT_NONE, b->Q, d);
+        layernorm(b, R, d, X, d, b->Q, d, &blk->ln2, X, d);
     }
 }
 
 /* First candidate id if ids are c0, c0+1, ..., else -1. */
 static int64_t contiguous_start(const int64_t *ids, size_t n)
 {
-    for (size_t i = 1; i < n; i++)
-        if (ids[i] != ids[0] + (int64_t)i) return -1;
-    return ids[0];
+    return fl_cpu_ids_contiguous(ids, n) ? ids[0] : -1;
 }
 
 /* Dot head. Consecutive requests that score the same contiguous id range (a full catalogue,
@@ -292,10 +401,13 @@ static void head_dot(batch *b, float *scores)
                (b->reqs[r + g].candidates == q->candidates || /* the same array: scanned already */
                 contiguous_start(b->reqs[r + g].candidates, (size_t)mcand) == c0))
             g++;
-        if (g == 1 && b->weak_blas) /* one user, a BLAS without vector kernels: ours, on our threads */
+        if (g == 1 && b->plan->own_gemv)
             fl_cpu_dot_rows_mt(h, d, table, NULL, c0, mcand, out, 1, b->threads);
         else if (g == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)mcand, d, 1.0f, table + c0 * d, d, h, 1, 0.0f, out, 1);
+        else if (b->plan->isa != FL_ISA_BASE) /* the users' states against the table slice, packed as it streams */
+            fl_cpu_gemm_nt_mt(b->plan->isa, (int64_t)g, mcand, d, h, d, table + c0 * d, d, out, mcand, b->pack,
+                              b->threads);
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)g, (blasint)mcand, d, 1.0f, h, d,
                         table + c0 * d, d, 0.0f, out, (blasint)mcand);
@@ -321,8 +433,8 @@ static void head_sumi(batch *b, float *scores)
             bool final = l == tc->num_layers - 1;
             float *dst = final ? scores + t : bufs[l & 1];
             int64_t ld_out = final ? T : lin->out;
-            fl_cpu_linear(S, lin->in, lin->out, in, ld_in, lin->w, lin->b, 0.0f,
-                          final ? FL_KACT_NONE : act_of(tc->activation), dst, ld_out);
+            linear(b, lin, b->plan->tasks[t][l], S, in, ld_in, 0.0f, final ? FL_KACT_NONE : act_of(tc->activation), dst,
+                   ld_out);
             in = dst;
             ld_in = ld_out;
         }
@@ -335,7 +447,7 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
 {
     const struct flame_model *m = e->model;
     const fl_model_cfg *c = &m->cfg;
-    batch b = {.model = m, .reqs = reqs, .n = n, .threads = e->threads, .weak_blas = fl_blas_is_weak()};
+    batch b = {.model = m, .plan = e->cpu, .reqs = reqs, .n = n, .threads = e->threads};
     plan_layout(&b);
     flame_status st = fl_workspace_reserve(e, ws, carve(&b, NULL)); /* a no-op after fl_forward_bytes */
     if (st) return st;
@@ -347,11 +459,9 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
     }
     fill_selection(&b);
     embed(&b);
-    for (int i = 0; i < c->num_blocks; i++) block(&b, &m->w.blocks[i], i == c->num_blocks - 1);
+    for (int i = 0; i < c->num_blocks; i++) block(&b, i, i == c->num_blocks - 1);
     if (c->num_blocks == 0) gather_rows(b.X, b.sel, b.S, c->d_model, b.XS);
-    if (c->final_layernorm)
-        fl_cpu_layernorm(b.S, c->d_model, b.XS, c->d_model, NULL, 0, m->w.final_ln.w, m->w.final_ln.b, c->ln_eps,
-                         c->eps_inside_sqrt, b.XS, c->d_model);
+    if (c->final_layernorm) layernorm(&b, b.S, c->d_model, b.XS, c->d_model, NULL, 0, &m->w.final_ln, b.XS, c->d_model);
     if (c->head == FLAME_HEAD_DOT)
         head_dot(&b, scores);
     else
@@ -359,9 +469,9 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
     return FLAME_OK;
 }
 
-size_t fl_forward_bytes(const struct flame_model *m, const flame_request *reqs, size_t n, int64_t *tokens)
+size_t fl_forward_bytes(const struct flame_engine *e, const flame_request *reqs, size_t n, int64_t *tokens)
 {
-    batch b = {.model = m, .reqs = reqs, .n = n};
+    batch b = {.model = e->model, .reqs = reqs, .n = n, .threads = e->threads};
     plan_layout(&b);
     *tokens = b.T;
     return carve(&b, NULL);

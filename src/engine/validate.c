@@ -1,7 +1,10 @@
 /* Request validation: every id, offset and length is checked before any computation, so a
  * bad request gets a message naming the value and the scores buffer stays untouched. */
+#include <stdatomic.h>
 #include <stdio.h>
 
+#include "core/pool.h"
+#include "cpu/kernels.h"
 #include "engine/engine.h"
 
 #define BAD(...) fl_error(FLAME_ERR_INVALID_ARG, __VA_ARGS__)
@@ -138,10 +141,10 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
         return check_tokens(r, "candidate", m, q->candidates, q->candidate_side, q->num_candidates, 0,
                             q->num_candidates, parts);
     const fl_table_cfg *t = &c->tables[m->num_items_table];
-    for (size_t i = 0; i < q->num_candidates; i++)
-        if (q->candidates[i] < 0 || q->candidates[i] >= m->num_items)
-            return BAD("request %zu: candidate %zu (table '%s'): id %lld out of range [0, %lld)", r, i, t->name,
-                       (long long)q->candidates[i], (long long)m->num_items);
+    const int64_t i = fl_cpu_first_out_of_range(q->candidates, q->num_candidates, m->num_items);
+    if (i >= 0)
+        return BAD("request %zu: candidate %lld (table '%s'): id %lld out of range [0, %lld)", r, (long long)i, t->name,
+                   (long long)q->candidates[i], (long long)m->num_items);
     return FLAME_OK;
 }
 
@@ -187,5 +190,60 @@ flame_status fl_validate_resolved(const struct flame_model *m, const flame_reque
                               q->num_candidates, BAGS);
         if (st) return st;
     }
+    return FLAME_OK;
+}
+
+typedef struct val_job {
+    const struct flame_model *m;
+    const flame_request *reqs;
+    size_t n;
+    fl_check_mode mode;
+    atomic_size_t first_bad; /* the lowest failing request seen, n when none */
+} val_job;
+
+/* Requests 8t .. 8t + 7; a failure lowers first_bad. */
+static void val_task(void *ctx, int64_t t, int worker)
+{
+    val_job *j = ctx;
+    (void)worker;
+    const size_t r1 = (size_t)(t + 1) * 8 < j->n ? (size_t)(t + 1) * 8 : j->n;
+    for (size_t r = (size_t)t * 8; r < r1; r++)
+        if (check_request(j->m, r, &j->reqs[r], r > 0 ? &j->reqs[r - 1] : NULL, j->mode) != FLAME_OK) {
+            size_t cur = atomic_load(&j->first_bad);
+            while (r < cur && !atomic_compare_exchange_weak(&j->first_bad, &cur, r)) {
+            }
+            return;
+        }
+}
+
+/* Ids a call checks at least before its requests are split over the threads. */
+#define MIN_IDS_PARALLEL 65536
+
+flame_status fl_validate_requests_mt(const struct flame_model *m, const flame_request *reqs, size_t n,
+                                     uint64_t *total_scores, fl_check_mode mode, int threads)
+{
+    uint64_t ids = 0;
+    for (size_t r = 0; r < n; r++) {
+        ids += reqs[r].history_len;
+        if (!(r > 0 && same_candidates(&reqs[r], &reqs[r - 1]))) ids += reqs[r].num_candidates;
+    }
+    if (threads <= 1 || n < 2 || ids < MIN_IDS_PARALLEL) return fl_validate_requests(m, reqs, n, total_scores, mode);
+    /* Each request is checked on its own, so they split over the threads; a failure anywhere
+     * sends the whole call through the serial pass, which names the first bad request exactly
+     * as it always does (and sets the message on the calling thread). */
+    val_job j = {.m = m, .reqs = reqs, .n = n, .mode = mode};
+    atomic_init(&j.first_bad, n);
+    fl_parallel(threads, (int64_t)((n + 7) / 8), val_task, &j);
+    const size_t first_bad = atomic_load(&j.first_bad);
+    if (first_bad < n) return fl_validate_requests(m, reqs, n, total_scores, mode);
+    fl_clear_error(); /* the calling thread's share left no message, but be exact */
+    uint64_t total = 0;
+    for (size_t r = 0; r < n; r++) {
+        uint64_t block;
+        if (!fl_mul_u64(reqs[r].num_candidates, (uint64_t)m->cfg.num_tasks, &block) ||
+            !fl_add_u64(total, block, &total))
+            return BAD("request %zu: the number of scores overflows 64 bits", r);
+    }
+    *total_scores = total;
     return FLAME_OK;
 }

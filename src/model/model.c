@@ -28,6 +28,7 @@ flame_status fl_model_own(struct flame_model *m, void *buffer)
 
 static void model_free(struct flame_model *m)
 {
+    if (m->cpu_packed_free) m->cpu_packed_free(m->cpu_packed);
     for (size_t i = 0; i < m->num_owned; i++) fl_aligned_free(m->owned[i]);
     free(m->owned);
     free(m->w.blocks);

@@ -19,6 +19,10 @@ struct flame_model {
     size_t map_len;
     void **owned;
     size_t num_owned;
+    /* the CPU kernels' packed copy of the layers' weights (engine/cpu_plan.c): made by the
+     * first CPU engine that needs it, shared by every engine on the model, freed with it */
+    void *cpu_packed;
+    void (*cpu_packed_free)(void *);
 };
 
 /* One tensor the config implies: where its view goes and how random init fills it. */

@@ -163,8 +163,14 @@ def test_engine_options(dot_engine):
     with pytest.raises(flame.InvalidArgumentError, match="1") as ei:
         flame.Engine(m, max_batch=0)
     assert "65536" in ei.value.message  # the library names the bounds
-    with pytest.raises(TypeError, match="unknown engine option 'threads'"):
-        flame.Engine(m, threads=4)
+    with pytest.raises(TypeError, match="unknown engine option 'workers'"):
+        flame.Engine(m, workers=4)
+    reqs = [([1, 2, 3], list(range(m.info.num_items)))] * 3
+    with flame.Engine(m, threads=1) as e1, flame.Engine(m, threads=3) as e3:  # the same bits for any thread count
+        for a, b in zip(e1.score_batch(reqs), e3.score_batch(reqs)):
+            assert a.tobytes() == b.tobytes()
+    with pytest.raises(flame.InvalidArgumentError, match="257"):
+        flame.Engine(m, threads=257)
     with pytest.raises(flame.DTypeError, match="max_batch must be an int"):
         flame.Engine(m, max_batch="8")
     with pytest.raises((flame.NoDeviceError, flame.UnsupportedError)) as ei:
