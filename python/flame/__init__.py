@@ -17,7 +17,7 @@ from ._lib import version as library_version
 from .engine import Engine, Request
 from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, FlameIOError, FormatError,
                      InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
-                     UnavailableError,
+                     UnavailableError, DeadlineExceededError, CancelledError,
                      ShapeError, UnsupportedError, VersionMismatchError)
 from .exporter import export
 from .features import FeatureRecord, FeatureSource, ItemCache, load_redis
@@ -40,4 +40,5 @@ __all__ = ["Model", "ModelInfo", "Engine", "Request", "bags", "export", "library
            "clear_log_handler", "FeatureRecord", "FeatureSource", "ItemCache", "load_redis", "UserCache", "UserRecord",
            "PinnedPool", "PinnedBuffer", "numa_info", "Scheduler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
            "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",
+           "DeadlineExceededError", "CancelledError",
            "DTypeError", "ShapeError", "ClosedError", "LibraryNotFoundError", "VersionMismatchError"]

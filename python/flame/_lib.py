@@ -23,7 +23,7 @@ from typing import List, Optional
 from . import errors
 from ._structs import (I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN, FETCH_FN, NumaInfo, PinnedPoolParams,
                        PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats,
-                       SchedulerParams, SchedulerStats, DONE_FN)
+                       SchedulerParams, SchedulerStats, SubmitOptions, DONE_FN)
 
 # The C API this package was written against: flame.h 0.2.x. Same major (the ABI promise),
 # and at least this minor (the functions and struct fields bound below exist from 0.2).
@@ -97,6 +97,10 @@ PROTOTYPES = [
     ("flame_scheduler_score", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t]),
     ("flame_scheduler_get_stats", _st, [_vp, C.POINTER(SchedulerStats)]),
     ("flame_scheduler_reset_latency", _st, [_vp]),
+    ("flame_scheduler_submit_ex", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t, C.POINTER(SubmitOptions), DONE_FN,
+                                        _vp, C.POINTER(C.c_uint64)]),
+    ("flame_scheduler_cancel", _st, [_vp, C.c_uint64]),
+    ("flame_scheduler_now_us", C.c_uint64, [_vp]),
 ]
 
 _lock = threading.Lock()

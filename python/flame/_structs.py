@@ -98,7 +98,13 @@ class BatchProfile(C.Structure):
 
 class SchedulerParams(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("profiles", C.POINTER(BatchProfile)), ("num_profiles", C.c_size_t),
-                ("max_wait_us", C.c_int64), ("workers", C.c_uint32), ("max_queue", C.c_uint32)]
+                ("max_wait_us", C.c_int64), ("workers", C.c_uint32), ("max_queue", C.c_uint32),
+                ("max_bypass", C.c_uint32)]
+
+
+class SubmitOptions(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("priority", C.c_int32), ("timeout_us", C.c_int64),
+                ("deadline_us", C.c_uint64)]
 
 
 MAX_PROFILES = 16  # FLAME_SCHED_MAX_PROFILES
@@ -110,7 +116,7 @@ class SchedulerStats(C.Structure):
                 ("batches", C.c_uint64), ("isolated", C.c_uint64), ("queued", C.c_uint64),
                 ("profile_batches", C.c_uint64 * MAX_PROFILES), ("latency_p50_us", C.c_uint64),
                 ("latency_p99_us", C.c_uint64), ("latency_max_us", C.c_uint64), ("queue_wait_p50_us", C.c_uint64),
-                ("queue_wait_p99_us", C.c_uint64)]
+                ("queue_wait_p99_us", C.c_uint64), ("timeouts", C.c_uint64), ("cancelled", C.c_uint64)]
 
 
 def as_dict(s: C.Structure) -> dict:
