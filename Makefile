@@ -35,7 +35,7 @@ SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c s
 # ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
 SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
 # ---- the batch-profile scheduler
-SRC += $(wildcard src/sched/*.c)
+SRC += $(wildcard src/sched/*.c src/metrics/*.c)
 SRC := $(sort $(SRC))
 LDLIBS += -lnuma
 # ---- end memory
@@ -72,6 +72,7 @@ BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention kernels (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
+BENCHES  += bench/metrics-bench # the cost of a Prometheus scrape
 
 .PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
         test-sanitize san-run dist distcheck wheel
@@ -147,6 +148,9 @@ bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/attention_bench.o
 	$(CC) -o $@ build/bench/attention_bench.o $(STLIB) $(LDLIBS)
 
+bench/metrics-bench: bench/metrics_bench.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
+
 # int8 tables: calls the internal CPU kernel, so it links the static library
 bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
@@ -172,7 +176,7 @@ deps-test:
 # The Python tooling's virtual environment: remade when requirements.txt changes, else left
 # alone (no network). The package itself is not installed there: the tooling runs it from
 # python/ (PYTHONPATH), as a checkout's user does.
-VENV_PKGS       := numpy safetensors pytest setuptools
+VENV_PKGS       := numpy safetensors pytest setuptools prometheus_client
 VENV_BENCH_PKGS := onnx onnxruntime
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt scripts/make-venv

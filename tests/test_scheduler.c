@@ -9,7 +9,7 @@
 #include "testutil.h"
 #include "tu_gpu.h"
 #include "engine/engine.h"
-#include "sched/latency.h"
+#include "metrics/histogram.h"
 #include "sched/sched.h"
 
 /* 2 side slots, sumi head with 2 tasks: candidates are tokens, so long requests are split */

@@ -433,5 +433,6 @@ FLAME_API flame_status flame_engine_set_user_cache(flame_engine *engine, struct 
 #include "flame/features.h"
 #include "flame/memory.h"
 #include "flame/scheduler.h"
+#include "flame/metrics.h"
 
 #endif /* FLAME_FLAME_H */

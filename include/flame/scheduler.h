@@ -208,6 +208,12 @@ typedef struct flame_scheduler_stats {
     /* admission (flame_scheduler_submit_ex); `failed` counts neither */
     uint64_t timeouts;              /* requests done with FLAME_ERR_TIMEOUT */
     uint64_t cancelled;             /* requests done with FLAME_ERR_CANCELLED */
+    uint64_t in_flight;             /* batches being scored now */
+    uint64_t candidates;            /* candidates of the requests queued (submit returned FLAME_OK) */
+    /* batch fill: per batch, the candidates it holds (users under the dot head) and the
+     * capacity of its profile (max_users x max_candidates; max_users under the dot head);
+     * batch_slots_used / batch_slots is the mean fill ratio */
+    uint64_t batch_slots_used, batch_slots;
 } flame_scheduler_stats;
 
 /* Fills *stats (counters read one by one, not as one snapshot). Thread-safe.

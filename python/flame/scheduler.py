@@ -177,6 +177,17 @@ class Scheduler(Handle):
         d["profile_batches"] = list(raw.profile_batches)[:self.num_profiles]
         return d
 
+    def latency(self, stage: str = "total") -> Dict[str, int]:
+        """flame.latency of this scheduler: "queue_wait" or "total" (count, sum_us,
+        p50/p90/p99/p999/max_us)."""
+        from .metrics import latency
+        return latency(self, stage)
+
+    def metrics_text(self) -> str:
+        """flame.metrics_text of this scheduler and its engine (Prometheus text format)."""
+        from .metrics import metrics_text
+        return metrics_text(self.engine, self)
+
     def reset_latency(self) -> None:
         """Empties the latency histograms: the percentiles then cover what completes from now on."""
         with self._use() as h:

@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 
 #include "core/common.h"
-#include "sched/latency.h"
+#include "metrics/histogram.h"
 
 /* ---- profiles (profiles.c) */
 typedef struct fl_profiles {
@@ -87,7 +87,7 @@ struct flame_scheduler {
     uint64_t next_deadline;    /* no queued job's deadline is earlier (UINT64_MAX: none) */
     bool stopping;
     atomic_uint_fast64_t submitted, completed, failed, rejected, split, parts, batches, isolated;
-    atomic_uint_fast64_t timeouts, cancelled;
+    atomic_uint_fast64_t timeouts, cancelled, in_flight, candidates, slots_used, slots;
     atomic_uint_fast64_t profile_batches[FLAME_SCHED_MAX_PROFILES];
     fl_histogram latency, queue_wait;
 };

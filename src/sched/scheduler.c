@@ -172,9 +172,18 @@ static void run_batch(worker *w, size_t n)
     }
     atomic_fetch_add(&s->batches, 1);
     atomic_fetch_add(&s->parts, n);
-    int prof = fl_profiles_fit(&s->profiles, n, cands);
-    if (prof >= 0) atomic_fetch_add(&s->profile_batches[prof], 1);
+    const fl_profiles *ps = &s->profiles;
+    int prof = fl_profiles_fit(ps, n, cands);
+    if (prof >= 0) {
+        atomic_fetch_add(&s->profile_batches[prof], 1);
+        uint64_t used = ps->count_candidates ? 0 : n; /* the candidates, or under the dot head the users */
+        for (size_t i = 0; ps->count_candidates && i < n; i++) used += w->batch[i]->cand_n;
+        atomic_fetch_add(&s->slots_used, used);
+        atomic_fetch_add(&s->slots, (uint64_t)ps->p[prof].max_users * (ps->count_candidates ? ps->p[prof].max_candidates : 1));
+    }
+    atomic_fetch_add(&s->in_flight, 1);
     flame_status st = score_parts(w, w->batch, w->reqs, n);
+    atomic_fetch_sub(&s->in_flight, 1);
     if (st == FLAME_OK) {
         for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], FLAME_OK, NULL);
         return;
@@ -559,6 +568,7 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     const uint64_t queued = s->queued;
     if (!stopping && !full) { /* counted before a worker can see it (and complete it) */
         atomic_fetch_add(&s->submitted, 1);
+        atomic_fetch_add(&s->candidates, q.num_candidates);
         if (nparts > 1) atomic_fetch_add(&s->split, 1);
         j->submit_us = fl_sched_clock(s);
         j->deadline_us = UINT64_MAX;
@@ -674,6 +684,10 @@ FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *s, flame_sched
     stats->isolated = atomic_load(&s->isolated);
     stats->timeouts = atomic_load(&s->timeouts);
     stats->cancelled = atomic_load(&s->cancelled);
+    stats->in_flight = atomic_load(&s->in_flight);
+    stats->candidates = atomic_load(&s->candidates);
+    stats->batch_slots_used = atomic_load(&s->slots_used);
+    stats->batch_slots = atomic_load(&s->slots);
     pthread_mutex_lock(&s->mu);
     stats->queued = s->queued;
     pthread_mutex_unlock(&s->mu);

@@ -19,7 +19,8 @@ MIRRORS = {  # ctypes class -> C type
     _structs.UserCacheStats: "flame_user_cache_stats", _structs.RedisOptions: "flame_redis_options",
     _structs.ItemCacheStats: "flame_item_cache_stats", _structs.BatchProfile: "flame_batch_profile",
     _structs.SchedulerParams: "flame_scheduler_params", _structs.SchedulerStats: "flame_scheduler_stats",
-    _structs.SubmitOptions: "flame_submit_options",
+    _structs.SubmitOptions: "flame_submit_options", _structs.Latency: "flame_latency",
+    _structs.MetricsSources: "flame_metrics_sources",
 }
 
 
