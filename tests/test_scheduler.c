@@ -891,6 +891,64 @@ static void test_admission_stress(void **state)
     assert_int_equal(cancelled, atomic_load(&cancelled_ok));
 }
 
+/* The adaptive wait on an injected clock: a lone request after an idle spell waits the whole
+ * bound (low traffic); a train of arrivals 100 us apart keeps its batch open while they come
+ * on time and sends it once the next is overdue (the average gap), long before the bound,
+ * where the fixed wait holds it to the bound. */
+static void test_adaptive_wait(void **state)
+{
+    fixture *f = *state;
+    enum { N = 30 };
+    static req q[N];
+    const flame_batch_profile p[] = {{64, 64}}; /* never full here: only the wait sends it */
+    const int64_t bound = 10000;
+    for (uint32_t adaptive = 0; adaptive <= 1; adaptive++) {
+        flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = p, .num_profiles = 1, .workers = 1,
+                                     .max_wait_us = bound, .adaptive_wait = adaptive};
+        flame_scheduler *s = NULL;
+        assert_int_equal(flame_scheduler_create(f->se, &sp, &s), FLAME_OK);
+        fl_sched_set_clock(s, fake_clock, NULL);
+        /* low traffic: the first request waits the bound either way */
+        make_req(&q[0], 3, 4, true);
+        submit_opt(s, &q[0], 0, 0, 0, on_done);
+        advance(s, (uint64_t)bound - 1);
+        usleep(20000);
+        assert_int_equal(atomic_load(&q[0].calls), 0);
+        advance(s, 1);
+        wait_done(&q[0]);
+        assert_int_equal(flame_scheduler_reset_latency(s), FLAME_OK); /* the window: the train only */
+        /* a train: 29 arrivals 100 us apart */
+        for (int i = 1; i < N; i++) {
+            make_req(&q[i], 3, 2, true);
+            advance(s, 100);
+            submit_opt(s, &q[i], 0, 0, 0, on_done);
+        }
+        usleep(20000);
+        for (int i = 1; i < N; i++) assert_int_equal(atomic_load(&q[i].calls), 0); /* they came on time */
+        const double gap = s->levels[1].gap_us;
+        assert_true(gap > 100 && gap < 400); /* 100 + 9900 x (7/8)^28 */
+        advance(s, (uint64_t)gap + 1); /* the next one is overdue */
+        usleep(20000);
+        if (adaptive) {
+            for (int i = 1; i < N; i++) wait_done(&q[i]);
+        } else {
+            for (int i = 1; i < N; i++) assert_int_equal(atomic_load(&q[i].calls), 0); /* held to the bound */
+            advance(s, (uint64_t)bound); /* past the oldest's bound */
+            for (int i = 1; i < N; i++) wait_done(&q[i]);
+        }
+        flame_scheduler_stats st = stats_of(s);
+        assert_int_equal(st.batches, 2);
+        assert_int_equal(st.batch_slots_used, 4 + 2 * (N - 1));
+        flame_latency qw = {.struct_size = sizeof qw};
+        assert_int_equal(flame_scheduler_get_latency(s, FLAME_STAGE_QUEUE_WAIT, &qw), FLAME_OK);
+        /* the oldest of the train waited 2,800 us + the gap (adaptive) or the whole bound */
+        if (adaptive) assert_true(qw.max_us >= 2800 && qw.max_us < (uint64_t)bound);
+        else assert_true(qw.max_us >= (uint64_t)bound);
+        flame_scheduler_destroy(s);
+        for (int i = 0; i < N; i++) assert_int_equal(q[i].status, FLAME_OK);
+    }
+}
+
 typedef struct thread_arg {
     flame_scheduler *s;
     req *qs; /* [4], built before the threads start (the test generator is not thread-safe) */
@@ -996,6 +1054,8 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "max_wait_us -1 is outside");
     p = (flame_scheduler_params){.struct_size = sizeof p, .max_bypass = 70000};
     assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "max_bypass 70000 is outside");
+    p = (flame_scheduler_params){.struct_size = sizeof p, .adaptive_wait = 2};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "adaptive_wait 2 is outside 0..1");
     p = (flame_scheduler_params){.struct_size = sizeof p, .workers = 65};
     assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "workers 65 is outside 1..64");
     const flame_batch_profile bad[] = {{0, 8}};
@@ -1125,6 +1185,7 @@ int main(void)
         T(test_cancel),
         T(test_every_callback_once_at_destroy),
         T(test_admission_stress),
+        T(test_adaptive_wait),
         T(test_threads_score_concurrently),
         T(test_user_cache_requests_and_older_layout),
         T(test_argument_errors),

@@ -52,6 +52,11 @@ typedef struct flame_scheduler_params {
     uint32_t max_bypass;                 /* the no-starvation rule of the priority levels: batches of
                                           * higher levels that may go ahead of a waiting lower-level
                                           * request before one batch of its level goes. 0 = 8; 1..65536 */
+    uint32_t adaptive_wait;              /* 1: the wait for company follows the arrival rate: a forming
+                                          * batch goes once the next request is later than expected
+                                          * (an average of the gaps between arrivals), and at the latest
+                                          * after max_wait_us (docs/scheduler.md "Adaptive wait").
+                                          * 0 (default): always up to max_wait_us. 0..1 */
 } flame_scheduler_params;
 
 /* Priority levels (flame_submit_options.priority). A batch holds requests of one level; a free

@@ -99,7 +99,7 @@ class BatchProfile(C.Structure):
 class SchedulerParams(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("profiles", C.POINTER(BatchProfile)), ("num_profiles", C.c_size_t),
                 ("max_wait_us", C.c_int64), ("workers", C.c_uint32), ("max_queue", C.c_uint32),
-                ("max_bypass", C.c_uint32)]
+                ("max_bypass", C.c_uint32), ("adaptive_wait", C.c_uint32)]
 
 
 class Latency(C.Structure):

@@ -34,6 +34,8 @@ class Scheduler(Handle):
     max_queue: parts waiting at most before submits are refused (0: 65536).
     max_bypass: the no-starvation rule of the priority levels: batches of higher levels that
       may go ahead of a waiting lower-level request before its level's batch goes (0: 8).
+    adaptive_wait: the wait for company follows the arrival rate (a forming batch goes once the
+      next request is overdue, at the latest after max_wait_us); False: always max_wait_us.
     Thread-safe: score and submit from any threads.
     """
 
@@ -43,7 +45,8 @@ class Scheduler(Handle):
     _fork_safe = False  # its workers exist only in the process that made it
 
     def __init__(self, engine: Engine, profiles: Optional[Sequence[Tuple[int, int]]] = None, *,
-                 max_wait_us: int = 0, workers: int = 0, max_queue: int = 0, max_bypass: int = 0):
+                 max_wait_us: int = 0, workers: int = 0, max_queue: int = 0, max_bypass: int = 0,
+                 adaptive_wait: bool = False):
         if not isinstance(engine, Engine):
             raise TypeError(f"engine must be a flame.Engine, got {type(engine).__name__}")
         self._handle = C.c_void_p()
@@ -65,6 +68,9 @@ class Scheduler(Handle):
             raise errors.InvalidArgumentError(f"max_wait_us = {max_wait_us} does not fit int64")
         p.max_wait_us, p.workers, p.max_queue = int(max_wait_us), _u32(workers, "workers"), _u32(max_queue, "max_queue")
         p.max_bypass = _u32(max_bypass, "max_bypass")
+        if not isinstance(adaptive_wait, bool):
+            raise errors.DTypeError(f"adaptive_wait must be a bool, got {type(adaptive_wait).__name__}")
+        p.adaptive_wait = int(adaptive_wait)
         self.engine = engine
         eh = engine._retain()  # the C scheduler uses the engine until it is destroyed (_destroyed gives it back)
         try:

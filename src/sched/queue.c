@@ -3,9 +3,23 @@
  * the scheduler's lock held; completing what they unlink (callbacks) is the caller's, unlocked. */
 #include "sched/sched.h"
 
+/* Weight of the newest gap in the moving average: 1/8, so a change of rate shows within about
+ * eight arrivals and one straggler moves it by an eighth. */
+#define GAP_WEIGHT 0.125
+
 void fl_queue_push(flame_scheduler *s, fl_job *j)
 {
     fl_level *lv = &s->levels[j->level];
+    /* the arrival-rate estimate: gaps are capped at max_wait (a longer one only says "low
+     * traffic", which max_wait already stands for); before any, traffic counts as low */
+    const double cap = (double)s->max_wait_us;
+    if (lv->last_arrival) {
+        double gap = (double)(j->submit_us - lv->last_arrival);
+        lv->gap_us += GAP_WEIGHT * ((gap < cap ? gap : cap) - lv->gap_us);
+    } else {
+        lv->gap_us = cap;
+    }
+    lv->last_arrival = j->submit_us;
     for (size_t k = 0; k + 1 < j->nparts; k++) j->parts[k].next = &j->parts[k + 1];
     j->parts[j->nparts - 1].next = NULL;
     if (lv->tail) lv->tail->next = &j->parts[0];
@@ -86,6 +100,17 @@ fl_part *fl_queue_expire(flame_scheduler *s, uint64_t now)
     s->queued -= removed;
     s->next_deadline = next;
     return list;
+}
+
+uint64_t fl_queue_due(const flame_scheduler *s, int l)
+{
+    const fl_level *lv = &s->levels[l];
+    uint64_t due = lv->head->job->submit_us + s->max_wait_us;
+    if (s->adaptive) { /* wait about as long as the next arrival is expected to take */
+        const uint64_t expect = lv->last_arrival + (uint64_t)(lv->gap_us + 0.5);
+        if (expect < due) due = expect;
+    }
+    return due;
 }
 
 static bool of_job(const fl_part *p, const void *job)

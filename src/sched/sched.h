@@ -63,6 +63,8 @@ typedef struct fl_level {
     fl_part *head, *tail;
     uint64_t queued;           /* parts */
     uint32_t bypassed;         /* batches of higher levels taken while this level waited */
+    uint64_t last_arrival;     /* the scheduler's clock at the latest push (0: none yet) */
+    double gap_us;             /* moving average of the gaps between pushes (the adaptive wait) */
 } fl_level;
 
 /* The clock of deadlines and waits (injectable for the tests: fl_sched_set_clock). */
@@ -74,6 +76,7 @@ struct flame_scheduler {
     int32_t num_tasks;
     uint64_t max_wait_us;
     uint32_t num_workers, max_queue, max_bypass;
+    bool adaptive;             /* the wait for company follows the arrival rate (queue.c fl_queue_due) */
     pthread_t *threads;
     uint32_t started;
     bool freed_by_worker;      /* destroyed from one of its workers: that worker frees it on its way out */
@@ -99,6 +102,10 @@ void fl_queue_push(flame_scheduler *s, fl_job *j);
 int fl_queue_pick(const flame_scheduler *s, bool *aged);
 /* Removes the first n parts of level `lv` into out[] and counts the batch for the rule. */
 void fl_queue_take(flame_scheduler *s, int lv, fl_part **out, size_t n);
+/* When the batch forming at level l goes at the latest (the scheduler's clock): its oldest
+ * part's submit + max_wait_us, or with the adaptive wait, earlier when the level's next
+ * arrival is overdue. */
+uint64_t fl_queue_due(const flame_scheduler *s, int l);
 /* Unlinks every queued part of the jobs whose deadline is at or before `now` into a list
  * (linked by next) and recomputes next_deadline; the caller completes them unlocked. */
 fl_part *fl_queue_expire(flame_scheduler *s, uint64_t now);

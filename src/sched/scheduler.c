@@ -245,7 +245,7 @@ static size_t next_batch(flame_scheduler *s, fl_part **into, fl_part **expired, 
     bool closed;
     const size_t n = form(s, l, &closed); /* >= 1: every part fits the profile of the largest max_candidates */
     if (!closed && !s->stopping && !aged && s->max_wait_us) {
-        const uint64_t due = s->levels[l].head->job->submit_us + s->max_wait_us;
+        const uint64_t due = fl_queue_due(s, l);
         if (now < due) { /* wait for more, for the oldest part's due time, or for the next deadline */
             *wake = due < s->next_deadline ? due : s->next_deadline;
             return 0;
@@ -347,6 +347,8 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     if (p.max_bypass > MAX_BYPASS)
         return fl_error(FLAME_ERR_INVALID_ARG, "max_bypass %u is outside 1..%u (0 = the default)", p.max_bypass,
                         MAX_BYPASS);
+    if (p.adaptive_wait > 1)
+        return fl_error(FLAME_ERR_INVALID_ARG, "adaptive_wait %u is outside 0..1", p.adaptive_wait);
     if (p.workers > MAX_WORKERS)
         return fl_error(FLAME_ERR_INVALID_ARG, "workers %u is outside 1..%d (0 = the default)", p.workers, MAX_WORKERS);
     if (p.workers == 0) { /* one batch in flight per GPU executor; the CPU's BLAS uses the cores itself */
@@ -372,6 +374,7 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     s->max_wait_us = (uint64_t)p.max_wait_us;
     s->max_queue = p.max_queue ? p.max_queue : DEFAULT_MAX_QUEUE;
     s->max_bypass = p.max_bypass ? p.max_bypass : DEFAULT_MAX_BYPASS;
+    s->adaptive = p.adaptive_wait == 1;
     s->clock = monotonic_clock;
     s->next_deadline = UINT64_MAX;
     s->num_workers = p.workers;
