@@ -62,7 +62,7 @@ endif
 SONAME   := libflame.so.$(MAJOR)
 SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
-EXAMPLES := examples/flame-score
+EXAMPLES := examples/flame-score examples/flame-server
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 # kernel tests that call the CUDA launch wrappers (nvcc; CUDA=1 builds only)
 TESTS    += $(if $(filter 1,$(CUDA)),$(patsubst tests/%.cu,build/tests/%,$(wildcard tests/test_*.cu)))
@@ -126,6 +126,10 @@ PROG_CFLAGS  := -std=c11 $(WARN) -D_DEFAULT_SOURCE -Iinclude -Isrc $(CFLAGS)
 examples: $(EXAMPLES)
 examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*.h) $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -Iexamples/flame_score -o $@ $(filter %.c,$^) $(PROG_LDFLAGS) -lcjson
+
+# the HTTP example: /metrics and /score on libmicrohttpd (scripts/install-deps installs it)
+examples/flame-server: examples/flame_server/main.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ examples/flame_server/main.c $(PROG_LDFLAGS) -lmicrohttpd -lcjson
 
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
