@@ -62,7 +62,7 @@ endif
 SONAME   := libflame.so.$(MAJOR)
 SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
-EXAMPLES := examples/flame-score examples/flame-server
+EXAMPLES := examples/flame-score examples/flame-server examples/flame-bench
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 # kernel tests that call the CUDA launch wrappers (nvcc; CUDA=1 builds only)
 TESTS    += $(if $(filter 1,$(CUDA)),$(patsubst tests/%.cu,build/tests/%,$(wildcard tests/test_*.cu)))
@@ -130,6 +130,9 @@ examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*
 # the HTTP example: /metrics and /score on libmicrohttpd (scripts/install-deps installs it)
 examples/flame-server: examples/flame_server/main.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ examples/flame_server/main.c $(PROG_LDFLAGS) -lmicrohttpd -lcjson
+# the load generator: open-loop arrivals through a scheduler or direct calls
+examples/flame-bench: $(wildcard examples/flame_bench/*.c examples/flame_bench/*.h) $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $(filter %.c,$^) $(PROG_LDFLAGS)
 
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
