@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include "testutil.h"
+#include "tu_gpu.h"
 #include "engine/engine.h"
 #include "metrics/histogram.h"
 #include "sched/sched.h"
@@ -23,6 +24,7 @@ typedef struct fixture {
 
 static int setup(void **state)
 {
+    tu_gpu_setup(state);
     fixture *f = calloc(1, sizeof *f);
     if (flame_model_create_random(config, 5, &f->m) || flame_engine_create(f->m, NULL, &f->e)) {
         fprintf(stderr, "setup: %s\n", flame_last_error());
@@ -297,6 +299,46 @@ static void test_buffer_protocol_and_errors(void **state)
     flame_engine_destroy(other);
 }
 
+/* A GPU engine times its device stages with CUDA events: every successful call has a compute
+ * and a D2H sample, the uncaptured passes an H2D one (a replayed CUDA graph holds its upload),
+ * and the text carries them. Skipped without a GPU (make test-gpu requires one). */
+static void test_gpu_stages(void **state)
+{
+    TU_NEED_GPU();
+    fixture *f = *state;
+    flame_config *cfg = NULL;
+    flame_engine *g = NULL;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_string(cfg, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    if (flame_engine_create(f->m, cfg, &g) != FLAME_OK) fail_msg("GPU engine: %s", flame_last_error());
+    flame_config_destroy(cfg);
+    int64_t hist[8], cand[64];
+    float scores[64];
+    flame_request r;
+    request(&r, hist, 6, cand, 40);
+    for (int i = 0; i < 6; i++) assert_int_equal(flame_score(g, &r, scores, 64), FLAME_OK); /* one shape: captured, replayed */
+    request(&r, hist, 3, cand, 17);
+    assert_int_equal(flame_score(g, &r, scores, 64), FLAME_OK); /* a new shape: eager */
+    flame_latency l[7];
+    for (int k = FLAME_STAGE_FEATURES; k <= FLAME_STAGE_TOTAL; k++) {
+        l[k] = (flame_latency){.struct_size = sizeof l[k]};
+        assert_int_equal(flame_engine_get_latency(g, (flame_stage)k, &l[k]), FLAME_OK);
+    }
+    assert_int_equal(l[FLAME_STAGE_TOTAL].count, 7);
+    assert_int_equal(l[FLAME_STAGE_TOKENS].count, 7);
+    assert_int_equal(l[FLAME_STAGE_COMPUTE].count, 7);
+    assert_int_equal(l[FLAME_STAGE_D2H].count, 7);
+    assert_true(l[FLAME_STAGE_H2D].count >= 2 && l[FLAME_STAGE_H2D].count <= 7); /* at least the two first passes */
+    assert_true(l[FLAME_STAGE_COMPUTE].sum_us > 0);
+    assert_true(l[FLAME_STAGE_COMPUTE].sum_us + l[FLAME_STAGE_D2H].sum_us <= l[FLAME_STAGE_TOTAL].sum_us + 7);
+    char *text = metrics(g, NULL);
+    assert_true(value_of(text, "flame_engine_stage_seconds_count{stage=\"d2h\"}") == 7);
+    assert_true(value_of(text, "flame_engine_stage_seconds_count{stage=\"h2d\"}") == (double)l[FLAME_STAGE_H2D].count);
+    assert_true(value_of(text, "flame_engine_cuda_graph_replays_total") >= 0);
+    free(text);
+    flame_engine_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -304,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_prometheus_buckets_are_exact),
         cmocka_unit_test(test_scheduler_text_matches_stats),
         cmocka_unit_test(test_buffer_protocol_and_errors),
+        cmocka_unit_test(test_gpu_stages),
     };
     return cmocka_run_group_tests_name("metrics", tests, setup, teardown);
 }
