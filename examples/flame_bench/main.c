@@ -1,5 +1,5 @@
 /* flame-bench: a load generator for libflame (docs/scheduler.md "Load generator").
- *   flame-bench [--model FILE] [--device cpu|cuda|cuda:N] [--direct [--threads N]]
+ *   flame-bench [--model FILE | --config JSON] [--device cpu|cuda|cuda:N] [--direct [--threads N]]
  *               [--profiles 8x32,4x64] [--max-wait-us N] [--adaptive] [--workers N] [--timeout-us N]
  *               [--qps Q | --sweep Q1,Q2,... | --sweep auto] [--diurnal] [--seconds S] [--requests N]
  *               [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]
@@ -22,7 +22,7 @@
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: flame-bench [--model FILE] [--device D] [--direct [--threads N]] [--profiles UxC,...]\n"
+            "usage: flame-bench [--model FILE | --config JSON] [--device D] [--direct [--threads N]] [--profiles UxC,...]\n"
             "                   [--max-wait-us N] [--adaptive] [--workers N] [--timeout-us N]\n"
             "                   [--qps Q | --sweep Q1,Q2,...|auto] [--diurnal] [--seconds S] [--requests N]\n"
             "                   [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]\n"
@@ -105,7 +105,7 @@ static void plot(const char *png, const char *csv)
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *device = "cpu", *csv = NULL, *png = NULL, *sweep = NULL;
+    const char *model_path = NULL, *config = NULL, *device = "cpu", *csv = NULL, *png = NULL, *sweep = NULL;
     bool direct = false, adaptive = false, json = false, diurnal = false, overhead = true;
     long threads = 4, workers = 0, max_wait = 500, history = 20;
     double qps = 200, seconds = 5;
@@ -123,6 +123,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--no-overhead")) overhead = false;
         else if (!v) return usage(), 2;
         else if (i++, !strcmp(a, "--model")) model_path = v;
+        else if (!strcmp(a, "--config")) config = v; /* a model config (docs/model-format.md), random weights */
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--threads")) threads = strtol(v, NULL, 10);
         else if (!strcmp(a, "--workers")) workers = strtol(v, NULL, 10);
@@ -177,7 +178,7 @@ int main(int argc, char **argv)
     flame_engine *e = NULL;
     flame_scheduler *s = NULL;
     flame_status st = model_path ? flame_model_load(model_path, &m)
-                                 : flame_model_create_random(flame_default_model_config(), 1, &m);
+                                 : flame_model_create_random(config ? config : flame_default_model_config(), 1, &m);
     if (!st) st = flame_config_create(&cfg);
     if (!st) st = flame_config_set_string(cfg, FLAME_OPT_DEVICE, device);
     if (!st) st = flame_engine_create(m, cfg, &e);
@@ -193,7 +194,7 @@ int main(int argc, char **argv)
         return 1;
     }
     FILE *out = json ? stderr : stdout; /* with --json, stdout holds the JSON alone */
-    fprintf(out, "%s, %s; candidates %s %u..%u, history %ld; %s\n", model_path ? model_path : "embedded default model",
+    fprintf(out, "%s, %s; candidates %s %u..%u, history %ld; %s\n", model_path ? model_path : config ? "a random model of --config" : "embedded default model",
             device, cands.kind == CAND_FIXED ? "fixed" : cands.kind == CAND_UNIFORM ? "uniform" : "long-tailed",
             cands.a, cands.b, history,
             direct ? "direct calls" : adaptive ? "scheduler, adaptive wait" : "scheduler, fixed wait");
