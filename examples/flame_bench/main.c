@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -77,9 +78,17 @@ static double scheduler_overhead_us(void)
                     .label = "overhead"};
     level_result r;
     double med = -1;
+    struct rusage u0, u1;
+    getrusage(RUSAGE_SELF, &u0);
     if (run_level(&o, &r)) {
+        getrusage(RUSAGE_SELF, &u1);
         flame_latency qw = {.struct_size = sizeof qw};
         if (flame_scheduler_get_latency(s, FLAME_STAGE_QUEUE_WAIT, &qw) == FLAME_OK) med = (double)qw.p50_us;
+        /* the process's CPU time a request: generator, hand-over, worker and the (trivial) pass */
+        const double cpu = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec + u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) * 1e6 +
+                           (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec + u1.ru_stime.tv_usec - u0.ru_stime.tv_usec);
+        fprintf(stderr, "overhead run: %llu requests, %.1f us of CPU time a request (all threads)\n",
+                (unsigned long long)r.sent, r.sent ? cpu / (double)r.sent : 0);
     }
     flame_scheduler_destroy(s);
     flame_engine_destroy(e);
