@@ -47,7 +47,7 @@ SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c s
 # ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
 SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
 # ---- the batch-profile scheduler
-SRC += $(wildcard src/sched/*.c)
+SRC += $(wildcard src/sched/*.c src/metrics/*.c)
 # ---- the kernels as a public API (flame/kernels.h; their GPU side is cuda/kernels_api.cu)
 SRC += $(wildcard src/kernels/*.c)
 SRC := $(sort $(filter-out $(OPTIONAL_OFF),$(SRC)))
@@ -75,7 +75,7 @@ endif
 SONAME   := libflame.so.$(MAJOR)
 SHLIB    := lib/libflame.so.$(VERSION)
 STLIB    := lib/libflame.a
-EXAMPLES := examples/flame-score
+EXAMPLES := examples/flame-score examples/flame-server examples/flame-bench
 # the public embedding bag pooling into a device buffer (CUDA builds)
 EXAMPLES += $(if $(filter 1,$(CUDA)),examples/tbe-gpu)
 # (test_numa is libnuma's: without it, test_optional_modules checks the stand-in)
@@ -92,6 +92,7 @@ BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention ker
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/kernels-api-bench) # the public kernels vs the internal ones (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 BENCHES  += bench/kernels-api-cpu-bench # the public kernels on the CPU vs the engine's kernels called directly
+BENCHES  += bench/metrics-bench # the cost of a Prometheus scrape
 
 .PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
         test-sanitize san-run dist distcheck wheel
@@ -148,6 +149,12 @@ examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*
 
 examples/tbe-gpu: examples/tbe_gpu/tbe_gpu.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -I$(CUDA_HOME)/include -o $@ $< $(PROG_LDFLAGS) -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+# the HTTP example: /metrics and /score on libmicrohttpd (scripts/install-deps installs it)
+examples/flame-server: examples/flame_server/main.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ examples/flame_server/main.c $(PROG_LDFLAGS) -lmicrohttpd -lcjson
+# the load generator: open-loop arrivals through a scheduler or direct calls
+examples/flame-bench: $(wildcard examples/flame_bench/*.c examples/flame_bench/*.h) $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $(filter %.c,$^) $(PROG_LDFLAGS)
 
 bench: $(BENCHES)
 bench/beauty-bench: bench/beauty_bench.c $(SHLIB) lib/libflame.so
@@ -182,6 +189,8 @@ bench/kernels-api-bench: bench/kernels_api_bench.cu cuda/kernels.cuh cuda/common
 # the public CPU kernels against the internal ones: links the static library
 bench/kernels-api-cpu-bench: bench/kernels_api_cpu_bench.c src/cpu/kernels.h include/flame/kernels.h $(STLIB)
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
+bench/metrics-bench: bench/metrics_bench.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
 
 # int8 tables: calls the internal CPU kernel, so it links the static library
 bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)
@@ -208,7 +217,7 @@ deps-test:
 # The Python tooling's virtual environment: remade when requirements.txt changes, else left
 # alone (no network). The package itself is not installed there: the tooling runs it from
 # python/ (PYTHONPATH), as a checkout's user does.
-VENV_PKGS       := numpy safetensors pytest setuptools
+VENV_PKGS       := numpy safetensors pytest setuptools prometheus_client
 VENV_BENCH_PKGS := onnx onnxruntime
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt scripts/make-venv

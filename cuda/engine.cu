@@ -257,6 +257,7 @@ static flame_status make_executor(fl_cuda_engine *g, const struct flame_config *
         FL_CUDA_TRY(cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
         x->own_stream = true;
     }
+    for (cudaEvent_t &ev : x->ev) FL_CUDA_TRY(cudaEventCreate(&ev)); // timing events: the stage metrics
     const size_t ws = 32u << 20; // cuBLASLt workspace: 32 MiB, what its docs suggest for Hopper
     FL_TRY(fl_dev_reserve(g, ws, "a GEMM workspace"));
     FL_TRY(fl_gemm_init(&x->gemm, ws));
@@ -270,6 +271,8 @@ static void free_executor(fl_cuda_executor *x)
     fl_graphs_clear(x);
     if (x->arena) cudaFree(x->arena);
     fl_gemm_destroy(&x->gemm);
+    for (cudaEvent_t ev : x->ev)
+        if (ev) cudaEventDestroy(ev);
     if (x->own_stream) cudaStreamDestroy(x->stream);
 }
 

@@ -62,6 +62,9 @@ struct fl_cuda_executor {
     std::vector<std::vector<int64_t>> seen; // signatures run once (eagerly), captured when seen again
     uint64_t clock = 0;
     std::atomic<uint64_t> replays{0}, captures{0};
+    // the stage timers of a pass (flame/metrics.h): before the upload, after it (uncaptured
+    // passes only), after the forward pass, after the scores' copy back
+    cudaEvent_t ev[4] = {};
 };
 
 struct fl_cuda_engine {

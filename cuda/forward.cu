@@ -6,6 +6,7 @@
 // the last block computes queries and everything after attention only for the rows the head
 // reads, as on the CPU (src/engine/forward.c).
 #include <string.h>
+#include <time.h>
 
 #include <algorithm>
 
@@ -52,6 +53,8 @@ struct pass {
     // the last block then works on those rows of X and Y in place, without gathering them
     int64_t sel_run = -1;
     indices host{}, dev{};
+    // set outside graph capture: recorded after the index upload, for the H2D stage time
+    cudaEvent_t after_upload = nullptr;
 };
 
 void plan(pass &p)
@@ -432,6 +435,7 @@ template <typename T> flame_status enqueue(fl_cuda_engine *g, pass &p, buffers &
 {
     fl_cuda_executor *x = p.x;
     FL_CUDA_TRY(cudaMemcpyAsync(x->arena, x->staging, idx_bytes, cudaMemcpyHostToDevice, x->stream));
+    if (p.after_upload) FL_CUDA_TRY(cudaEventRecord(p.after_upload, x->stream));
     if (p.S == 0) { // dot head, empty histories only: every score is 0
         FL_CUDA_TRY(cudaMemsetAsync(b.scores, 0, (size_t)p.total_scores * sizeof(float), x->stream));
         return FLAME_OK;
@@ -516,9 +520,23 @@ template <typename T> flame_status run_graph(fl_cuda_engine *g, pass &p, buffers
     return FLAME_OK;
 }
 
-template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores)
+uint64_t host_us()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+uint64_t elapsed_us(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0;
+    return cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms > 0 ? (uint64_t)(ms * 1000.0f + 0.5f) : 0;
+}
+
+template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores, fl_cuda_times *times)
 {
     fl_cuda_executor *x = p.x;
+    const uint64_t t0 = host_us();
     plan(p);
     if (p.total_scores == 0) return FLAME_OK;
     const size_t idx_bytes = carve_indices(p, nullptr, p.host);
@@ -533,18 +551,34 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
         b.XS = b.X + p.sel_run * g->cfg.d_model;
         b.YS = static_cast<uint8_t *>(b.Y) + p.sel_run * g->cfg.d_model * sizeof(T);
     }
+    if (times) times->tokens_us = host_us() - t0; // the host's planning and staging
     bool done = false;
+    FL_CUDA_TRY(cudaEventRecord(x->ev[0], x->stream));
     if (g->use_graphs) FL_TRY(run_graph<T>(g, p, b, idx_bytes, &done));
-    if (!done) FL_TRY(enqueue<T>(g, p, b, idx_bytes));
+    if (!done) { // uncaptured: the upload has its own event
+        p.after_upload = x->ev[1];
+        flame_status st = enqueue<T>(g, p, b, idx_bytes);
+        p.after_upload = nullptr;
+        FL_TRY(st);
+    }
+    FL_CUDA_TRY(cudaEventRecord(x->ev[2], x->stream));
     FL_CUDA_TRY(cudaMemcpyAsync(scores, b.scores, (size_t)p.total_scores * sizeof(float), cudaMemcpyDeviceToHost,
                                 x->stream));
+    FL_CUDA_TRY(cudaEventRecord(x->ev[3], x->stream));
     FL_CUDA_TRY(cudaStreamSynchronize(x->stream));
+    if (times) { // a graph replay holds the upload: it then counts in compute
+        times->h2d_timed = !done;
+        times->h2d_us = done ? 0 : elapsed_us(x->ev[0], x->ev[1]);
+        times->compute_us = elapsed_us(done ? x->ev[0] : x->ev[1], x->ev[2]);
+        times->d2h_us = elapsed_us(x->ev[2], x->ev[3]);
+    }
     return FLAME_OK;
 }
 
 } // namespace
 
-extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores)
+extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores,
+                                      fl_cuda_times *times)
 {
     fl_cuda_executor *x = &g->ex[fl_slot_acquire(&g->ex_pool)]; // waits its turn while all are busy
     flame_status st = FLAME_OK;
@@ -553,11 +587,11 @@ extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *re
     pass p{g, x, reqs, n};
     if (!st) {
         if (g->dtype == FL_COMPUTE_FP16)
-            st = run<__half>(g, p, scores);
+            st = run<__half>(g, p, scores, times);
         else if (g->dtype == FL_COMPUTE_BF16)
-            st = run<__nv_bfloat16>(g, p, scores);
+            st = run<__nv_bfloat16>(g, p, scores, times);
         else
-            st = run<float>(g, p, scores);
+            st = run<float>(g, p, scores, times);
     }
     if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
     fl_slot_release(&g->ex_pool, (int)(x - g->ex));

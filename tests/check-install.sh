@@ -9,7 +9,7 @@ trap 'rm -rf "$stage"' EXIT
 make -s install DESTDIR="$stage" PREFIX=/opt/flame >/dev/null
 prefix="$stage/opt/flame"
 lib="$prefix/lib"
-for f in include/flame/flame.h include/flame/scheduler.h include/flame/features.h include/flame/memory.h lib/libflame.so lib/libflame.so.0 lib/libflame.a lib/pkgconfig/flame.pc \
+for f in include/flame/flame.h include/flame/scheduler.h include/flame/features.h include/flame/memory.h include/flame/metrics.h lib/libflame.so lib/libflame.so.0 lib/libflame.a lib/pkgconfig/flame.pc \
          lib/cmake/flame/flameConfig.cmake lib/cmake/flame/flameConfigVersion.cmake; do
     [ -e "$prefix/$f" ] || { echo "install: FAILED, $f missing"; exit 1; }
 done

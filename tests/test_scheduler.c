@@ -10,7 +10,7 @@
 #include "tu_models.h"
 #include "tu_gpu.h"
 #include "engine/engine.h"
-#include "sched/latency.h"
+#include "metrics/histogram.h"
 #include "sched/sched.h"
 
 /* 2 side slots, sumi head with 2 tasks: candidates are tokens, so long requests are split */
@@ -577,6 +577,362 @@ static void test_destroy_scheduler_and_engine_in_a_callback_during_isolation(voi
     assert_int_equal(q[3].status, FLAME_ERR_INVALID_ARG);
 }
 
+/* ------------------------------------------------------------------ admission */
+
+/* An injectable clock (the tests move it; fl_sched_kick wakes the workers after a move). */
+static _Atomic uint64_t fake_now = 1000000;
+static uint64_t fake_clock(void *user)
+{
+    (void)user;
+    return atomic_load(&fake_now);
+}
+static void advance(flame_scheduler *s, uint64_t us)
+{
+    atomic_fetch_add(&fake_now, us);
+    fl_sched_kick(s);
+}
+
+/* A gate: the done callback of the request that holds it blocks its worker until opened, so
+ * the test queues requests behind a busy worker deterministically. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, open;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+static void gate_done(void *user, flame_status st, const char *message)
+{
+    on_done(user, st, message);
+    pthread_mutex_lock(&gate.mu);
+    gate.entered = true;
+    pthread_cond_broadcast(&gate.cv);
+    while (!gate.open) pthread_cond_wait(&gate.cv, &gate.mu);
+    pthread_mutex_unlock(&gate.mu);
+}
+/* Submits q through the gate and returns once its callback holds the (only) worker. */
+static void hold_worker(flame_scheduler *s, req *q, const flame_submit_options *o)
+{
+    gate.entered = gate.open = false;
+    assert_int_equal(flame_scheduler_submit_ex(s, &q->r, q->scores, MAXC * 2, o, gate_done, q, NULL), FLAME_OK);
+    pthread_mutex_lock(&gate.mu);
+    while (!gate.entered) pthread_cond_wait(&gate.cv, &gate.mu);
+    pthread_mutex_unlock(&gate.mu);
+}
+static void release_worker(void)
+{
+    pthread_mutex_lock(&gate.mu);
+    gate.open = true;
+    pthread_cond_broadcast(&gate.cv);
+    pthread_mutex_unlock(&gate.mu);
+}
+
+/* completion order, recorded by ordered_done */
+static req *order[32];
+static atomic_int order_n;
+static void ordered_done(void *user, flame_status st, const char *message)
+{
+    on_done(user, st, message);
+    order[atomic_fetch_add(&order_n, 1)] = user;
+}
+
+static uint64_t submit_opt(flame_scheduler *s, req *q, int32_t prio, int64_t timeout_us, uint64_t deadline_us,
+                           flame_score_done_fn fn)
+{
+    flame_submit_options o = {.struct_size = sizeof o, .priority = prio, .timeout_us = timeout_us,
+                              .deadline_us = deadline_us};
+    uint64_t t = 0;
+    assert_int_equal(flame_scheduler_submit_ex(s, &q->r, q->scores, MAXC * 2, &o, fn, q, &t), FLAME_OK);
+    assert_true(t > 0);
+    return t;
+}
+
+/* One request a batch behind a held worker: high before normal before low, and the
+ * no-starvation rule lets a level that waited through max_bypass batches go next. */
+static void test_priorities_and_no_starvation(void **state)
+{
+    fixture *f = *state;
+    static req g, l[2], n[3], h[4];
+    const flame_batch_profile p[] = {{1, 64}};
+    for (uint32_t bypass = 2; bypass <= 8; bypass += 6) {
+        flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = p, .num_profiles = 1, .workers = 1,
+                                     .max_bypass = bypass};
+        flame_scheduler *s = NULL;
+        assert_int_equal(flame_scheduler_create(f->se, &sp, &s), FLAME_OK);
+        make_req(&g, 3, 8, true);
+        hold_worker(s, &g, NULL);
+        atomic_store(&order_n, 0);
+        for (int i = 0; i < 2; i++) make_req(&l[i], 3, 8, true), submit_opt(s, &l[i], FLAME_PRIORITY_LOW, 0, 0, ordered_done);
+        for (int i = 0; i < 3; i++) make_req(&n[i], 3, 8, true), submit_opt(s, &n[i], FLAME_PRIORITY_NORMAL, 0, 0, ordered_done);
+        for (int i = 0; i < 4; i++) make_req(&h[i], 3, 8, true), submit_opt(s, &h[i], FLAME_PRIORITY_HIGH, 0, 0, ordered_done);
+        release_worker();
+        flame_scheduler_destroy(s);
+        assert_int_equal(atomic_load(&order_n), 9);
+        /* bypass 2: H1 H2, then the low level (bypassed twice), then normal (twice), ... */
+        req *want2[9] = {&h[0], &h[1], &l[0], &n[0], &h[2], &l[1], &h[3], &n[1], &n[2]};
+        req *want8[9] = {&h[0], &h[1], &h[2], &h[3], &n[0], &n[1], &n[2], &l[0], &l[1]};
+        for (int i = 0; i < 9; i++) {
+            if (order[i] != (bypass == 2 ? want2 : want8)[i]) fail_msg("max_bypass %u: batch %d is not the expected request", bypass, i);
+            assert_int_equal(order[i]->status, FLAME_OK);
+            direct(f->se, order[i]);
+            assert_matches(order[i], 2);
+        }
+    }
+}
+
+/* Deadlines on an injected clock: a queued request whose deadline passes completes with
+ * FLAME_ERR_TIMEOUT and writes nothing (split ones too), a running one completes, the
+ * others are scored; a request waiting for company times out without a batch. */
+static void test_deadlines(void **state)
+{
+    fixture *f = *state;
+    static req g, a, b, c, sp;
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    fl_sched_set_clock(s, fake_clock, NULL);
+    make_req(&g, 3, 8, true);
+    flame_submit_options go = {.struct_size = sizeof go, .timeout_us = 100};
+    hold_worker(s, &g, &go); /* running: its deadline passing does not stop it */
+    make_req(&a, 3, 10, true);
+    make_req(&b, 3, 10, true);
+    make_req(&c, 3, 10, true);
+    make_req(&sp, 3, 300, true); /* three parts */
+    const uint64_t t0 = flame_scheduler_now_us(s);
+    assert_int_equal(t0, atomic_load(&fake_now));
+    submit_opt(s, &a, 0, 1000, 0, on_done);
+    submit_opt(s, &b, 0, 0, 0, on_done);
+    submit_opt(s, &c, 0, 0, t0 + 5000, on_done);           /* absolute, not passed */
+    submit_opt(s, &sp, 0, 50000, t0 + 1500, on_done);      /* the earlier of the two holds */
+    advance(s, 2000);
+    release_worker();
+    wait_done(&a), wait_done(&b), wait_done(&c), wait_done(&sp);
+    assert_int_equal(g.status, FLAME_OK);
+    assert_int_equal(a.status, FLAME_ERR_TIMEOUT);
+    assert_non_null(strstr(a.message, "deadline passed 1000 us after the submit"));
+    assert_int_equal(sp.status, FLAME_ERR_TIMEOUT);
+    for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(a.scores[j]) && isnan(sp.scores[j]));
+    assert_int_equal(b.status, FLAME_OK);
+    assert_int_equal(c.status, FLAME_OK);
+    direct(f->se, &b), assert_matches(&b, 2);
+    direct(f->se, &c), assert_matches(&c, 2);
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.timeouts, 2);
+    assert_int_equal(st.completed, 3);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.parts, 3); /* g, b, c: the timed-out ones never reached a batch */
+    flame_scheduler_destroy(s);
+    assert_int_equal(atomic_load(&a.calls) + atomic_load(&b.calls) + atomic_load(&c.calls) + atomic_load(&sp.calls) +
+                         atomic_load(&g.calls), 5);
+}
+
+/* A lone request waiting for company (max_wait 10 s) times out at its deadline without a batch. */
+static void test_deadline_while_waiting_for_company(void **state)
+{
+    fixture *f = *state;
+    static req a;
+    const flame_batch_profile p[] = {{4, 64}};
+    flame_scheduler *s = make_sched(f->se, p, 1, 10000000, 1, 0);
+    fl_sched_set_clock(s, fake_clock, NULL);
+    make_req(&a, 3, 10, true);
+    submit_opt(s, &a, FLAME_PRIORITY_HIGH, 500, 0, on_done);
+    usleep(20000);
+    assert_int_equal(atomic_load(&a.calls), 0); /* the clock has not moved */
+    advance(s, 499);
+    usleep(20000);
+    assert_int_equal(atomic_load(&a.calls), 0);
+    advance(s, 1);
+    wait_done(&a);
+    assert_int_equal(a.status, FLAME_ERR_TIMEOUT);
+    assert_int_equal(stats_of(s).batches, 0);
+    flame_scheduler_destroy(s);
+    assert_int_equal(atomic_load(&a.calls), 1);
+}
+
+static void test_cancel(void **state)
+{
+    fixture *f = *state;
+    static req g, a, b, c;
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    make_req(&g, 3, 8, true);
+    gate.entered = gate.open = false;
+    uint64_t tg = 0;
+    assert_int_equal(flame_scheduler_submit_ex(s, &g.r, g.scores, MAXC * 2, NULL, gate_done, &g, &tg), FLAME_OK);
+    pthread_mutex_lock(&gate.mu);
+    while (!gate.entered) pthread_cond_wait(&gate.cv, &gate.mu);
+    pthread_mutex_unlock(&gate.mu);
+    make_req(&a, 3, 10, true);
+    make_req(&b, 3, 300, true); /* split: all three parts withdrawn */
+    make_req(&c, 3, 10, true);
+    const uint64_t ta = submit_opt(s, &a, FLAME_PRIORITY_LOW, 0, 0, on_done);
+    const uint64_t tb = submit_opt(s, &b, FLAME_PRIORITY_LOW, 0, 0, on_done);
+    submit_opt(s, &c, FLAME_PRIORITY_HIGH, 0, 0, on_done);
+    assert_true(tg < ta && ta < tb);
+    assert_int_equal(flame_scheduler_cancel(s, tb), FLAME_OK);
+    assert_int_equal(atomic_load(&b.calls), 1); /* done ran before cancel returned */
+    assert_int_equal(b.status, FLAME_ERR_CANCELLED);
+    assert_non_null(strstr(b.message, "cancelled while queued"));
+    assert_status_msg(flame_scheduler_cancel(s, tb), FLAME_ERR_UNAVAILABLE, "no longer queued: it is being scored or has completed");
+    assert_status_msg(flame_scheduler_cancel(s, tg), FLAME_ERR_UNAVAILABLE, "no longer queued");
+    assert_status_msg(flame_scheduler_cancel(s, 0), FLAME_ERR_INVALID_ARG, "ticket 0 was never given");
+    assert_status_msg(flame_scheduler_cancel(s, tb + 100), FLAME_ERR_INVALID_ARG, "was never given by this scheduler");
+    assert_status_msg(flame_scheduler_cancel(NULL, ta), FLAME_ERR_INVALID_ARG, "scheduler is NULL");
+    release_worker();
+    wait_done(&a), wait_done(&c);
+    for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(b.scores[j]));
+    assert_int_equal(a.status, FLAME_OK);
+    assert_int_equal(c.status, FLAME_OK);
+    direct(f->se, &a), assert_matches(&a, 2);
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.cancelled, 1);
+    assert_int_equal(st.completed, 3);
+    assert_int_equal(st.parts, 3); /* g, a, c */
+    flame_scheduler_destroy(s);
+    assert_int_equal(atomic_load(&a.calls) + atomic_load(&b.calls) + atomic_load(&c.calls) + atomic_load(&g.calls), 4);
+}
+
+/* Destroy with work pending of every kind: each accepted request's done runs exactly once,
+ * with its own status (timeout, cancel, engine error, or scored). */
+static void test_every_callback_once_at_destroy(void **state)
+{
+    fixture *f = *state;
+    enum { N = 30 };
+    static req g, q[N];
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    fl_sched_set_clock(s, fake_clock, NULL);
+    make_req(&g, 3, 8, true);
+    hold_worker(s, &g, NULL);
+    uint64_t t[N];
+    for (int i = 0; i < N; i++) {
+        make_req(&q[i], (size_t)tu_below(MAXH), 1 + (size_t)tu_below(200), true);
+        if (i % 7 == 3) q[i].cand[0] = 99999; /* an engine error: fails alone */
+        t[i] = submit_opt(s, &q[i], (int32_t)(i % 3) - 1, i % 5 == 1 ? 1000 : 0, 0, on_done);
+    }
+    for (int i = 0; i < N; i++)
+        if (i % 4 == 2) assert_int_equal(flame_scheduler_cancel(s, t[i]), FLAME_OK);
+    advance(s, 5000); /* the timeouts of i % 5 == 1 have passed */
+    release_worker();
+    flame_scheduler_destroy(s);
+    assert_int_equal(atomic_load(&g.calls), 1);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atomic_load(&q[i].calls), 1);
+        flame_status want = i % 4 == 2 ? FLAME_ERR_CANCELLED
+                            : i % 5 == 1 ? FLAME_ERR_TIMEOUT
+                            : i % 7 == 3 ? FLAME_ERR_INVALID_ARG : FLAME_OK;
+        if (q[i].status != want) fail_msg("request %d: %s, expected %s (%s)", i, flame_status_string(q[i].status),
+                                          flame_status_string(want), q[i].message);
+        if (want == FLAME_OK) direct(f->se, &q[i]), assert_matches(&q[i], 2);
+        else for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(q[i].scores[j]));
+    }
+}
+
+/* Many threads submit with priorities and deadlines and cancel concurrently (make
+ * test-sanitize runs it under ThreadSanitizer): every request completes exactly once. */
+typedef struct stress_arg {
+    flame_scheduler *s;
+    req *qs;
+    int n;
+    atomic_int *cancelled_ok;
+} stress_arg;
+static void *stress_client(void *p)
+{
+    stress_arg *a = p;
+    for (int k = 0; k < a->n; k++) {
+        req *q = &a->qs[k];
+        flame_submit_options o = {.struct_size = sizeof o, .priority = (int32_t)(k % 3) - 1,
+                                  .timeout_us = k % 4 == 0 ? 200 : 0};
+        uint64_t t = 0;
+        if (flame_scheduler_submit_ex(a->s, &q->r, q->scores, MAXC * 2, &o, on_done, q, &t) != FLAME_OK) {
+            atomic_fetch_add(&q->calls, 1000); /* refused: must not complete */
+            continue;
+        }
+        if (k % 5 == 0 && flame_scheduler_cancel(a->s, t) == FLAME_OK) atomic_fetch_add(a->cancelled_ok, 1);
+    }
+    return NULL;
+}
+static void test_admission_stress(void **state)
+{
+    fixture *f = *state;
+    enum { T = 6, K = 25 };
+    static req qs[T][K];
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) make_req(&qs[t][k], (size_t)tu_below(MAXH), 1 + (size_t)tu_below(160), true);
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 300, 2, 0);
+    atomic_int cancelled_ok = 0;
+    pthread_t th[T];
+    stress_arg args[T];
+    for (int t = 0; t < T; t++) {
+        args[t] = (stress_arg){s, qs[t], K, &cancelled_ok};
+        pthread_create(&th[t], NULL, stress_client, &args[t]);
+    }
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    flame_scheduler_destroy(s); /* drains */
+    int cancelled = 0, timeouts = 0;
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            req *q = &qs[t][k];
+            assert_int_equal(atomic_load(&q->calls), 1);
+            if (q->status == FLAME_ERR_CANCELLED) cancelled++;
+            else if (q->status == FLAME_ERR_TIMEOUT) assert_int_equal(k % 4, 0), timeouts++;
+            else assert_int_equal(q->status, FLAME_OK);
+        }
+    assert_int_equal(cancelled, atomic_load(&cancelled_ok));
+}
+
+/* The adaptive wait on an injected clock: a lone request after an idle spell waits the whole
+ * bound (low traffic); a train of arrivals 100 us apart keeps its batch open while they come
+ * on time and sends it once the next is overdue (the average gap), long before the bound,
+ * where the fixed wait holds it to the bound. */
+static void test_adaptive_wait(void **state)
+{
+    fixture *f = *state;
+    enum { N = 30 };
+    static req q[N];
+    const flame_batch_profile p[] = {{64, 64}}; /* never full here: only the wait sends it */
+    const int64_t bound = 10000;
+    for (uint32_t adaptive = 0; adaptive <= 1; adaptive++) {
+        flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = p, .num_profiles = 1, .workers = 1,
+                                     .max_wait_us = bound, .adaptive_wait = adaptive};
+        flame_scheduler *s = NULL;
+        assert_int_equal(flame_scheduler_create(f->se, &sp, &s), FLAME_OK);
+        fl_sched_set_clock(s, fake_clock, NULL);
+        /* low traffic: the first request waits the bound either way */
+        make_req(&q[0], 3, 4, true);
+        submit_opt(s, &q[0], 0, 0, 0, on_done);
+        advance(s, (uint64_t)bound - 1);
+        usleep(20000);
+        assert_int_equal(atomic_load(&q[0].calls), 0);
+        advance(s, 1);
+        wait_done(&q[0]);
+        assert_int_equal(flame_scheduler_reset_latency(s), FLAME_OK); /* the window: the train only */
+        /* a train: 29 arrivals 100 us apart */
+        for (int i = 1; i < N; i++) {
+            make_req(&q[i], 3, 2, true);
+            advance(s, 100);
+            submit_opt(s, &q[i], 0, 0, 0, on_done);
+        }
+        usleep(20000);
+        for (int i = 1; i < N; i++) assert_int_equal(atomic_load(&q[i].calls), 0); /* they came on time */
+        const double gap = s->levels[1].gap_us;
+        assert_true(gap > 100 && gap < 400); /* 100 + 9900 x (7/8)^28 */
+        advance(s, (uint64_t)gap + 1); /* the next one is overdue */
+        usleep(20000);
+        if (adaptive) {
+            for (int i = 1; i < N; i++) wait_done(&q[i]);
+        } else {
+            for (int i = 1; i < N; i++) assert_int_equal(atomic_load(&q[i].calls), 0); /* held to the bound */
+            advance(s, (uint64_t)bound); /* past the oldest's bound */
+            for (int i = 1; i < N; i++) wait_done(&q[i]);
+        }
+        flame_scheduler_stats st = stats_of(s);
+        assert_int_equal(st.batches, 2);
+        assert_int_equal(st.batch_slots_used, 4 + 2 * (N - 1));
+        flame_latency qw = {.struct_size = sizeof qw};
+        assert_int_equal(flame_scheduler_get_latency(s, FLAME_STAGE_QUEUE_WAIT, &qw), FLAME_OK);
+        /* the oldest of the train waited 2,800 us + the gap (adaptive) or the whole bound */
+        if (adaptive) assert_true(qw.max_us >= 2800 && qw.max_us < (uint64_t)bound);
+        else assert_true(qw.max_us >= (uint64_t)bound);
+        flame_scheduler_destroy(s);
+        for (int i = 0; i < N; i++) assert_int_equal(q[i].status, FLAME_OK);
+    }
+}
+
 typedef struct thread_arg {
     flame_scheduler *s;
     req *qs; /* [4], built before the threads start (the test generator is not thread-safe) */
@@ -680,6 +1036,10 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "flame_scheduler_params.struct_size = 4");
     p = (flame_scheduler_params){.struct_size = sizeof p, .max_wait_us = -1};
     assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "max_wait_us -1 is outside");
+    p = (flame_scheduler_params){.struct_size = sizeof p, .max_bypass = 70000};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "max_bypass 70000 is outside");
+    p = (flame_scheduler_params){.struct_size = sizeof p, .adaptive_wait = 2};
+    assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "adaptive_wait 2 is outside 0..1");
     p = (flame_scheduler_params){.struct_size = sizeof p, .workers = 65};
     assert_status_msg(flame_scheduler_create(f->se, &p, &s), FLAME_ERR_INVALID_ARG, "workers 65 is outside 1..64");
     const flame_batch_profile bad[] = {{0, 8}};
@@ -710,6 +1070,15 @@ static void test_argument_errors(void **state)
     r.candidates = NULL;
     assert_status_msg(flame_scheduler_submit(s, &r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
                       "candidates is NULL with num_candidates 10");
+    flame_submit_options o = {.struct_size = sizeof o, .priority = 2};
+    assert_status_msg(flame_scheduler_submit_ex(s, &q.r, q.scores, MAXC * 2, &o, on_done, &q, NULL),
+                      FLAME_ERR_INVALID_ARG, "priority 2 is none of");
+    o = (flame_submit_options){.struct_size = sizeof o, .timeout_us = -1};
+    assert_status_msg(flame_scheduler_submit_ex(s, &q.r, q.scores, MAXC * 2, &o, on_done, &q, NULL),
+                      FLAME_ERR_INVALID_ARG, "timeout_us -1 is outside");
+    o = (flame_submit_options){.struct_size = 3};
+    assert_status_msg(flame_scheduler_submit_ex(s, &q.r, q.scores, MAXC * 2, &o, on_done, &q, NULL),
+                      FLAME_ERR_INVALID_ARG, "flame_submit_options.struct_size = 3");
     assert_int_equal(atomic_load(&q.calls), 0); /* none of these called done */
     /* no candidates: validated and done before submit returns; candidate bags holding ids
      * over no candidates contradict themselves, refused as flame_score refuses them */
@@ -794,6 +1163,13 @@ int main(void)
         T(test_destroy_drains_the_queue),
         T(test_destroy_from_a_done_callback),
         T(test_destroy_scheduler_and_engine_in_a_callback_during_isolation),
+        T(test_priorities_and_no_starvation),
+        T(test_deadlines),
+        T(test_deadline_while_waiting_for_company),
+        T(test_cancel),
+        T(test_every_callback_once_at_destroy),
+        T(test_admission_stress),
+        T(test_adaptive_wait),
         T(test_threads_score_concurrently),
         T(test_user_cache_requests_and_older_layout),
         T(test_argument_errors),

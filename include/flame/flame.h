@@ -83,7 +83,10 @@ typedef enum flame_status {
     FLAME_ERR_BUFFER_TOO_SMALL = 7, /* an output buffer is smaller than the result */
     FLAME_ERR_INTERNAL = 8,         /* a bug in libflame; please report it */
     /* feature sources and item cache: */
-    FLAME_ERR_UNAVAILABLE = 9       /* a feature source could not be reached, timed out or failed */
+    FLAME_ERR_UNAVAILABLE = 9,      /* a feature source could not be reached, timed out or failed */
+    /* the scheduler's admission (flame/scheduler.h): */
+    FLAME_ERR_TIMEOUT = 10,         /* a request's deadline passed before its batch started */
+    FLAME_ERR_CANCELLED = 11        /* a queued request was cancelled (flame_scheduler_cancel) */
 } flame_status;
 
 /*
@@ -716,5 +719,6 @@ FLAME_API flame_status flame_engine_set_user_cache(flame_engine *engine, struct 
 #include "flame/memory.h"
 #include "flame/scheduler.h"
 #include "flame/kernels.h"
+#include "flame/metrics.h"
 
 #endif /* FLAME_FLAME_H */

@@ -49,10 +49,36 @@ typedef struct flame_scheduler_params {
                                           * (its BLAS uses the cores). 1..64 */
     uint32_t max_queue;                  /* parts (requests, or the parts of split ones) waiting at most;
                                           * a submit beyond is refused (load shedding). 0 = 65536 */
+    uint32_t max_bypass;                 /* the no-starvation rule of the priority levels: batches of
+                                          * higher levels that may go ahead of a waiting lower-level
+                                          * request before one batch of its level goes. 0 = 8; 1..65536 */
+    uint32_t adaptive_wait;              /* 1: the wait for company follows the arrival rate: a forming
+                                          * batch goes once the next request is later than expected
+                                          * (an average of the gaps between arrivals), and at the latest
+                                          * after max_wait_us (docs/scheduler.md "Adaptive wait").
+                                          * 0 (default): always up to max_wait_us. 0..1 */
 } flame_scheduler_params;
 
-/* Called once per submitted request, on a worker thread, when its scores are written (status
- * FLAME_OK) or it failed (a status of flame_score_batch; `message` then says why, valid only
+/* Priority levels (flame_submit_options.priority). A batch holds requests of one level; a free
+ * worker takes its batch from the highest level with queued requests, except that a level
+ * whose requests have waited through max_bypass batches of higher levels goes next
+ * (docs/scheduler.md "Priorities"). */
+#define FLAME_PRIORITY_HIGH 1
+#define FLAME_PRIORITY_NORMAL 0
+#define FLAME_PRIORITY_LOW (-1)
+
+/* Per-request admission options of flame_scheduler_submit_ex. A field left 0 takes its
+ * default, so a zeroed struct (with struct_size set) is a plain submit. */
+typedef struct flame_submit_options {
+    size_t struct_size;        /* sizeof(flame_submit_options) */
+    int32_t priority;          /* FLAME_PRIORITY_LOW, _NORMAL (0, default) or _HIGH */
+    int64_t timeout_us;        /* deadline relative to the submit, us; 0 = none; 1..2^40 */
+    uint64_t deadline_us;      /* absolute deadline on flame_scheduler_now_us's clock, us; 0 = none.
+                                * With both set, the earlier one holds */
+} flame_submit_options;
+
+/* Called once per submitted request, on a worker thread (for flame_scheduler_cancel, on the
+ * cancelling thread), when its scores are written (status FLAME_OK) or it failed (a status of flame_score_batch; `message` then says why, valid only
  * during the call; NULL on success). It should return quickly (the worker scores nothing
  * meanwhile). It may submit; flame_scheduler_score of the same scheduler is refused there
  * (it would wait for the worker it runs on); flame_scheduler_destroy of the same scheduler
@@ -134,6 +160,61 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *scheduler, const 
                                               size_t scores_len, flame_score_done_fn done, void *user);
 
 /*
+ * flame_scheduler_submit_ex: flame_scheduler_submit with a priority, a deadline and a ticket.
+ *
+ * Parameters:
+ *   scheduler  the scheduler.
+ *   request    as flame_scheduler_submit (copied; its arrays and scores stay valid until done).
+ *   scores     [num_candidates * num_tasks] float32 output, written only on FLAME_OK.
+ *   scores_len capacity of scores in floats.
+ *   options    priority and deadline (NULL = a plain submit); read by the struct_size rule.
+ *   done       the completion callback, as flame_scheduler_submit.
+ *   user       its argument.
+ *   ticket     out (may be NULL): the request's handle for flame_scheduler_cancel, unique
+ *              within the scheduler, never 0; 0 for a request without candidates (done already ran).
+ * Thread-safety: as flame_scheduler_submit.
+ * Returns: the statuses of flame_scheduler_submit; FLAME_ERR_INVALID_ARG also for a priority
+ *   other than the three levels, a timeout_us outside 0..2^40 (the message names the value).
+ *   Once accepted (FLAME_OK), done runs exactly once whatever happens: with the request's
+ *   scoring status; FLAME_ERR_TIMEOUT when its deadline passes before its batch starts (scores
+ *   not written; a request already in a running batch completes); FLAME_ERR_CANCELLED when
+ *   cancelled; and at destroy (which still scores what is queued, deadlines applying).
+ *   A deadline is noticed by the next worker that is free (immediately when one is idle; at
+ *   the latest when a running batch ends), and done then runs on that worker.
+ */
+FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *scheduler, const flame_request *request,
+                                                 float *scores, size_t scores_len,
+                                                 const flame_submit_options *options, flame_score_done_fn done,
+                                                 void *user, uint64_t *ticket);
+
+/*
+ * flame_scheduler_cancel: withdraws a queued request.
+ *
+ * Parameters:
+ *   scheduler  the scheduler.
+ *   ticket     what flame_scheduler_submit_ex returned for the request.
+ * Thread-safety: thread-safe, also from a done callback. A request is cancelled only while no
+ *   part of it has gone to a worker; its done runs with FLAME_ERR_CANCELLED on the calling
+ *   thread before this returns (nothing is written to its scores). O(queued parts).
+ * Returns: FLAME_OK when the request was cancelled; FLAME_ERR_UNAVAILABLE when it is no longer
+ *   queued (it, or a part of a split one, is being scored, or it completed: done has run or will
+ *   run with its own status); FLAME_ERR_INVALID_ARG for a NULL scheduler or a ticket this scheduler never gave
+ *   (0, or above the last one; the message names it).
+ */
+FLAME_API flame_status flame_scheduler_cancel(flame_scheduler *scheduler, uint64_t ticket);
+
+/*
+ * flame_scheduler_now_us: the scheduler's clock, for absolute deadlines.
+ *
+ * Parameters:
+ *   scheduler  the scheduler.
+ * Thread-safety: thread-safe.
+ * Returns: microseconds on CLOCK_MONOTONIC (the clock of flame_submit_options.deadline_us); 0
+ *   for NULL.
+ */
+FLAME_API uint64_t flame_scheduler_now_us(const flame_scheduler *scheduler);
+
+/*
  * flame_scheduler_score: submits and waits (flame_score through the scheduler).
  *
  * For callers that block anyway; the request is batched with others as a submit is.
@@ -155,7 +236,7 @@ typedef struct flame_scheduler_stats {
     size_t struct_size;             /* sizeof(flame_scheduler_stats) */
     uint64_t submitted;             /* requests queued (submit returned FLAME_OK) */
     uint64_t completed;             /* requests done with FLAME_OK */
-    uint64_t failed;                /* requests done with an error */
+    uint64_t failed;                /* requests done with an error of scoring (not timeouts, cancels) */
     uint64_t rejected;              /* submits refused with FLAME_ERR_UNAVAILABLE (queue full, stopping) */
     uint64_t split;                 /* requests split into parts */
     uint64_t parts;                 /* parts scored (a request not split is one part) */
@@ -170,6 +251,15 @@ typedef struct flame_scheduler_stats {
      * percentile is within 1/16 (6.25%) of the true value, rounded up. 0 when none. */
     uint64_t latency_p50_us, latency_p99_us, latency_max_us;
     uint64_t queue_wait_p50_us, queue_wait_p99_us;
+    /* admission (flame_scheduler_submit_ex); `failed` counts neither */
+    uint64_t timeouts;              /* requests done with FLAME_ERR_TIMEOUT */
+    uint64_t cancelled;             /* requests done with FLAME_ERR_CANCELLED */
+    uint64_t in_flight;             /* batches being scored now */
+    uint64_t candidates;            /* candidates of the requests queued (submit returned FLAME_OK) */
+    /* batch fill: per batch, the candidates it holds (users under the dot head) and the
+     * capacity of its profile (max_users x max_candidates; max_users under the dot head);
+     * batch_slots_used / batch_slots is the mean fill ratio */
+    uint64_t batch_slots_used, batch_slots;
 } flame_scheduler_stats;
 
 /*

@@ -19,12 +19,13 @@ from ._lib import version as library_version
 from .engine import Engine, Request
 from .errors import (BufferTooSmallError, ClosedError, DTypeError, FlameError, FlameIOError, FormatError,
                      InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
-                     UnavailableError,
+                     UnavailableError, DeadlineExceededError, CancelledError,
                      ShapeError, UnsupportedError, VersionMismatchError)
 from . import kernels
 from .features import FeatureRecord, FeatureSource, ItemCache, load_redis
 from .log import clear_log_handler, set_log_handler
 from .memory import PinnedBuffer, PinnedPool, numa_info
+from .metrics import latency, metrics_text
 from .model import Model, ModelInfo
 from .scheduler import Scheduler
 from .user_cache import UserCache, UserRecord
@@ -48,6 +49,7 @@ def __getattr__(name):
 
 __all__ = ["kernels", "Model", "ModelInfo", "Engine", "Request", "bags", "library_version", "set_log_handler",
            "clear_log_handler", "FeatureRecord", "FeatureSource", "ItemCache", "load_redis", "UserCache", "UserRecord",
-           "PinnedPool", "PinnedBuffer", "numa_info", "Scheduler", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
+           "PinnedPool", "PinnedBuffer", "numa_info", "Scheduler", "latency", "metrics_text", "FlameError", "InvalidArgumentError", "OutOfMemoryError", "FlameIOError",
            "FormatError", "UnsupportedError", "NoDeviceError", "BufferTooSmallError", "InternalError", "UnavailableError",
+           "DeadlineExceededError", "CancelledError",
            "DTypeError", "ShapeError", "ClosedError", "LibraryNotFoundError", "VersionMismatchError"]

@@ -23,8 +23,8 @@ from typing import List, Optional
 from . import errors
 from ._structs import (I64P, F32P, ModelInfo, Request, EngineStats, LOG_FN, FETCH_FN, NumaInfo, PinnedPoolParams,
                        PinnedPoolStats, UserCacheParams, UserFeatures, UserCacheStats, RedisOptions, ItemCacheStats,
-                       ItemCacheParams, SchedulerParams, SchedulerStats, DONE_FN, EmbeddingBagParams,
-                       EmbeddingBagBatch, AttentionParams)
+                       ItemCacheParams, SchedulerParams, SchedulerStats, SubmitOptions, Latency, MetricsSources,
+                       DONE_FN, EmbeddingBagParams, EmbeddingBagBatch, AttentionParams)
 
 # The C API this package was written against: flame.h 0.2.x. Same major (the ABI promise),
 # and at least this minor (the functions and struct fields bound below exist from 0.2).
@@ -108,6 +108,14 @@ PROTOTYPES = [
     ("flame_embedding_bag_forward", _st, [_vp, C.POINTER(EmbeddingBagBatch)]),
     ("flame_embedding_bag_update_rows", _st, [_vp, C.c_int32, C.c_int64, C.c_int64, _vp, C.c_int, F32P, _vp]),
     ("flame_sumi_attention", _st, [C.POINTER(AttentionParams)]),
+    ("flame_scheduler_submit_ex", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t, C.POINTER(SubmitOptions), DONE_FN,
+                                        _vp, C.POINTER(C.c_uint64)]),
+    ("flame_scheduler_cancel", _st, [_vp, C.c_uint64]),
+    ("flame_scheduler_now_us", C.c_uint64, [_vp]),
+    # metrics
+    ("flame_engine_get_latency", _st, [_vp, C.c_int, C.POINTER(Latency)]),
+    ("flame_scheduler_get_latency", _st, [_vp, C.c_int, C.POINTER(Latency)]),
+    ("flame_metrics_text", _st, [C.POINTER(MetricsSources), C.c_char_p, C.c_size_t, C.POINTER(C.c_size_t)]),
 ]
 
 _lock = threading.Lock()

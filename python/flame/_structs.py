@@ -108,7 +108,23 @@ class BatchProfile(C.Structure):
 
 class SchedulerParams(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("profiles", C.POINTER(BatchProfile)), ("num_profiles", C.c_size_t),
-                ("max_wait_us", C.c_int64), ("workers", C.c_uint32), ("max_queue", C.c_uint32)]
+                ("max_wait_us", C.c_int64), ("workers", C.c_uint32), ("max_queue", C.c_uint32),
+                ("max_bypass", C.c_uint32), ("adaptive_wait", C.c_uint32)]
+
+
+class Latency(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("count", C.c_uint64), ("sum_us", C.c_uint64), ("p50_us", C.c_uint64),
+                ("p90_us", C.c_uint64), ("p99_us", C.c_uint64), ("p999_us", C.c_uint64), ("max_us", C.c_uint64)]
+
+
+class MetricsSources(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("engine", C.c_void_p), ("scheduler", C.c_void_p),
+                ("pinned_pool", C.c_void_p)]
+
+
+class SubmitOptions(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("priority", C.c_int32), ("timeout_us", C.c_int64),
+                ("deadline_us", C.c_uint64)]
 
 
 MAX_PROFILES = 16  # FLAME_SCHED_MAX_PROFILES
@@ -120,7 +136,9 @@ class SchedulerStats(C.Structure):
                 ("batches", C.c_uint64), ("isolated", C.c_uint64), ("queued", C.c_uint64),
                 ("profile_batches", C.c_uint64 * MAX_PROFILES), ("latency_p50_us", C.c_uint64),
                 ("latency_p99_us", C.c_uint64), ("latency_max_us", C.c_uint64), ("queue_wait_p50_us", C.c_uint64),
-                ("queue_wait_p99_us", C.c_uint64)]
+                ("queue_wait_p99_us", C.c_uint64), ("timeouts", C.c_uint64), ("cancelled", C.c_uint64),
+                ("in_flight", C.c_uint64), ("candidates", C.c_uint64), ("batch_slots_used", C.c_uint64),
+                ("batch_slots", C.c_uint64)]
 
 
 def as_dict(s: C.Structure) -> dict:

@@ -20,6 +20,8 @@ ERR_NO_DEVICE = 6
 ERR_BUFFER_TOO_SMALL = 7
 ERR_INTERNAL = 8
 ERR_UNAVAILABLE = 9
+ERR_TIMEOUT = 10
+ERR_CANCELLED = 11
 
 
 class FlameError(Exception):
@@ -77,6 +79,18 @@ class UnavailableError(FlameError):
     status, status_name = ERR_UNAVAILABLE, "FLAME_ERR_UNAVAILABLE"
 
 
+class DeadlineExceededError(FlameError, TimeoutError):
+    """A scheduled request's deadline passed before its batch started (FLAME_ERR_TIMEOUT)."""
+
+    status, status_name = ERR_TIMEOUT, "FLAME_ERR_TIMEOUT"
+
+
+class CancelledError(FlameError):
+    """A queued request was cancelled (FLAME_ERR_CANCELLED, Scheduler.cancel)."""
+
+    status, status_name = ERR_CANCELLED, "FLAME_ERR_CANCELLED"
+
+
 class DTypeError(InvalidArgumentError, TypeError):
     """An array has the wrong dtype (ids must be int64, scores float32)."""
 
@@ -104,7 +118,7 @@ class VersionMismatchError(FlameError):
 BY_STATUS: Dict[int, Type[FlameError]] = {
     c.status: c for c in (InvalidArgumentError, OutOfMemoryError, FlameIOError, FormatError,
                           UnsupportedError, NoDeviceError, BufferTooSmallError, InternalError,
-                          UnavailableError)
+                          UnavailableError, DeadlineExceededError, CancelledError)
 }
 
 

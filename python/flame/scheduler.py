@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _arrays, _lib, errors
 from ._handle import Handle
-from ._structs import DONE_FN, F32P, BatchProfile, SchedulerParams, SchedulerStats, new
+from ._structs import DONE_FN, F32P, BatchProfile, SchedulerParams, SchedulerStats, SubmitOptions, new
 from .engine import Engine, Request
 
 
@@ -32,14 +32,21 @@ class Scheduler(Handle):
     max_wait_us: how long the oldest queued request waits for its batch to fill (0: never).
     workers: threads calling the engine (0: the GPU engine's executors, 1 on the CPU).
     max_queue: parts waiting at most before submits are refused (0: 65536).
+    max_bypass: the no-starvation rule of the priority levels: batches of higher levels that
+      may go ahead of a waiting lower-level request before its level's batch goes (0: 8).
+    adaptive_wait: the wait for company follows the arrival rate (a forming batch goes once the
+      next request is overdue, at the latest after max_wait_us); False: always max_wait_us.
     Thread-safe: score and submit from any threads.
     """
+
+    PRIORITY_LOW, PRIORITY_NORMAL, PRIORITY_HIGH = -1, 0, 1
 
     _destroy, _what = "flame_scheduler_destroy", "scheduler"
     _fork_safe = False  # its workers exist only in the process that made it
 
     def __init__(self, engine: Engine, profiles: Optional[Sequence[Tuple[int, int]]] = None, *,
-                 max_wait_us: int = 0, workers: int = 0, max_queue: int = 0):
+                 max_wait_us: int = 0, workers: int = 0, max_queue: int = 0, max_bypass: int = 0,
+                 adaptive_wait: bool = False):
         if not isinstance(engine, Engine):
             raise TypeError(f"engine must be a flame.Engine, got {type(engine).__name__}")
         self._handle = C.c_void_p()
@@ -53,12 +60,17 @@ class Scheduler(Handle):
             for i, (u, c) in enumerate(pairs):
                 arr[i] = BatchProfile(_u32(u, f"profile {i} max_users"), _u32(c, f"profile {i} max_candidates"))
             p.profiles, p.num_profiles = C.cast(arr, C.POINTER(BatchProfile)), len(pairs)
-        for name, v in (("max_wait_us", max_wait_us), ("workers", workers), ("max_queue", max_queue)):
+        for name, v in (("max_wait_us", max_wait_us), ("workers", workers), ("max_queue", max_queue),
+                        ("max_bypass", max_bypass)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise errors.DTypeError(f"{name} must be an int, got {type(v).__name__}")
         if not -2**63 <= max_wait_us < 2**63:
             raise errors.InvalidArgumentError(f"max_wait_us = {max_wait_us} does not fit int64")
         p.max_wait_us, p.workers, p.max_queue = int(max_wait_us), _u32(workers, "workers"), _u32(max_queue, "max_queue")
+        p.max_bypass = _u32(max_bypass, "max_bypass")
+        if not isinstance(adaptive_wait, bool):
+            raise errors.DTypeError(f"adaptive_wait must be a bool, got {type(adaptive_wait).__name__}")
+        p.adaptive_wait = int(adaptive_wait)
         self.engine = engine
         eh = engine._retain()  # the C scheduler uses the engine until it is destroyed (_destroyed gives it back)
         try:
@@ -96,25 +108,40 @@ class Scheduler(Handle):
 
     def submit(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
                candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
-               from_user_cache: bool = False, out: Optional[np.ndarray] = None) -> "Future[np.ndarray]":
+               from_user_cache: bool = False, out: Optional[np.ndarray] = None, priority: int = 0,
+               timeout_us: int = 0, deadline_us: int = 0) -> "Future[np.ndarray]":
         """Queues the request and returns a Future of its float32 [num_candidates, num_tasks]
         scores (its exception is the FlameError of a failed request). Raises at once, with
         nothing queued, for bad shapes or dtypes, a full queue (UnavailableError) or a
         closed scheduler. The Future completes on a scheduler worker, so callbacks added with
         add_done_callback run there: they may submit, but score() from them is refused (it
-        would wait for the worker it runs on). The Future cannot be cancelled."""
+        would wait for the worker it runs on).
+        priority: Scheduler.PRIORITY_LOW (-1), _NORMAL (0) or _HIGH (1). timeout_us (relative)
+        and deadline_us (absolute, on now_us()'s clock): a request still queued then fails with
+        DeadlineExceededError (a TimeoutError). The Future's `ticket` attribute is its handle
+        for cancel(); Future.cancel() itself refuses (the request is handed over at once)."""
         self._check_usable()  # closed (or inherited through fork): raise before anything is kept
+        for name, v in (("priority", priority), ("timeout_us", timeout_us), ("deadline_us", deadline_us)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise errors.DTypeError(f"{name} must be an int, got {type(v).__name__}")
+        if not -2**31 <= priority < 2**31 or not -2**63 <= timeout_us < 2**63 or not 0 <= deadline_us < 2**64:
+            raise errors.InvalidArgumentError(f"priority {priority}, timeout_us {timeout_us} or deadline_us "
+                                              f"{deadline_us} does not fit its C type")
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
                                        out)
+        opts = new(SubmitOptions)
+        opts.priority, opts.timeout_us, opts.deadline_us = int(priority), int(timeout_us), int(deadline_us)
         fut: "Future[np.ndarray]" = Future()
         fut.set_running_or_notify_cancel()  # running from now on: cancel() cannot stop it, so it refuses
         token = next(self._tokens)
+        ticket = C.c_uint64(0)
         with self._lock:
             self._pending[token] = (fut, keep, res)
         try:
             with self._use() as h:
-                st = _lib.lib().flame_scheduler_submit(h, C.byref(req), res.ctypes.data_as(F32P), res.size,
-                                                       self._done, C.c_void_p(token))
+                st = _lib.lib().flame_scheduler_submit_ex(h, C.byref(req), res.ctypes.data_as(F32P), res.size,
+                                                          C.byref(opts), self._done, C.c_void_p(token),
+                                                          C.byref(ticket))
         except BaseException:
             with self._lock:
                 self._pending.pop(token, None)
@@ -123,10 +150,30 @@ class Scheduler(Handle):
             with self._lock:
                 self._pending.pop(token, None)
             _lib.check(st)
+        fut.ticket = ticket.value  # type: ignore[attr-defined]
         return fut
 
+    def cancel(self, future_or_ticket: Any) -> bool:
+        """Withdraws a queued request (a Future from submit, or its ticket): True when it was
+        cancelled (its Future then holds CancelledError), False when it is no longer queued
+        (it is being scored or has completed)."""
+        ticket = getattr(future_or_ticket, "ticket", future_or_ticket)
+        if isinstance(ticket, bool) or not isinstance(ticket, (int, np.integer)) or not 0 <= int(ticket) < 2**64:
+            raise errors.InvalidArgumentError(f"not a ticket of this scheduler: {future_or_ticket!r}")
+        with self._use() as h:
+            st = _lib.lib().flame_scheduler_cancel(h, C.c_uint64(int(ticket)))
+        if st == errors.ERR_UNAVAILABLE:
+            return False
+        _lib.check(st)
+        return True
+
+    def now_us(self) -> int:
+        """The scheduler's clock (CLOCK_MONOTONIC, us): the clock of submit's deadline_us."""
+        with self._use() as h:
+            return int(_lib.lib().flame_scheduler_now_us(h))
+
     def stats(self) -> Dict[str, Any]:
-        """submitted, completed, failed, rejected, split, parts, batches, isolated, queued,
+        """submitted, completed, failed, rejected, split, parts, batches, isolated, queued, timeouts, cancelled,
         profile_batches (per profile, in the order given), latency_p50/p99/max_us and
         queue_wait_p50/p99_us (since creation or reset_latency)."""
         raw = new(SchedulerStats)
@@ -135,6 +182,17 @@ class Scheduler(Handle):
         d = {name: getattr(raw, name) for name, _ in raw._fields_ if name != "struct_size"}
         d["profile_batches"] = list(raw.profile_batches)[:self.num_profiles]
         return d
+
+    def latency(self, stage: str = "total") -> Dict[str, int]:
+        """flame.latency of this scheduler: "queue_wait" or "total" (count, sum_us,
+        p50/p90/p99/p999/max_us)."""
+        from .metrics import latency
+        return latency(self, stage)
+
+    def metrics_text(self) -> str:
+        """flame.metrics_text of this scheduler and its engine (Prometheus text format)."""
+        from .metrics import metrics_text
+        return metrics_text(self.engine, self)
 
     def reset_latency(self) -> None:
         """Empties the latency histograms: the percentiles then cover what completes from now on."""

@@ -4,11 +4,29 @@
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
-/* Statistics of a call that succeeded. */
-static void count(flame_engine *engine, size_t num_requests, uint64_t uc_hits, uint64_t uc_misses)
+/* Statistics of a call that succeeded: counters, and its stage times (flame/metrics.h). */
+typedef struct call_times {
+    uint64_t start, features, tokens, h2d, compute, d2h;
+    bool resolved, gpu, h2d_timed;
+} call_times;
+
+static void count(flame_engine *engine, const flame_request *reqs, size_t num_requests, uint64_t uc_hits,
+                  uint64_t uc_misses, uint64_t tokens, const call_times *t)
 {
     atomic_fetch_add(&engine->calls, 1);
     atomic_fetch_add(&engine->requests, num_requests);
+    uint64_t cands = 0;
+    for (size_t r = 0; r < num_requests; r++) cands += reqs[r].num_candidates;
+    atomic_fetch_add(&engine->candidates, cands);
+    atomic_fetch_add(&engine->tokens, tokens);
+    if (t->resolved) fl_hist_add(&engine->stage[FLAME_STAGE_FEATURES], t->features);
+    if (tokens) {
+        fl_hist_add(&engine->stage[FLAME_STAGE_TOKENS], t->tokens);
+        fl_hist_add(&engine->stage[FLAME_STAGE_COMPUTE], t->compute);
+        if (t->gpu && t->h2d_timed) fl_hist_add(&engine->stage[FLAME_STAGE_H2D], t->h2d);
+        if (t->gpu) fl_hist_add(&engine->stage[FLAME_STAGE_D2H], t->d2h);
+    }
+    fl_hist_add(&engine->stage[FLAME_STAGE_TOTAL], fl_now_us() - t->start);
     if (uc_hits) atomic_fetch_add(&engine->user_cache_hits, uc_hits);
     if (uc_misses) atomic_fetch_add(&engine->user_cache_misses, uc_misses);
 }
@@ -24,10 +42,13 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     const flame_request *reqs = requests;
     flame_status st = FLAME_OK;
     uint64_t uc_hits = 0, uc_misses = 0;
+    call_times t = {.start = fl_now_us(), .gpu = engine->gpu != NULL};
     if (fl_requests_need_prepare(requests, num_requests, stride)) { /* older layouts, user-cache histories */
         ws = fl_workspace_acquire(engine);
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
         st = fl_prepare_requests(engine, ws, requests, num_requests, stride, &reqs, &uc_hits, &uc_misses);
+        t.resolved = uc_hits + uc_misses > 0;
+        if (t.resolved) t.features = fl_now_us() - t.start;
     }
     /* every check but those of the bags the item cache gives comes first, so a refused call
      * fetches nothing from the feature source (and caches nothing) */
@@ -43,13 +64,15 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
         if (!ws) ws = fl_workspace_acquire(engine);
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
         const flame_request *given = reqs;
+        const uint64_t t0 = fl_now_us();
         st = fl_resolve_features(engine, ws, reqs, num_requests, &reqs);
+        if (reqs != given) t.resolved = true, t.features += fl_now_us() - t0;
         if (!st && reqs != given) st = fl_validate_resolved(engine->model, given, reqs, num_requests);
     }
     if (st || total == 0) { /* an error, or nothing to write: no work */
         if (ws) fl_workspace_release(engine, ws);
         if (st) return st;
-        count(engine, num_requests, uc_hits, uc_misses);
+        count(engine, reqs, num_requests, uc_hits, uc_misses, 0, &t);
         return FLAME_OK;
     }
     if (!ws) ws = fl_workspace_acquire(engine);
@@ -57,6 +80,7 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     const int32_t tasks = engine->model->cfg.num_tasks;
     const size_t slice = (size_t)engine->cfg.max_batch;
     size_t need = 0;
+    uint64_t all_tokens = 0;
     for (size_t r0 = 0; r0 < num_requests; r0 += slice) {
         int64_t tokens = 0;
         size_t b = fl_forward_bytes(engine, reqs + r0, num_requests - r0 < slice ? num_requests - r0 : slice,
@@ -68,19 +92,32 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
                             "FLAME_OPT_MAX_BATCH", r0, (long long)tokens);
         }
         if (b > need) need = b;
+        all_tokens += (uint64_t)tokens;
     }
     /* all memory up front: no half-written scores (a GPU engine keeps its buffers on the device) */
     if (!engine->gpu) st = fl_workspace_reserve(engine, ws, need);
     float *out = scores;
+    t.h2d_timed = true;
     for (size_t r0 = 0; r0 < num_requests && !st; r0 += slice) {
         size_t n = num_requests - r0 < slice ? num_requests - r0 : slice;
-        st = engine->gpu ? fl_cuda_score(engine->gpu, reqs + r0, n, out)
-                         : fl_forward_cpu(engine, ws, reqs + r0, n, out);
+        if (engine->gpu) { /* the backend times its own stages (host planning, CUDA events) */
+            fl_cuda_times ct = {0};
+            st = fl_cuda_score(engine->gpu, reqs + r0, n, out, &ct);
+            t.tokens += ct.tokens_us, t.h2d += ct.h2d_us, t.compute += ct.compute_us, t.d2h += ct.d2h_us;
+            t.h2d_timed &= ct.h2d_timed;
+        } else { /* compute: the pass less its token assembly */
+            const uint64_t t0 = fl_now_us();
+            ws->tokens_us = 0;
+            st = fl_forward_cpu(engine, ws, reqs + r0, n, out);
+            const uint64_t pass = fl_now_us() - t0;
+            t.tokens += ws->tokens_us;
+            t.compute += pass > ws->tokens_us ? pass - ws->tokens_us : 0;
+        }
         for (size_t r = r0; r < r0 + n; r++) out += reqs[r].num_candidates * (size_t)tasks;
     }
     fl_workspace_release(engine, ws);
     if (st) return st;
-    count(engine, num_requests, uc_hits, uc_misses);
+    count(engine, reqs, num_requests, uc_hits, uc_misses, all_tokens, &t);
     return FLAME_OK;
 }
 

@@ -41,6 +41,8 @@ FLAME_API const char *flame_status_string(flame_status status)
     case FLAME_ERR_BUFFER_TOO_SMALL: return "FLAME_ERR_BUFFER_TOO_SMALL";
     case FLAME_ERR_INTERNAL: return "FLAME_ERR_INTERNAL";
     case FLAME_ERR_UNAVAILABLE: return "FLAME_ERR_UNAVAILABLE";
+    case FLAME_ERR_TIMEOUT: return "FLAME_ERR_TIMEOUT";
+    case FLAME_ERR_CANCELLED: return "FLAME_ERR_CANCELLED";
     }
     return "FLAME_ERR_UNKNOWN";
 }

@@ -17,8 +17,19 @@ typedef struct fl_cuda_engine fl_cuda_engine;
 flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_weights *w, int64_t num_items,
                                    const struct flame_config *cfg, int device, fl_cuda_engine **out);
 void fl_cuda_engine_destroy(fl_cuda_engine *g);
-/* Scores validated requests (one pass) into host `scores`. Serialized per engine. */
-flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores);
+/* The stage times of one pass, us: the host's planning and staging (tokens), then the
+ * device's own times from CUDA events: the index upload (h2d; 0 when the pass replays a CUDA
+ * graph, which holds the upload: it then counts in compute), the forward pass and the scores'
+ * copy back. */
+typedef struct fl_cuda_times {
+    uint64_t tokens_us, h2d_us, compute_us, d2h_us;
+    bool h2d_timed;
+} fl_cuda_times;
+
+/* Scores validated requests (one pass) into host `scores`; `times` (may be NULL) gets the
+ * pass's stage times. Serialized per engine. */
+flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores,
+                           fl_cuda_times *times);
 /* Device bytes held now: weights, activation buffers, workspace. */
 uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g);
 uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/options.h"
+#include "metrics/histogram.h"
 #include "model/model.h"
 
 /* A growable 64-byte aligned arena, private to one call at a time. */
@@ -21,7 +22,11 @@ typedef struct fl_workspace {
     /* requests in this header's layout, histories read from the user cache (engine/user_history.c) */
     void *prep[2];
     size_t prep_cap[2];
+    uint64_t tokens_us;        /* token assembly of the current call (fl_forward_cpu adds to it) */
 } fl_workspace;
+
+/* The stages an engine times (flame/metrics.h flame_stage, FEATURES..TOTAL). */
+enum { FL_ENGINE_STAGES = 7 };
 
 struct fl_cuda_engine;
 struct fl_cpu_plan;
@@ -39,7 +44,11 @@ struct flame_engine {
     struct flame_user_cache *user_cache; /* NULL: requests give their histories themselves */
     atomic_uint_fast64_t user_cache_hits, user_cache_misses;
     atomic_bool warned_blas_threads; /* the oversubscription warning of fl_workspace_acquire, once */
+    /* metrics (flame/metrics.h): per-stage latency of successful calls, indexed by flame_stage */
+    fl_histogram stage[FL_ENGINE_STAGES];
+    atomic_uint_fast64_t candidates, tokens;
 };
+
 
 /* *out = *q in this header's layout (the rule of core/abi.h: the fields q's header lacks read
  * 0, a newer header's extra fields are dropped). `avail` is q's struct_size, already checked. */

@@ -458,7 +458,9 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
         return FLAME_OK;
     }
     fill_selection(&b);
+    const uint64_t t0 = fl_now_us(); /* token assembly, a stage of the engine's metrics */
     embed(&b);
+    ws->tokens_us += fl_now_us() - t0;
     for (int i = 0; i < c->num_blocks; i++) block(&b, i, i == c->num_blocks - 1);
     if (c->num_blocks == 0) gather_rows(b.X, b.sel, b.S, c->d_model, b.XS);
     if (c->final_layernorm) layernorm(&b, b.S, c->d_model, b.XS, c->d_model, NULL, 0, &m->w.final_ln, b.XS, c->d_model);

@@ -21,7 +21,7 @@ void fl_cuda_engine_destroy(fl_cuda_engine *g)
     (void)g;
 }
 
-flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores)
+flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores, fl_cuda_times *times)
 {
     return fl_error(FLAME_ERR_INTERNAL, "no CUDA backend in this build");
 }

@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 
 #include "core/common.h"
-#include "sched/latency.h"
+#include "metrics/histogram.h"
 
 /* ---- profiles (profiles.c) */
 typedef struct fl_profiles {
@@ -45,6 +45,10 @@ struct fl_job {
     flame_score_done_fn done;
     void *user;
     uint64_t submit_us;
+    uint64_t deadline_us;      /* on the scheduler's clock; UINT64_MAX = none */
+    uint64_t id;               /* the ticket */
+    int level;                 /* index into flame_scheduler.levels (0 = highest) */
+    size_t taken;              /* parts gone to a worker (under the lock): cancellable while 0 */
     atomic_size_t parts_left;
     atomic_int status;         /* FLAME_OK until the first part fails */
     char message[512];         /* that failure's message (written by the part that set status) */
@@ -52,24 +56,70 @@ struct fl_job {
     fl_part parts[];           /* then the rebased bags and gather (one allocation) */
 };
 
+/* ---- priority levels (queue.c): one FIFO of parts per level */
+#define FL_LEVELS 3            /* FLAME_PRIORITY_HIGH, _NORMAL, _LOW */
+
+typedef struct fl_level {
+    fl_part *head, *tail;
+    uint64_t queued;           /* parts */
+    uint32_t bypassed;         /* batches of higher levels taken while this level waited */
+    uint64_t last_arrival;     /* the scheduler's clock at the latest push (0: none yet) */
+    double gap_us;             /* moving average of the gaps between pushes (the adaptive wait) */
+} fl_level;
+
+/* The clock of deadlines and waits (injectable for the tests: fl_sched_set_clock). */
+typedef uint64_t (*fl_clock_fn)(void *user);
+
 struct flame_scheduler {
     struct flame_engine *engine;
     fl_profiles profiles;
     int32_t num_tasks;
     uint64_t max_wait_us;
-    uint32_t num_workers, max_queue;
+    uint32_t num_workers, max_queue, max_bypass;
+    bool adaptive;             /* the wait for company follows the arrival rate (queue.c fl_queue_due) */
     pthread_t *threads;
     uint32_t started;
     bool freed_by_worker;      /* destroyed from one of its workers: that worker frees it on its way out */
-    pthread_mutex_t mu;        /* guards the queue and `stopping` */
+    fl_clock_fn clock;
+    void *clock_user;
+    pthread_mutex_t mu;        /* guards the levels, the ids, next_deadline and `stopping` */
     pthread_cond_t cv;         /* the queue changed, or stopping (CLOCK_MONOTONIC for timed waits) */
-    fl_part *head, *tail;
-    uint64_t queued;
+    fl_level levels[FL_LEVELS];
+    uint64_t queued;           /* parts of all levels */
+    uint64_t next_id;          /* the last ticket given */
+    uint64_t next_deadline;    /* no queued job's deadline is earlier (UINT64_MAX: none) */
     bool stopping;
     atomic_uint_fast64_t submitted, completed, failed, rejected, split, parts, batches, isolated;
+    atomic_uint_fast64_t timeouts, cancelled, in_flight, candidates, slots_used, slots;
     atomic_uint_fast64_t profile_batches[FLAME_SCHED_MAX_PROFILES];
     fl_histogram latency, queue_wait;
 };
+
+/* ---- queue operations (queue.c), all with s->mu held */
+/* Appends a job's parts to its level. */
+void fl_queue_push(flame_scheduler *s, fl_job *j);
+/* The level the next batch comes from (the no-starvation rule); -1 when nothing is queued. */
+int fl_queue_pick(const flame_scheduler *s, bool *aged);
+/* Removes the first n parts of level `lv` into out[] and counts the batch for the rule. */
+void fl_queue_take(flame_scheduler *s, int lv, fl_part **out, size_t n);
+/* When the batch forming at level l goes at the latest (the scheduler's clock): its oldest
+ * part's submit + max_wait_us, or with the adaptive wait, earlier when the level's next
+ * arrival is overdue. */
+uint64_t fl_queue_due(const flame_scheduler *s, int l);
+/* Unlinks every queued part of the jobs whose deadline is at or before `now` into a list
+ * (linked by next) and recomputes next_deadline; the caller completes them unlocked. */
+fl_part *fl_queue_expire(flame_scheduler *s, uint64_t now);
+/* Unlinks the parts of the job with this ticket if none has gone to a worker: the list, or
+ * NULL with *running true (some part was taken) or false (not queued). */
+fl_part *fl_queue_cancel(flame_scheduler *s, uint64_t id, bool *running);
+
+static inline uint64_t fl_sched_clock(const flame_scheduler *s)
+{
+    return s->clock(s->clock_user);
+}
+/* Tests: replaces the clock (before any submit) and wakes the workers after moving it. */
+void fl_sched_set_clock(flame_scheduler *s, fl_clock_fn fn, void *user);
+void fl_sched_kick(flame_scheduler *s);
 
 uint64_t fl_sched_now_us(void);
 

@@ -14,6 +14,9 @@
 #define MAX_WAIT_US 10000000
 #define MAX_WORKERS 64
 #define DEFAULT_MAX_QUEUE 65536u
+#define DEFAULT_MAX_BYPASS 8u
+#define MAX_BYPASS 65536u
+#define MAX_TIMEOUT_US (1ll << 40)
 
 typedef struct worker {
     flame_scheduler *s;
@@ -47,6 +50,27 @@ uint64_t fl_sched_now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+static uint64_t monotonic_clock(void *user)
+{
+    (void)user;
+    return fl_sched_now_us();
+}
+
+void fl_sched_set_clock(flame_scheduler *s, fl_clock_fn fn, void *user)
+{
+    pthread_mutex_lock(&s->mu);
+    s->clock = fn ? fn : monotonic_clock;
+    s->clock_user = fn ? user : NULL;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void fl_sched_kick(flame_scheduler *s)
+{
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* ------------------------------------------------------------------ completion */
 
 static void finish_job(flame_scheduler *s, fl_job *j)
@@ -54,8 +78,12 @@ static void finish_job(flame_scheduler *s, fl_job *j)
     const int st = atomic_load(&j->status);
     if (st == FLAME_OK && j->gather)
         memcpy(j->scores, j->gather, j->req.num_candidates * (size_t)s->num_tasks * sizeof(float));
-    fl_hist_add(&s->latency, fl_sched_now_us() - j->submit_us);
-    atomic_fetch_add(st == FLAME_OK ? &s->completed : &s->failed, 1);
+    if (st == FLAME_ERR_TIMEOUT) atomic_fetch_add(&s->timeouts, 1);
+    else if (st == FLAME_ERR_CANCELLED) atomic_fetch_add(&s->cancelled, 1);
+    else { /* scored: its latency counts */
+        fl_hist_add(&s->latency, fl_sched_clock(s) - j->submit_us);
+        atomic_fetch_add(st == FLAME_OK ? &s->completed : &s->failed, 1);
+    }
     j->done(j->user, (flame_status)st, st == FLAME_OK ? NULL : j->message);
     free(j);
 }
@@ -71,6 +99,24 @@ static void complete_part(flame_scheduler *s, fl_part *p, flame_status st, const
             snprintf(j->message, sizeof j->message, "%s", message && *message ? message : flame_status_string(st));
     }
     if (atomic_fetch_sub(&j->parts_left, 1) == 1) finish_job(s, j); /* acq_rel: sees every part's writes */
+}
+
+/* Completes unlinked parts (fl_queue_expire, fl_queue_cancel) with st. A job is freed by its
+ * last part, so each link is read before its part completes. */
+static void complete_list(flame_scheduler *s, fl_part *p, flame_status st)
+{
+    while (p) {
+        fl_part *next = p->next;
+        char message[160];
+        if (st == FLAME_ERR_TIMEOUT)
+            snprintf(message, sizeof message, "request %llu: its deadline passed %llu us after the submit, before its "
+                     "batch started", (unsigned long long)p->job->id,
+                     (unsigned long long)(p->job->deadline_us - p->job->submit_us));
+        else
+            snprintf(message, sizeof message, "request %llu: cancelled while queued", (unsigned long long)p->job->id);
+        complete_part(s, p, st, message);
+        p = next;
+    }
 }
 
 /* ------------------------------------------------------------------ batches */
@@ -117,7 +163,7 @@ static flame_status score_parts(worker *w, fl_part **parts, const flame_request 
 static void run_batch(worker *w, size_t n)
 {
     flame_scheduler *s = w->s;
-    const uint64_t start = fl_sched_now_us();
+    const uint64_t start = fl_sched_clock(s);
     uint64_t cands = 0;
     for (size_t i = 0; i < n; i++) {
         w->reqs[i] = part_request(w->batch[i]);
@@ -126,9 +172,18 @@ static void run_batch(worker *w, size_t n)
     }
     atomic_fetch_add(&s->batches, 1);
     atomic_fetch_add(&s->parts, n);
-    int prof = fl_profiles_fit(&s->profiles, n, cands);
-    if (prof >= 0) atomic_fetch_add(&s->profile_batches[prof], 1);
+    const fl_profiles *ps = &s->profiles;
+    int prof = fl_profiles_fit(ps, n, cands);
+    if (prof >= 0) {
+        atomic_fetch_add(&s->profile_batches[prof], 1);
+        uint64_t used = ps->count_candidates ? 0 : n; /* the candidates, or under the dot head the users */
+        for (size_t i = 0; ps->count_candidates && i < n; i++) used += w->batch[i]->cand_n;
+        atomic_fetch_add(&s->slots_used, used);
+        atomic_fetch_add(&s->slots, (uint64_t)ps->p[prof].max_users * (ps->count_candidates ? ps->p[prof].max_candidates : 1));
+    }
+    atomic_fetch_add(&s->in_flight, 1);
     flame_status st = score_parts(w, w->batch, w->reqs, n);
+    atomic_fetch_sub(&s->in_flight, 1);
     if (st == FLAME_OK) {
         for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], FLAME_OK, NULL);
         return;
@@ -156,15 +211,15 @@ static void run_batch(worker *w, size_t n)
 
 static void free_scheduler(flame_scheduler *s);
 
-/* The parts at the head of the queue that form the next batch: as many as some profile holds,
+/* The parts at the head of level l that form the next batch: as many as some profile holds,
  * in arrival order. *closed: no further part could join (the next one does not fit, or no
- * profile holds one more user). Called with the lock held; the queue is not empty. */
-static size_t form(const flame_scheduler *s, bool *closed)
+ * profile holds one more user). Called with the lock held; the level is not empty. */
+static size_t form(const flame_scheduler *s, int l, bool *closed)
 {
     const fl_profiles *ps = &s->profiles;
     size_t n = 0;
     uint64_t cands = 0;
-    const fl_part *p = s->head;
+    const fl_part *p = s->levels[l].head;
     for (; p; p = p->next) {
         uint64_t c = p->cand_n > cands ? p->cand_n : cands;
         if (fl_profiles_fit(ps, n + 1, c) < 0) break;
@@ -175,10 +230,44 @@ static size_t form(const flame_scheduler *s, bool *closed)
     return n;
 }
 
-static void deadline_of(uint64_t us, struct timespec *ts)
+/* With the lock held: the next batch into `into` (its size), or 0 with either *expired (parts
+ * whose deadline passed, to complete unlocked first) or *wake (when to look again on the
+ * scheduler's clock; UINT64_MAX: when signalled). Never waits for company once stopping. */
+static size_t next_batch(flame_scheduler *s, fl_part **into, fl_part **expired, uint64_t *wake)
 {
-    ts->tv_sec = (time_t)(us / 1000000u);
-    ts->tv_nsec = (long)(us % 1000000u) * 1000;
+    const uint64_t now = fl_sched_clock(s);
+    *expired = NULL;
+    *wake = UINT64_MAX;
+    if (now >= s->next_deadline && (*expired = fl_queue_expire(s, now))) return 0;
+    bool aged;
+    const int l = fl_queue_pick(s, &aged);
+    if (l < 0) return 0;
+    bool closed;
+    const size_t n = form(s, l, &closed); /* >= 1: every part fits the profile of the largest max_candidates */
+    if (!closed && !s->stopping && !aged && s->max_wait_us) {
+        const uint64_t due = fl_queue_due(s, l);
+        if (now < due) { /* wait for more, for the oldest part's due time, or for the next deadline */
+            *wake = due < s->next_deadline ? due : s->next_deadline;
+            return 0;
+        }
+    }
+    fl_queue_take(s, l, into, n);
+    return n;
+}
+
+/* Waits on the condition until `wake` on the scheduler's clock (converted to a span, so an
+ * injected clock works too), or until signalled. */
+static void wait_until(flame_scheduler *s, uint64_t wake)
+{
+    if (wake == UINT64_MAX) {
+        pthread_cond_wait(&s->cv, &s->mu);
+        return;
+    }
+    const uint64_t now = fl_sched_clock(s);
+    if (wake <= now) return;
+    const uint64_t real = fl_sched_now_us() + (wake - now);
+    struct timespec ts = {.tv_sec = (time_t)(real / 1000000u), .tv_nsec = (long)(real % 1000000u) * 1000};
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
 }
 
 /* The scheduler whose worker this thread is (NULL elsewhere): destroy and score called from a
@@ -192,26 +281,21 @@ static void *work(void *arg)
     current = s;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
-        if (!s->head) break; /* stopping, and every queued part is done */
-        bool closed;
-        size_t n = form(s, &closed); /* >= 1: every part fits the profile of the largest max_candidates */
-        if (!closed && !s->stopping && s->max_wait_us) {
-            const uint64_t due = s->head->job->submit_us + s->max_wait_us;
-            if (fl_sched_now_us() < due) { /* wait for more, or for the oldest part's deadline */
-                struct timespec ts;
-                deadline_of(due, &ts);
-                pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-                continue;
-            }
+        fl_part *expired;
+        uint64_t wake;
+        const size_t n = next_batch(s, w->batch, &expired, &wake);
+        if (expired) {
+            pthread_mutex_unlock(&s->mu);
+            complete_list(s, expired, FLAME_ERR_TIMEOUT);
+            pthread_mutex_lock(&s->mu);
+            continue;
         }
-        for (size_t i = 0; i < n; i++) {
-            w->batch[i] = s->head;
-            s->head = s->head->next;
+        if (n == 0) {
+            if (!s->queued && s->stopping) break; /* every queued part is done */
+            wait_until(s, s->queued ? wake : UINT64_MAX);
+            continue;
         }
-        if (!s->head) s->tail = NULL;
-        s->queued -= n;
-        if (s->head) pthread_cond_signal(&s->cv); /* the next batch can form on another worker */
+        if (s->queued) pthread_cond_signal(&s->cv); /* the next batch can form on another worker */
         pthread_mutex_unlock(&s->mu);
         run_batch(w, n);
         pthread_mutex_lock(&s->mu);
@@ -260,6 +344,11 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     if (p.max_wait_us < 0 || p.max_wait_us > MAX_WAIT_US)
         return fl_error(FLAME_ERR_INVALID_ARG, "max_wait_us %lld is outside 0..%d", (long long)p.max_wait_us,
                         MAX_WAIT_US);
+    if (p.max_bypass > MAX_BYPASS)
+        return fl_error(FLAME_ERR_INVALID_ARG, "max_bypass %u is outside 1..%u (0 = the default)", p.max_bypass,
+                        MAX_BYPASS);
+    if (p.adaptive_wait > 1)
+        return fl_error(FLAME_ERR_INVALID_ARG, "adaptive_wait %u is outside 0..1", p.adaptive_wait);
     if (p.workers > MAX_WORKERS)
         return fl_error(FLAME_ERR_INVALID_ARG, "workers %u is outside 1..%d (0 = the default)", p.workers, MAX_WORKERS);
     if (p.workers == 0) { /* one batch in flight per GPU executor; the CPU's BLAS uses the cores itself */
@@ -284,6 +373,10 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     s->num_tasks = engine->model->cfg.num_tasks;
     s->max_wait_us = (uint64_t)p.max_wait_us;
     s->max_queue = p.max_queue ? p.max_queue : DEFAULT_MAX_QUEUE;
+    s->max_bypass = p.max_bypass ? p.max_bypass : DEFAULT_MAX_BYPASS;
+    s->adaptive = p.adaptive_wait == 1;
+    s->clock = monotonic_clock;
+    s->next_deadline = UINT64_MAX;
     s->num_workers = p.workers;
     /* the thread ids, then the workers' state */
     s->threads = calloc(1, p.workers * (sizeof(pthread_t) + sizeof(worker)));
@@ -327,20 +420,21 @@ static void destroy_from_worker(flame_scheduler *s)
     worker tmp = {.s = s};
     const bool arrays = worker_arrays(&tmp, s->profiles.max_users);
     pthread_mutex_lock(&s->mu);
-    while (s->head) { /* only when this was the one worker */
-        bool closed;
-        size_t n = arrays ? form(s, &closed) : 1;
-        fl_part *parts[1];
-        fl_part **into = arrays ? tmp.batch : parts;
-        for (size_t i = 0; i < n; i++) {
-            into[i] = s->head;
-            s->head = s->head->next;
+    while (s->queued) { /* only when this was the one worker; stopping: no batch waits */
+        fl_part *expired, *one = NULL;
+        uint64_t wake;
+        size_t n = 0;
+        if (arrays) {
+            n = next_batch(s, tmp.batch, &expired, &wake);
+        } else { /* no memory for a batch: fail what is queued, part by part */
+            bool aged;
+            fl_queue_take(s, fl_queue_pick(s, &aged), &one, 1);
+            expired = NULL;
         }
-        if (!s->head) s->tail = NULL;
-        s->queued -= n;
         pthread_mutex_unlock(&s->mu);
-        if (into == parts) complete_part(s, parts[0], FLAME_ERR_NOMEM, "scheduler: out of memory draining the queue");
-        else run_batch(&tmp, n);
+        if (expired) complete_list(s, expired, FLAME_ERR_TIMEOUT);
+        else if (one) complete_part(s, one, FLAME_ERR_NOMEM, "scheduler: out of memory draining the queue");
+        else if (n) run_batch(&tmp, n);
         pthread_mutex_lock(&s->mu);
     }
     s->freed_by_worker = true;
@@ -410,15 +504,26 @@ static fl_job *make_job(const flame_scheduler *s, const flame_request *q, size_t
 }
 
 
-FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_request *request, float *scores,
-                                              size_t scores_len, flame_score_done_fn done, void *user)
+FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame_request *request, float *scores,
+                                                 size_t scores_len, const flame_submit_options *options,
+                                                 flame_score_done_fn done, void *user, uint64_t *ticket)
 {
     fl_clear_error();
+    if (ticket) *ticket = 0;
     if (!s || !request || !done)
         return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_submit: %s is NULL",
                         !s ? "scheduler" : !request ? "request" : "done");
+    flame_submit_options o = {.struct_size = sizeof o};
+    flame_status st;
+    if (options && (st = fl_struct_in("flame_submit_options", &o, sizeof o, options))) return st;
+    if (o.priority < FLAME_PRIORITY_LOW || o.priority > FLAME_PRIORITY_HIGH)
+        return fl_error(FLAME_ERR_INVALID_ARG, "priority %d is none of FLAME_PRIORITY_LOW (-1), _NORMAL (0), _HIGH (1)",
+                        (int)o.priority);
+    if (o.timeout_us < 0 || o.timeout_us > MAX_TIMEOUT_US)
+        return fl_error(FLAME_ERR_INVALID_ARG, "timeout_us %lld is outside 0..2^40 (0 = none)",
+                        (long long)o.timeout_us);
     flame_request q = {0}; /* as flame_score reads it (core/abi.h) */
-    flame_status st = fl_struct_in("flame_request", &q, sizeof q, request);
+    st = fl_struct_in("flame_request", &q, sizeof q, request);
     if (st) return st;
     const int32_t slots = s->engine->model->cfg.num_side;
     if (q.num_side_features != (size_t)slots) /* checked before the bags are read for splitting */
@@ -434,7 +539,7 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
     if (q.num_candidates > FL_MAX_CANDIDATES) /* as validation would say; also bounds make_job's sizes */
         return fl_error(FLAME_ERR_INVALID_ARG, "request 0: num_candidates = %zu exceeds %d", q.num_candidates,
                         FL_MAX_CANDIDATES);
-    if (q.num_candidates == 0) { /* nothing to batch: validated and done here */
+    if (q.num_candidates == 0) { /* nothing to batch: validated and done here (ticket 0: nothing to cancel) */
         st = flame_score(s->engine, &q, scores, scores_len);
         char message[512];
         snprintf(message, sizeof message, "%s", st ? flame_last_error() : "");
@@ -458,20 +563,23 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
     j->scores = scores;
     j->done = done;
     j->user = user;
+    j->level = FLAME_PRIORITY_HIGH - o.priority; /* 0 = the highest */
     atomic_init(&j->parts_left, nparts);
     atomic_init(&j->status, FLAME_OK);
-    for (size_t k = 0; k + 1 < nparts; k++) j->parts[k].next = &j->parts[k + 1];
     pthread_mutex_lock(&s->mu);
     const bool stopping = s->stopping, full = s->queued + nparts > s->max_queue;
     const uint64_t queued = s->queued;
     if (!stopping && !full) { /* counted before a worker can see it (and complete it) */
         atomic_fetch_add(&s->submitted, 1);
+        atomic_fetch_add(&s->candidates, q.num_candidates);
         if (nparts > 1) atomic_fetch_add(&s->split, 1);
-        j->submit_us = fl_sched_now_us();
-        if (s->tail) s->tail->next = &j->parts[0];
-        else s->head = &j->parts[0];
-        s->tail = &j->parts[nparts - 1];
-        s->queued += nparts;
+        j->submit_us = fl_sched_clock(s);
+        j->deadline_us = UINT64_MAX;
+        if (o.timeout_us) j->deadline_us = j->submit_us + (uint64_t)o.timeout_us;
+        if (o.deadline_us && o.deadline_us < j->deadline_us) j->deadline_us = o.deadline_us;
+        j->id = ++s->next_id;
+        if (ticket) *ticket = j->id;
+        fl_queue_push(s, j);
         pthread_cond_signal(&s->cv);
     } else {
         atomic_fetch_add(&s->rejected, 1);
@@ -484,6 +592,36 @@ FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_re
                         "max_queue %u", (unsigned long long)queued, nparts, s->max_queue);
     }
     return FLAME_OK;
+}
+
+FLAME_API flame_status flame_scheduler_submit(flame_scheduler *s, const flame_request *request, float *scores,
+                                              size_t scores_len, flame_score_done_fn done, void *user)
+{
+    return flame_scheduler_submit_ex(s, request, scores, scores_len, NULL, done, user, NULL);
+}
+
+FLAME_API flame_status flame_scheduler_cancel(flame_scheduler *s, uint64_t ticket)
+{
+    fl_clear_error();
+    if (!s) return fl_error(FLAME_ERR_INVALID_ARG, "scheduler is NULL");
+    pthread_mutex_lock(&s->mu);
+    const uint64_t last = s->next_id;
+    bool running = false;
+    fl_part *parts = ticket && ticket <= last ? fl_queue_cancel(s, ticket, &running) : NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!ticket || ticket > last)
+        return fl_error(FLAME_ERR_INVALID_ARG, "ticket %llu was never given by this scheduler (the last is %llu)",
+                        (unsigned long long)ticket, (unsigned long long)last);
+    if (!parts)
+        return fl_error(FLAME_ERR_UNAVAILABLE, "request %llu is no longer queued: %s", (unsigned long long)ticket,
+                        running ? "a part of it is being scored" : "it is being scored or has completed");
+    complete_list(s, parts, FLAME_ERR_CANCELLED); /* s may be gone after this (a done callback may destroy it) */
+    return FLAME_OK;
+}
+
+FLAME_API uint64_t flame_scheduler_now_us(const flame_scheduler *s)
+{
+    return s ? fl_sched_clock(s) : 0;
 }
 
 /* ------------------------------------------------------------------ synchronous scoring */
@@ -547,6 +685,12 @@ FLAME_API flame_status flame_scheduler_get_stats(flame_scheduler *s, flame_sched
     stats->parts = atomic_load(&s->parts);
     stats->batches = atomic_load(&s->batches);
     stats->isolated = atomic_load(&s->isolated);
+    stats->timeouts = atomic_load(&s->timeouts);
+    stats->cancelled = atomic_load(&s->cancelled);
+    stats->in_flight = atomic_load(&s->in_flight);
+    stats->candidates = atomic_load(&s->candidates);
+    stats->batch_slots_used = atomic_load(&s->slots_used);
+    stats->batch_slots = atomic_load(&s->slots);
     pthread_mutex_lock(&s->mu);
     stats->queued = s->queued;
     pthread_mutex_unlock(&s->mu);

@@ -171,3 +171,56 @@ def test_submit_to_a_closed_scheduler_keeps_nothing(engine):
         with pytest.raises(flame.ClosedError):
             s.submit(*r)
     assert s._pending == {}
+
+
+def _hold_worker(s, req):
+    """Submits req and blocks the (one) worker in its future's callback until the returned
+    event is set; None when the request completed before the callback could be attached."""
+    release, held = threading.Event(), threading.Event()
+
+    def block(_):
+        if threading.current_thread() is threading.main_thread():
+            return  # completed already: the callback runs here, and must not block
+        held.set()
+        release.wait(30)
+
+    s.submit(*req).add_done_callback(block)
+    return release if held.wait(5) else None
+
+
+def test_priorities_deadlines_and_cancel(engine):
+    cfg, e = engine
+    reqs = requests(cfg, 7, 6)
+    want = [e.score(*r) for r in reqs]
+    with flame.Scheduler(e, [(1, 32)], workers=1) as s:
+        for _ in range(5):
+            release = _hold_worker(s, reqs[0])
+            if release is not None:
+                break
+        assert release is not None, "the worker could not be held"
+        order = []
+        low = s.submit(*reqs[1], priority=flame.Scheduler.PRIORITY_LOW)
+        normal = s.submit(*reqs[2])
+        high = s.submit(*reqs[3], priority=flame.Scheduler.PRIORITY_HIGH)
+        late = s.submit(*reqs[4], timeout_us=1000)
+        gone = s.submit(*reqs[5], priority=flame.Scheduler.PRIORITY_HIGH, deadline_us=s.now_us() + 10**9)
+        for name, f in (("low", low), ("normal", normal), ("high", high)):
+            f.add_done_callback(lambda _, name=name: order.append(name))
+        assert s.cancel(gone) is True
+        assert s.cancel(gone) is False  # no longer queued
+        with pytest.raises(flame.CancelledError, match="cancelled while queued"):
+            gone.result(5)
+        import time
+        time.sleep(0.01)  # past late's deadline, while the worker is held
+        release.set()
+        with pytest.raises(flame.DeadlineExceededError, match="deadline passed 1000 us after the submit"):
+            late.result(5)
+        for f, i in ((low, 1), (normal, 2), (high, 3)):
+            assert lib.rel_err(f.result(5), want[i]) < 1e-5
+        assert order == ["high", "normal", "low"]
+        st = s.stats()
+        assert st["timeouts"] == 1 and st["cancelled"] == 1 and st["failed"] == 0
+        with pytest.raises(flame.InvalidArgumentError, match="priority 5 is none of"):
+            s.submit(*reqs[1], priority=5)
+        with pytest.raises(flame.InvalidArgumentError, match="was never given"):
+            s.cancel(10**6)

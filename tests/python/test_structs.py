@@ -23,6 +23,8 @@ MIRRORS = {  # ctypes class -> C type
     _structs.EmbeddingTable: "flame_embedding_table", _structs.EmbeddingBagParams: "flame_embedding_bag_params",
     _structs.EmbeddingBagInput: "flame_embedding_bag_input", _structs.EmbeddingBagBatch: "flame_embedding_bag_batch",
     _structs.AttentionParams: "flame_attention_params",
+    _structs.SubmitOptions: "flame_submit_options", _structs.Latency: "flame_latency",
+    _structs.MetricsSources: "flame_metrics_sources",
 }
 
 

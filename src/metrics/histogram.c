@@ -1,6 +1,15 @@
-/* Log-linear latency histogram (latency.h). Index of v >= 16 with e = floor(log2 v): the top 5
+/* Log-linear latency histogram (histogram.h). Index of v >= 16 with e = floor(log2 v): the top 5
  * bits of v, i.e. 16 + m with m = the 4 bits below the leading one, in group e - 3. */
-#include "sched/latency.h"
+#include <time.h>
+
+#include "metrics/histogram.h"
+
+uint64_t fl_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 unsigned fl_hist_index(uint64_t us)
 {
@@ -17,9 +26,23 @@ uint64_t fl_hist_upper(unsigned index)
     return ((uint64_t)(FL_HIST_SUB + m) << (e - 4)) + (1ull << (e - 4)) - 1;
 }
 
+const uint64_t FL_PROM_BOUNDS_US[FL_PROM_BOUNDS] = {5,      10,     25,     50,      100,     250,     500,
+                                                    1000,   2500,   5000,   10000,   25000,   50000,   100000,
+                                                    250000, 500000, 1000000, 2500000, 5000000, 10000000};
+
+static unsigned prom_index(uint64_t us)
+{
+    unsigned i = 0;
+    while (i < FL_PROM_BOUNDS && us > FL_PROM_BOUNDS_US[i]) i++;
+    return i;
+}
+
 void fl_hist_add(fl_histogram *h, uint64_t us)
 {
     atomic_fetch_add_explicit(&h->count[fl_hist_index(us)], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->prom[prom_index(us)], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->total, 1, memory_order_relaxed);
     uint64_t m = atomic_load_explicit(&h->max, memory_order_relaxed);
     while (us > m && !atomic_compare_exchange_weak_explicit(&h->max, &m, us, memory_order_relaxed,
                                                             memory_order_relaxed)) {

@@ -1,0 +1,49 @@
+/* flame-bench: the load generator's pieces. run.c drives one level of open-loop load (arrivals
+ * on a schedule, whether or not earlier requests finished, so queueing shows) through a
+ * scheduler or direct calls; main.c parses options, sweeps levels and reports. */
+#ifndef FLAME_BENCH_H
+#define FLAME_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "flame/flame.h"
+
+typedef enum { CAND_FIXED, CAND_UNIFORM, CAND_LONGTAIL } cand_kind;
+
+/* Candidates per request: fixed a; uniform a..b; long-tailed: log-normal of median a (sigma 1)
+ * clipped to 1..b, as the long tail of real feeds. */
+typedef struct cand_dist {
+    cand_kind kind;
+    uint32_t a, b;
+} cand_dist;
+
+typedef struct level_opts {
+    flame_engine *engine;
+    flame_scheduler *sched;    /* NULL: direct calls from `threads` caller threads */
+    uint32_t threads;
+    int32_t num_side, num_tasks;
+    int64_t num_items;
+    double qps;                /* offered: Poisson arrivals; with diurnal, the peak */
+    bool diurnal;              /* the rate follows a day compressed into the run: peak / valley = 6 */
+    double seconds;            /* stops after this ... */
+    uint64_t max_requests;     /* ... or this many requests, whichever first */
+    cand_dist cands;
+    uint32_t history;
+    int64_t timeout_us;        /* per request (scheduler only); 0 = none */
+    uint64_t seed;
+    bool progress;             /* a progress bar on stderr */
+    const char *label;
+} level_opts;
+
+typedef struct level_result {
+    double offered_qps, achieved_qps;
+    double p50_us, p90_us, p99_us, p999_us;
+    uint64_t sent, ok, timeouts, rejected, failed;
+    double mean_batch;         /* parts per batch (1 for direct calls) */
+} level_result;
+
+/* Runs one level; false (with a message on stderr) when it could not run. */
+bool run_level(const level_opts *o, level_result *r);
+
+#endif

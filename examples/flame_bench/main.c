@@ -1,0 +1,262 @@
+/* flame-bench: a load generator for libflame (docs/scheduler.md "Load generator").
+ *   flame-bench [--model FILE | --config JSON] [--device cpu|cuda|cuda:N] [--direct [--threads N]]
+ *               [--profiles 8x32,4x64] [--max-wait-us N] [--adaptive] [--workers N] [--timeout-us N]
+ *               [--qps Q | --sweep Q1,Q2,... | --sweep auto] [--diurnal] [--seconds S] [--requests N]
+ *               [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]
+ *               [--csv FILE] [--png FILE] [--json] [--no-overhead]
+ * Open-loop arrivals (Poisson at each level's rate; --diurnal: the rate swings from peak/6 to
+ * the peak and back over the run); each level stops after --seconds or --requests, whichever
+ * first. --sweep auto doubles the rate from --qps until the achieved rate falls under 90% of
+ * the offered one (saturation). Prints a table per level; --csv and --png (gnuplot) write the
+ * levels; --json prints one object: {"levels": [...], "scheduler_overhead_us": ...}, where the
+ * overhead is the median submit-to-batch-start of a model with one token and one candidate. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define MAX_LEVELS 32
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: flame-bench [--model FILE | --config JSON] [--device D] [--direct [--threads N]] [--profiles UxC,...]\n"
+            "                   [--max-wait-us N] [--adaptive] [--workers N] [--timeout-us N]\n"
+            "                   [--qps Q | --sweep Q1,Q2,...|auto] [--diurnal] [--seconds S] [--requests N]\n"
+            "                   [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]\n"
+            "                   [--csv FILE] [--png FILE] [--json] [--no-overhead]\n");
+}
+
+static bool parse_cands(const char *s, cand_dist *d)
+{
+    unsigned a = 0, b = 0;
+    if (sscanf(s, "fixed:%u", &a) == 1 && a >= 1) *d = (cand_dist){CAND_FIXED, a, a};
+    else if (sscanf(s, "uniform:%u:%u", &a, &b) == 2 && a >= 1 && b >= a) *d = (cand_dist){CAND_UNIFORM, a, b};
+    else if (sscanf(s, "longtail:%u:%u", &a, &b) == 2 && a >= 1 && b >= a) *d = (cand_dist){CAND_LONGTAIL, a, b};
+    else return false;
+    return d->b <= 100000;
+}
+
+static int parse_profiles(const char *s, flame_batch_profile *p)
+{
+    int n = 0;
+    while (*s && n < FLAME_SCHED_MAX_PROFILES) {
+        unsigned u, c;
+        int used = 0;
+        if (sscanf(s, "%ux%u%n", &u, &c, &used) != 2) return -1;
+        p[n++] = (flame_batch_profile){u, c};
+        s += used;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+/* The median queue wait (submit to batch start) of 1-token, 1-candidate requests sent at a
+ * modest open-loop rate through a default scheduler: what the hand-over itself costs. */
+static double scheduler_overhead_us(void)
+{
+    static const char *tiny =
+        "{\"format\":\"flame\",\"version\":1,\"d_model\":8,\"max_len\":1,"
+        "\"tables\":[{\"name\":\"item\",\"rows\":16,\"dim\":8}],"
+        "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+        "\"position\":{\"rule\":\"from_recent\",\"rows\":2,\"candidate_position\":1},"
+        "\"blocks\":{\"count\":0,\"num_heads\":1,\"ffn_dim\":8,\"norm\":\"pre\",\"activation\":\"gelu_erf\"},\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[]}]}}";
+    flame_model *m = NULL;
+    flame_engine *e = NULL;
+    flame_scheduler *s = NULL;
+    if (flame_model_create_random(tiny, 1, &m) || flame_engine_create(m, NULL, &e) ||
+        flame_scheduler_create(e, NULL, &s)) {
+        fprintf(stderr, "flame-bench: overhead model: %s\n", flame_last_error());
+        return -1;
+    }
+    level_opts o = {.engine = e, .sched = s, .num_side = 0, .num_tasks = 1, .num_items = 16, .qps = 2000,
+                    .seconds = 2, .max_requests = 4000, .cands = {CAND_FIXED, 1, 1}, .history = 0, .seed = 99,
+                    .label = "overhead"};
+    level_result r;
+    double med = -1;
+    struct rusage u0, u1;
+    getrusage(RUSAGE_SELF, &u0);
+    if (run_level(&o, &r)) {
+        getrusage(RUSAGE_SELF, &u1);
+        flame_latency qw = {.struct_size = sizeof qw};
+        if (flame_scheduler_get_latency(s, FLAME_STAGE_QUEUE_WAIT, &qw) == FLAME_OK) med = (double)qw.p50_us;
+        /* the process's CPU time a request: generator, hand-over, worker and the (trivial) pass */
+        const double cpu = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec + u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) * 1e6 +
+                           (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec + u1.ru_stime.tv_usec - u0.ru_stime.tv_usec);
+        fprintf(stderr, "overhead run: %llu requests, %.1f us of CPU time a request (all threads)\n",
+                (unsigned long long)r.sent, r.sent ? cpu / (double)r.sent : 0);
+    }
+    flame_scheduler_destroy(s);
+    flame_engine_destroy(e);
+    flame_model_destroy(m);
+    return med;
+}
+
+static void plot(const char *png, const char *csv)
+{
+    FILE *g = popen("gnuplot", "w");
+    if (!g) {
+        fprintf(stderr, "flame-bench: --png needs gnuplot (apt-get install gnuplot-nox)\n");
+        return;
+    }
+    fprintf(g, "set terminal png size 900,600\nset output '%s'\nset datafile separator ','\n"
+               "set key autotitle columnhead left top\nset xlabel 'achieved requests/s'\nset ylabel 'latency (us)'\n"
+               "set logscale y\nset grid\nset title 'flame-bench: latency against throughput'\n"
+               "plot '%s' using 2:3 with linespoints title 'P50', '' using 2:5 with linespoints title 'P99', "
+               "'' using 2:6 with linespoints title 'P99.9'\n",
+            png, csv);
+    if (pclose(g) != 0) fprintf(stderr, "flame-bench: gnuplot failed to draw %s\n", png);
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *config = NULL, *device = "cpu", *csv = NULL, *png = NULL, *sweep = NULL;
+    bool direct = false, adaptive = false, json = false, diurnal = false, overhead = true;
+    long threads = 4, workers = 0, max_wait = 500, history = 20;
+    double qps = 200, seconds = 5;
+    unsigned long long requests = 100000, seed = 1;
+    int64_t timeout_us = 0;
+    cand_dist cands = {CAND_LONGTAIL, 16, 512};
+    flame_batch_profile profiles[FLAME_SCHED_MAX_PROFILES];
+    int nprof = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--direct")) direct = true;
+        else if (!strcmp(a, "--adaptive")) adaptive = true;
+        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--diurnal")) diurnal = true;
+        else if (!strcmp(a, "--no-overhead")) overhead = false;
+        else if (!v) return usage(), 2;
+        else if (i++, !strcmp(a, "--model")) model_path = v;
+        else if (!strcmp(a, "--config")) config = v; /* a model config (docs/model-format.md), random weights */
+        else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--threads")) threads = strtol(v, NULL, 10);
+        else if (!strcmp(a, "--workers")) workers = strtol(v, NULL, 10);
+        else if (!strcmp(a, "--max-wait-us")) max_wait = strtol(v, NULL, 10);
+        else if (!strcmp(a, "--timeout-us")) timeout_us = strtoll(v, NULL, 10);
+        else if (!strcmp(a, "--history")) history = strtol(v, NULL, 10);
+        else if (!strcmp(a, "--qps")) qps = strtod(v, NULL);
+        else if (!strcmp(a, "--sweep")) sweep = v;
+        else if (!strcmp(a, "--seconds")) seconds = strtod(v, NULL);
+        else if (!strcmp(a, "--requests")) requests = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--csv")) csv = v;
+        else if (!strcmp(a, "--png")) png = v;
+        else if (!strcmp(a, "--candidates")) {
+            if (!parse_cands(v, &cands)) {
+                fprintf(stderr, "flame-bench: --candidates '%s': expected fixed:N, uniform:A:B or longtail:MEDIAN:MAX "
+                                "(1 <= A <= B <= 100000)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--profiles")) {
+            if ((nprof = parse_profiles(v, profiles)) <= 0) {
+                fprintf(stderr, "flame-bench: --profiles '%s': expected USERSxCANDIDATES[,...]\n", v);
+                return 2;
+            }
+        } else return usage(), 2;
+    }
+    if (qps <= 0 || seconds <= 0 || requests < 1 || requests > 50000000 || threads < 1 || threads > 64 ||
+        history < 0 || history > 100000) {
+        fprintf(stderr, "flame-bench: --qps and --seconds must be > 0, --requests 1..5e7, --threads 1..64, "
+                        "--history 0..100000\n");
+        return 2;
+    }
+    double levels[MAX_LEVELS];
+    int nlev = 0;
+    const bool auto_sweep = sweep && !strcmp(sweep, "auto");
+    if (sweep && !auto_sweep) {
+        for (const char *s = sweep; *s && nlev < MAX_LEVELS;) {
+            char *end;
+            levels[nlev] = strtod(s, &end);
+            if (end == s || levels[nlev] <= 0) {
+                fprintf(stderr, "flame-bench: --sweep '%s': expected rates > 0, comma-separated, or auto\n", sweep);
+                return 2;
+            }
+            nlev++;
+            s = *end == ',' ? end + 1 : end;
+        }
+    } else {
+        levels[nlev++] = qps;
+    }
+    flame_model *m = NULL;
+    flame_config *cfg = NULL;
+    flame_engine *e = NULL;
+    flame_scheduler *s = NULL;
+    flame_status st = model_path ? flame_model_load(model_path, &m)
+                                 : flame_model_create_random(config ? config : flame_default_model_config(), 1, &m);
+    if (!st) st = flame_config_create(&cfg);
+    if (!st) st = flame_config_set_string(cfg, FLAME_OPT_DEVICE, device);
+    if (!st) st = flame_engine_create(m, cfg, &e);
+    flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = nprof ? profiles : NULL,
+                                 .num_profiles = (size_t)nprof, .max_wait_us = max_wait, .workers = (uint32_t)workers,
+                                 .adaptive_wait = adaptive};
+    if (!st && !direct) st = flame_scheduler_create(e, &sp, &s);
+    flame_model_info info = {.struct_size = sizeof info};
+    if (!st) st = flame_model_get_info(m, &info);
+    flame_config_destroy(cfg);
+    if (st) {
+        fprintf(stderr, "flame-bench: %s\n", flame_last_error());
+        return 1;
+    }
+    FILE *out = json ? stderr : stdout; /* with --json, stdout holds the JSON alone */
+    fprintf(out, "%s, %s; candidates %s %u..%u, history %ld; %s\n", model_path ? model_path : config ? "a random model of --config" : "embedded default model",
+            device, cands.kind == CAND_FIXED ? "fixed" : cands.kind == CAND_UNIFORM ? "uniform" : "long-tailed",
+            cands.a, cands.b, history,
+            direct ? "direct calls" : adaptive ? "scheduler, adaptive wait" : "scheduler, fixed wait");
+    fprintf(out, "%10s %10s %9s %9s %9s %9s %8s %8s %7s\n", "offered/s", "achieved/s", "p50_us", "p90_us", "p99_us",
+            "p99.9_us", "timeouts", "rejected", "batch");
+    level_result res[MAX_LEVELS];
+    int done = 0;
+    for (int k = 0; k < (auto_sweep ? MAX_LEVELS : nlev); k++) {
+        const double rate = auto_sweep ? qps * (double)(1u << k) : levels[k];
+        char label[32];
+        snprintf(label, sizeof label, "level %d: %.0f/s", k + 1, rate);
+        level_opts o = {.engine = e, .sched = s, .threads = (uint32_t)threads, .num_side = info.num_side_features,
+                        .num_tasks = info.num_tasks, .num_items = info.num_items, .qps = rate, .diurnal = diurnal,
+                        .seconds = seconds, .max_requests = requests, .cands = cands, .history = (uint32_t)history,
+                        .timeout_us = timeout_us, .seed = seed + (uint64_t)k, .progress = isatty(2), .label = label};
+        if (!run_level(&o, &res[done])) return 1;
+        const level_result *r = &res[done++];
+        fprintf(out, "%10.0f %10.0f %9.0f %9.0f %9.0f %9.0f %8llu %8llu %7.2f\n", r->offered_qps, r->achieved_qps,
+                r->p50_us, r->p90_us, r->p99_us, r->p999_us, (unsigned long long)r->timeouts,
+                (unsigned long long)r->rejected, r->mean_batch);
+        if (r->failed) fprintf(stderr, "flame-bench: %llu requests failed\n", (unsigned long long)r->failed);
+        if (auto_sweep && r->achieved_qps < 0.9 * r->offered_qps) break; /* saturated */
+    }
+    const double ovh = overhead ? scheduler_overhead_us() : -1;
+    if (overhead) fprintf(out, "scheduler overhead (median submit to batch start, 1 token, 1 candidate): %.0f us\n", ovh);
+    if (csv || png) {
+        const char *path = csv ? csv : "/tmp/flame-bench.csv";
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            perror(path);
+            return 1;
+        }
+        fprintf(f, "offered_qps,achieved_qps,p50_us,p90_us,p99_us,p999_us,timeouts,rejected,mean_batch\n");
+        for (int k = 0; k < done; k++)
+            fprintf(f, "%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%llu,%llu,%.3f\n", res[k].offered_qps, res[k].achieved_qps,
+                    res[k].p50_us, res[k].p90_us, res[k].p99_us, res[k].p999_us, (unsigned long long)res[k].timeouts,
+                    (unsigned long long)res[k].rejected, res[k].mean_batch);
+        fclose(f);
+        if (png) plot(png, path);
+    }
+    if (json) {
+        printf("{\"levels\":[");
+        for (int k = 0; k < done; k++)
+            printf("%s{\"offered_qps\":%.1f,\"achieved_qps\":%.1f,\"p50_us\":%.0f,\"p90_us\":%.0f,\"p99_us\":%.0f,"
+                   "\"p999_us\":%.0f,\"timeouts\":%llu,\"rejected\":%llu,\"mean_batch\":%.3f}",
+                   k ? "," : "", res[k].offered_qps, res[k].achieved_qps, res[k].p50_us, res[k].p90_us, res[k].p99_us,
+                   res[k].p999_us, (unsigned long long)res[k].timeouts, (unsigned long long)res[k].rejected,
+                   res[k].mean_batch);
+        if (ovh >= 0) printf("],\"scheduler_overhead_us\":%.0f}\n", ovh);
+        else printf("],\"scheduler_overhead_us\":null}\n");
+    }
+    flame_scheduler_destroy(s);
+    flame_engine_destroy(e);
+    flame_model_destroy(m);
+    return 0;
+}

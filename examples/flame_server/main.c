@@ -1,0 +1,333 @@
+/* flame-server: an example HTTP front end for libflame, on libmicrohttpd. It serves
+ *   GET  /metrics  the Prometheus text of the engine and its scheduler (flame_metrics_text)
+ *   POST /score    {"history": [ids], "candidates": [ids], "priority": -1|0|1, "timeout_us": N}
+ *                  -> {"scores": [[task scores of candidate 0], ...]}
+ * through a batch-profile scheduler, so concurrent connections are batched.
+ *   flame-server [--model FILE] [--bind ADDR] [--port N] [--device D] [--max-wait-us N] [--adaptive]
+ * --port 0 (the default) takes a free port; the first line on stdout says which:
+ * "listening on http://ADDR:PORT". SIGINT or SIGTERM stops it (queued requests complete).
+ * Side features, when the model has them, are sent as empty bags (the request format carries
+ * ids only). docs/metrics.md. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "flame/flame.h"
+
+#define MAX_BODY (1u << 20)
+#define MAX_IDS 65536
+
+typedef struct server {
+    flame_engine *engine;
+    flame_scheduler *sched;
+    int32_t num_side, num_tasks;
+} server;
+
+/* One connection's request body, gathered over the handler's calls. */
+typedef struct body {
+    char *p;
+    size_t len;
+    bool too_large;
+} body;
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char *type, char *text)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result error(struct MHD_Connection *c, unsigned code, const char *fmt, const char *detail)
+{
+    cJSON *o = cJSON_CreateObject();
+    char msg[768];
+    snprintf(msg, sizeof msg, fmt, detail);
+    cJSON_AddStringToObject(o, "error", msg);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text ? reply(c, code, "application/json", text) : MHD_NO;
+}
+
+static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
+{
+    flame_metrics_sources src = {.struct_size = sizeof src, .engine = s->engine, .scheduler = s->sched};
+    size_t cap = 1 << 15, need = 0;
+    for (int tries = 0; tries < 4; tries++) { /* the text grows between calls only by digits */
+        char *buf = malloc(cap);
+        if (!buf) return error(c, 500, "%s", "out of memory");
+        flame_status st = flame_metrics_text(&src, buf, cap, &need);
+        if (st == FLAME_OK) return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", buf);
+        free(buf);
+        if (st != FLAME_ERR_BUFFER_TOO_SMALL) return error(c, 500, "metrics: %s", flame_last_error());
+        cap = need + 4096;
+    }
+    return error(c, 500, "%s", "metrics: the text kept growing");
+}
+
+/* ids of a JSON array into a new array; NULL with *why set on a bad value. */
+static int64_t *ids_of(const cJSON *a, const char *name, size_t *n, char *why, size_t why_len)
+{
+    if (!cJSON_IsArray(a)) {
+        snprintf(why, why_len, "'%s' must be an array of item ids", name);
+        return NULL;
+    }
+    const int len = cJSON_GetArraySize(a);
+    if (len > MAX_IDS) {
+        snprintf(why, why_len, "'%s' has %d ids, at most %d are accepted", name, len, MAX_IDS);
+        return NULL;
+    }
+    int64_t *ids = malloc(((size_t)len + 1) * sizeof *ids);
+    if (!ids) {
+        snprintf(why, why_len, "out of memory");
+        return NULL;
+    }
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        const double v = e->valuedouble;
+        if (!cJSON_IsNumber(e) || v != (double)(int64_t)v || v < 0 || v > 9007199254740992.0) {
+            snprintf(why, why_len, "'%s'[%d] is not a non-negative integer id", name, i);
+            free(ids);
+            return NULL;
+        }
+        ids[i] = (int64_t)v;
+    }
+    *n = (size_t)len;
+    return ids;
+}
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    flame_status status;
+    char message[512];
+} waiter;
+
+static void wake(void *user, flame_status st, const char *message)
+{
+    waiter *w = user;
+    pthread_mutex_lock(&w->mu);
+    w->status = st;
+    snprintf(w->message, sizeof w->message, "%s", message ? message : "");
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static unsigned http_status(flame_status st)
+{
+    switch (st) {
+    case FLAME_ERR_INVALID_ARG: case FLAME_ERR_BUFFER_TOO_SMALL: return 400;
+    case FLAME_ERR_UNAVAILABLE: return 503; /* shed load: the client may retry elsewhere */
+    case FLAME_ERR_TIMEOUT: return 504;
+    default: return 500;
+    }
+}
+
+static enum MHD_Result score(server *s, struct MHD_Connection *c, const body *b)
+{
+    if (b->too_large) return error(c, 413, "request body over %s bytes", "1048576");
+    cJSON *doc = cJSON_ParseWithLength(b->p ? b->p : "", b->len);
+    if (!cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        return error(c, 400, "%s", "the body is not a JSON object");
+    }
+    char why[256] = "";
+    size_t nh = 0, nc = 0;
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(doc, "history");
+    int64_t *hist = h ? ids_of(h, "history", &nh, why, sizeof why) : calloc(1, sizeof *hist);
+    int64_t *cand = hist ? ids_of(cJSON_GetObjectItemCaseSensitive(doc, "candidates"), "candidates", &nc, why,
+                                  sizeof why)
+                         : NULL;
+    flame_submit_options o = {.struct_size = sizeof o};
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(doc, "priority"),
+                *to = cJSON_GetObjectItemCaseSensitive(doc, "timeout_us");
+    if (cand && pr && (!cJSON_IsNumber(pr) || pr->valuedouble != (double)pr->valueint))
+        snprintf(why, sizeof why, "'priority' must be -1, 0 or 1");
+    if (cand && to && (!cJSON_IsNumber(to) || to->valuedouble < 0 || to->valuedouble > 1e12))
+        snprintf(why, sizeof why, "'timeout_us' must be a number of microseconds, 0..1e12");
+    cJSON_Delete(doc);
+    if (!cand || why[0]) {
+        free(hist), free(cand);
+        return error(c, 400, "%s", why);
+    }
+    o.priority = pr ? pr->valueint : 0;
+    o.timeout_us = to ? (int64_t)to->valuedouble : 0;
+    /* empty bags for the side slots: offsets of zeros, long enough for either token list */
+    const size_t longest = (nh > nc ? nh : nc) + 1;
+    int64_t *zeros = calloc(longest, sizeof *zeros);
+    flame_bags *bags = calloc((size_t)s->num_side + 1, sizeof *bags);
+    float *scores = malloc((nc * (size_t)s->num_tasks + 1) * sizeof *scores);
+    if (!zeros || !bags || !scores) {
+        free(hist), free(cand), free(zeros), free(bags), free(scores);
+        return error(c, 500, "%s", "out of memory");
+    }
+    for (int32_t k = 0; k < s->num_side; k++) bags[k] = (flame_bags){zeros, NULL, 0};
+    flame_request r = {.struct_size = sizeof r, .history = hist, .history_len = nh, .candidates = cand,
+                       .num_candidates = nc, .history_side = s->num_side ? bags : NULL,
+                       .candidate_side = s->num_side ? bags : NULL, .num_side_features = (size_t)s->num_side};
+    waiter w = {.done = false};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    flame_status st = flame_scheduler_submit_ex(s->sched, &r, scores, nc * (size_t)s->num_tasks, &o, wake, &w, NULL);
+    if (st == FLAME_OK) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+        pthread_mutex_unlock(&w.mu);
+        st = w.status;
+    } else {
+        snprintf(w.message, sizeof w.message, "%s", flame_last_error());
+    }
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    enum MHD_Result ret;
+    if (st) {
+        ret = error(c, http_status(st), "%s", w.message);
+    } else {
+        cJSON *o2 = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(o2, "scores");
+        for (size_t i = 0; i < nc; i++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int32_t t = 0; t < s->num_tasks; t++)
+                cJSON_AddItemToArray(row, cJSON_CreateNumber(scores[i * (size_t)s->num_tasks + (size_t)t]));
+            cJSON_AddItemToArray(rows, row);
+        }
+        char *text = cJSON_PrintUnformatted(o2);
+        cJSON_Delete(o2);
+        ret = text ? reply(c, 200, "application/json", text) : MHD_NO;
+    }
+    free(hist), free(cand), free(zeros), free(bags), free(scores);
+    return ret;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    server *s = cls;
+    (void)version;
+    const bool post = !strcmp(method, "POST");
+    if (!*con_cls) { /* first call: headers only */
+        body *b = calloc(1, sizeof *b);
+        if (!b) return MHD_NO;
+        *con_cls = b;
+        return MHD_YES;
+    }
+    body *b = *con_cls;
+    if (*upload_size) { /* a piece of the body */
+        if (b->len + *upload_size > MAX_BODY) {
+            b->too_large = true;
+        } else if (!b->too_large) {
+            char *p = realloc(b->p, b->len + *upload_size + 1);
+            if (!p) return MHD_NO;
+            memcpy(p + b->len, upload, *upload_size);
+            b->p = p;
+            b->len += *upload_size;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (!strcmp(url, "/metrics") && !strcmp(method, "GET")) return metrics(s, c);
+    if (!strcmp(url, "/score") && post) return score(s, c, b);
+    if (!strcmp(url, "/metrics") || !strcmp(url, "/score")) return error(c, 405, "method %s not allowed", method);
+    return error(c, 404, "no such endpoint: %s (/metrics, /score)", url);
+}
+
+static void done_connection(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t)
+{
+    (void)cls, (void)c, (void)t;
+    body *b = *con_cls;
+    if (b) free(b->p), free(b);
+    *con_cls = NULL;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: flame-server [--model FILE] [--bind ADDR] [--port N] [--device cpu|cuda|cuda:N]\n"
+                    "                    [--max-wait-us N] [--adaptive] [--workers N]\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *bind = "127.0.0.1", *device = "cpu";
+    long port = 0, max_wait = 500, workers = 0;
+    bool adaptive = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--adaptive")) adaptive = true;
+        else if (!v) return usage(), 2;
+        else if (!strcmp(a, "--model")) model_path = v, i++;
+        else if (!strcmp(a, "--bind")) bind = v, i++;
+        else if (!strcmp(a, "--device")) device = v, i++;
+        else if (!strcmp(a, "--port")) port = strtol(v, NULL, 10), i++;
+        else if (!strcmp(a, "--max-wait-us")) max_wait = strtol(v, NULL, 10), i++;
+        else if (!strcmp(a, "--workers")) workers = strtol(v, NULL, 10), i++;
+        else return usage(), 2;
+    }
+    if (port < 0 || port > 65535) {
+        fprintf(stderr, "flame-server: --port %ld is outside 0..65535\n", port);
+        return 2;
+    }
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, bind, &addr.sin_addr) != 1) {
+        fprintf(stderr, "flame-server: --bind %s is not an IPv4 address\n", bind);
+        return 2;
+    }
+    flame_model *m = NULL;
+    flame_config *cfg = NULL;
+    server s = {0};
+    flame_status st = model_path ? flame_model_load(model_path, &m)
+                                 : flame_model_create_random(flame_default_model_config(), 1, &m);
+    if (!st) st = flame_config_create(&cfg);
+    if (!st) st = flame_config_set_string(cfg, FLAME_OPT_DEVICE, device);
+    if (!st) st = flame_engine_create(m, cfg, &s.engine);
+    flame_scheduler_params sp = {.struct_size = sizeof sp, .max_wait_us = max_wait, .workers = (uint32_t)workers,
+                                 .adaptive_wait = adaptive};
+    if (!st) st = flame_scheduler_create(s.engine, &sp, &s.sched);
+    flame_model_info info = {.struct_size = sizeof info};
+    if (!st) st = flame_model_get_info(m, &info);
+    flame_config_destroy(cfg);
+    if (st) {
+        fprintf(stderr, "flame-server: %s\n", flame_last_error());
+        return 1;
+    }
+    s.num_side = info.num_side_features;
+    s.num_tasks = info.num_tasks;
+    /* SIGINT/SIGTERM are taken by sigwait below, so every thread blocks them */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                                                MHD_USE_ERROR_LOG,
+                                            0, NULL, NULL, handle, &s, MHD_OPTION_SOCK_ADDR, &addr,
+                                            MHD_OPTION_NOTIFY_COMPLETED, done_connection, NULL,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "flame-server: cannot listen on %s:%ld: %s\n", bind, port, strerror(errno));
+        return 1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    printf("listening on http://%s:%u\n", bind, di ? (unsigned)di->port : (unsigned)port);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    MHD_stop_daemon(d); /* joins the connection threads: no request is in the scheduler after this */
+    flame_scheduler_destroy(s.sched);
+    flame_engine_destroy(s.engine);
+    flame_model_destroy(m);
+    return 0;
+}

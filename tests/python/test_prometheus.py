@@ -1,0 +1,82 @@
+"""flame.metrics_text parsed by prometheus_client's own parser: every family well formed
+(histograms with cumulative buckets ending at their count), and the values equal the stats
+and latency the library reports."""
+import numpy as np
+import pytest
+
+import flame
+import flame_testlib as lib
+from flame import reference
+
+parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client (requirements.txt) is not installed")
+
+SIDE = "relu_concat_projection_side_sumi"
+
+
+@pytest.fixture
+def engine(tmp_path):
+    cfg = lib.CASES[SIDE]
+    path = tmp_path / "m.safetensors"
+    reference.save(path, cfg, reference.random_model(cfg, 4))
+    with flame.Model(path) as m, flame.Engine(m) as e:
+        yield cfg, e
+
+
+def families(text):
+    return {f.name: f for f in parser.text_string_to_metric_families(text)}
+
+
+def value(fams, family, name, **labels):
+    hits = [s.value for s in fams[family].samples if s.name == name and all(s.labels.get(k) == v
+                                                                            for k, v in labels.items())]
+    assert len(hits) == 1, (family, name, labels, hits)
+    return hits[0]
+
+
+def test_text_parses_and_matches_the_stats(engine):
+    cfg, e = engine
+    rng = np.random.default_rng(3)
+    reqs = [lib.random_request(cfg, rng, int(rng.integers(0, 9)), int(rng.integers(1, 30))) for _ in range(12)]
+    with flame.Scheduler(e, [(4, 32)], max_wait_us=500) as s:
+        futs = [s.submit(*r) for r in reqs]
+        for f in futs:
+            f.result(10)
+        text = s.metrics_text()
+        st = s.stats()
+        tot = s.latency("total")
+    fams = families(text)
+    for name, f in fams.items():
+        assert name.startswith("flame_"), name
+        if f.type == "histogram":
+            for stage in {smp.labels["stage"] for smp in f.samples}:
+                buckets = [(float(smp.labels["le"]), smp.value) for smp in f.samples
+                           if smp.name == name + "_bucket" and smp.labels["stage"] == stage]
+                counts = [v for _, v in sorted(buckets)]
+                assert counts == sorted(counts) and counts[-1] == value(fams, name, name + "_count", stage=stage)
+    assert fams["flame_scheduler_requests"].type == "counter"  # the parser strips _total from counter families
+    assert value(fams, "flame_scheduler_requests", "flame_scheduler_requests_total", status="ok") == 12
+    assert value(fams, "flame_scheduler_submitted", "flame_scheduler_submitted_total") == st["submitted"] == 12
+    assert value(fams, "flame_scheduler_batches", "flame_scheduler_batches_total", profile="0") == st["batches"]
+    assert value(fams, "flame_scheduler_batch_slots_used", "flame_scheduler_batch_slots_used_total") == \
+        st["batch_slots_used"] == sum(len(r[1]) for r in reqs)
+    assert value(fams, "flame_scheduler_stage_seconds", "flame_scheduler_stage_seconds_count", stage="total") == \
+        tot["count"] == 12
+    assert value(fams, "flame_scheduler_stage_seconds", "flame_scheduler_stage_seconds_sum", stage="total") == \
+        pytest.approx(tot["sum_us"] / 1e6, abs=1e-6)
+    assert value(fams, "flame_engine_requests", "flame_engine_requests_total") == 12
+    assert value(fams, "flame_engine_candidates", "flame_engine_candidates_total") == sum(len(r[1]) for r in reqs)
+    eng = flame.latency(e, "total")
+    assert value(fams, "flame_engine_stage_seconds", "flame_engine_stage_seconds_count", stage="total") == \
+        eng["count"] == st["batches"]
+    assert eng["p50_us"] <= eng["p99_us"] <= eng["max_us"]
+
+
+def test_latency_argument_errors(engine):
+    _, e = engine
+    with pytest.raises(flame.InvalidArgumentError, match="stage 'queue_wait' .*not timed by an engine|not timed"):
+        flame.latency(e, "queue_wait")
+    with pytest.raises(flame.InvalidArgumentError, match="none of"):
+        flame.latency(e, "nope")
+    with pytest.raises(flame.DTypeError):
+        flame.latency(object(), "total")
+    assert flame.metrics_text().strip() == ""
