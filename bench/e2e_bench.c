@@ -67,7 +67,7 @@ static void usage(void)
             "usage: e2e-bench [--model FILE | --config FILE] [--device cpu|cuda|cuda:N|auto] [--dtype fp32|fp16|bf16]\n"
             "                 [--users B] [--history L] [--history-min L0] [--candidates M] [--calls N] [--warmup W] [--bag K]\n"
             "                 [--sets S] [--seed S] [--sequences FILE] [--all-items] [--json] [--graphs 0|1]\n"
-            "                 [--portable-attention 0|1]\n"
+            "                 [--portable-attention 0|1] [--topk K]\n"
             "                 [--clients N [--via direct|scheduler] [--sched-users U] [--sched-candidates C]\n"
             "                  [--max-wait-us W] [--workers K]]\n");
 }
@@ -99,6 +99,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--sets")) num = &o->sets;
         else if (!strcmp(a, "--graphs")) num = &o->graphs; /* FLAME_OPT_CUDA_GRAPHS: 1 (default) or 0 */
         else if (!strcmp(a, "--portable-attention")) num = &o->portable_attention; /* FLAME_OPT_CUDA_ATTENTION */
+        else if (!strcmp(a, "--topk")) num = &o->topk; /* flame_score_batch_topk with this k (task 0) */
         else if (!strcmp(a, "--clients")) num = &o->clients;
         else if (!strcmp(a, "--via")) str = &o->via;
         else if (!strcmp(a, "--sched-users")) num = &o->sched_users;
@@ -435,11 +436,20 @@ int main(int argc, char **argv)
         if (rs->candidates * (size_t)info.num_tasks > max_scores) max_scores = rs->candidates * (size_t)info.num_tasks;
     }
     float *scores = xmalloc(max_scores * sizeof *scores);
+    /* --topk: each request's k best (flame_score_batch_topk) instead of every score */
+    size_t max_n = 0;
+    for (size_t i = 0; i < o.sets; i++) max_n = sets[i].n > max_n ? sets[i].n : max_n;
+    int64_t *top_ids = o.topk ? xmalloc(max_n * o.topk * sizeof *top_ids) : NULL;
+    float *top_scores = o.topk ? xmalloc(max_n * o.topk * sizeof *top_scores) : NULL;
+#define SCORE_CALL(rs)                                                                                           \
+    (o.topk ? flame_score_batch_topk(engine, (rs)->reqs, (rs)->n, (uint32_t)o.topk, 0, top_ids, top_scores,      \
+                                     (rs)->n * o.topk)                                                          \
+            : flame_score_batch(engine, (rs)->reqs, (rs)->n, scores, max_scores))
 
     /* warm-up (first calls size the device buffers and cuBLASLt plans), then the timed calls */
     for (size_t i = 0; i < o.warmup; i++) {
         const request_set *rs = &sets[i % o.sets];
-        CHECK(flame_score_batch(engine, rs->reqs, rs->n, scores, max_scores));
+        CHECK(SCORE_CALL(rs));
     }
     if (o.clients) { /* N threads of one-user requests, direct or through a scheduler */
         int rc = run_clients(&o, engine, &info, sets, o.sets);
@@ -454,7 +464,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < o.calls; i++) {
         const request_set *rs = &sets[i % o.sets];
         const double a = now_us();
-        flame_status st = flame_score_batch(engine, rs->reqs, rs->n, scores, max_scores);
+        flame_status st = SCORE_CALL(rs);
         lat[i] = now_us() - a;
         if (st) {
             fprintf(stderr, "e2e-bench: flame_score_batch: %s: %s\n", flame_status_string(st), flame_last_error());
@@ -462,7 +472,12 @@ int main(int argc, char **argv)
         }
         total_req += rs->n;
         total_cand += rs->candidates;
-        if (i + 1 == o.calls)
+        if (i + 1 == o.calls && o.topk)
+            for (size_t j = 0; j < rs->n * o.topk; j++) {
+                if (!isfinite(top_scores[j])) bad++;
+                checksum += top_scores[j];
+            }
+        else if (i + 1 == o.calls)
             for (size_t j = 0; j < rs->candidates * (size_t)info.num_tasks; j++) {
                 if (!isfinite(scores[j])) bad++;
                 checksum += scores[j];
@@ -483,7 +498,7 @@ int main(int argc, char **argv)
     const char *head = info.head == FLAME_HEAD_SUMI ? "sumi" : "dot";
     if (o.json) {
         printf("{\"model\":\"%s\",\"device\":\"%s\",\"dtype\":\"%s\",\"users\":%zu,\"history\":%zu,\"history_min\":%zu,\"candidates\":%zu,"
-               "\"sequences\":%s%s%s,\"all_items\":%s,\"calls\":%zu,\"warmup\":%zu,\"sets\":%zu,\"bag\":%zu,"
+               "\"sequences\":%s%s%s,\"all_items\":%s,\"topk\":%zu,\"calls\":%zu,\"warmup\":%zu,\"sets\":%zu,\"bag\":%zu,"
                "\"p50_us\":%.2f,\"p99_us\":%.2f,\"mean_us\":%.2f,\"min_us\":%.2f,\"max_us\":%.2f,"
                "\"calls_per_s\":%.2f,\"requests_per_s\":%.2f,\"candidates_per_s\":%.1f,"
                "\"device_bytes\":%llu,\"device_weight_bytes\":%llu,\"host_peak_rss_bytes\":%llu,"
@@ -494,7 +509,7 @@ int main(int argc, char **argv)
                o.model ? o.model : o.config ? o.config : "(embedded default)", o.device, o.dtype, o.users,
                o.sequences ? (size_t)0 : o.history, o.sequences ? (size_t)0 : o.history_min ? o.history_min : o.history, M,
                o.sequences ? "\"" : "", o.sequences ? o.sequences : "null",
-               o.sequences ? "\"" : "", o.all_items ? "true" : "false", o.calls, o.warmup, o.sets, o.bag, p50, p99, mean,
+               o.sequences ? "\"" : "", o.all_items ? "true" : "false", o.topk, o.calls, o.warmup, o.sets, o.bag, p50, p99, mean,
                lat[0], lat[o.calls - 1], (double)o.calls / (elapsed * 1e-6), rps, cps,
                (unsigned long long)es.device_bytes, (unsigned long long)es.device_weight_bytes,
                (unsigned long long)ru.ru_maxrss * 1024ull, load_us, create_us, info.d_model, info.num_blocks,

@@ -11,7 +11,7 @@
 
 typedef struct options {
     const char *model, *config, *sequences, *device, *dtype, *via;
-    size_t users, history, history_min, candidates, calls, warmup, bag, sets, graphs, portable_attention;
+    size_t users, history, history_min, candidates, calls, warmup, bag, sets, graphs, portable_attention, topk;
     size_t clients, sched_users, sched_candidates, max_wait_us, workers;
     uint64_t seed;
     int all_items, json;

@@ -11,6 +11,8 @@
 #include <algorithm>
 
 #include "engine.cuh"
+#include "topk.cuh"
+#include "engine/topk_select.h"
 
 namespace {
 
@@ -533,16 +535,85 @@ uint64_t elapsed_us(cudaEvent_t a, cudaEvent_t b)
     return cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms > 0 ? (uint64_t)(ms * 1000.0f + 0.5f) : 0;
 }
 
-template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores, fl_cuda_times *times)
+// flame_score_batch_topk's outputs of a pass (NULL in run: all scores come back).
+struct topk_out {
+    uint32_t k, task;
+    int64_t *ids;
+    float *scores;
+};
+
+// The device top-k's buffers, after the pass's own in the staging buffer and in the arena
+// (same layout in both): segments (host to device), then positions, values and meta, which
+// come back in one copy of back_bytes from `pos`.
+struct topk_bufs {
+    fl_topk_seg *segs;
+    int32_t *pos;
+    float *val;
+    int32_t *meta;
+    size_t back_bytes;
+};
+size_t carve_topk(uint8_t *base, size_t from, size_t n, uint32_t k, topk_bufs &t)
+{
+    carver cv{base, from};
+    t.segs = cv.take<fl_topk_seg>(n);
+    t.pos = cv.take<int32_t>(n * k);
+    const size_t back = cv.used - n * k * sizeof(int32_t);
+    t.val = cv.take<float>(n * k);
+    t.meta = cv.take<int32_t>(2 * n);
+    t.back_bytes = cv.used - back;
+    return cv.used;
+}
+
+// Ranks the device's selection of request r (positions best first by score, then position)
+// by the library's rule (ties by lower id), or selects on the host from the request's scores
+// when candidates at the k-th score were left out (the id rule may want them).
+flame_status topk_finish(pass &p, const buffers &b, const topk_bufs &h, const topk_out &tk, size_t r)
+{
+    const flame_request &q = p.reqs[r];
+    const int32_t tasks = p.g->cfg.num_tasks, kept = h.meta[2 * r];
+    fl_ranked *v = static_cast<fl_ranked *>(malloc((size_t)tk.k * sizeof(fl_ranked)));
+    if (!v) return fl_error(FLAME_ERR_NOMEM, "out of host memory");
+    size_t n = 0;
+    if (h.meta[2 * r + 1]) {
+        const size_t count = q.num_candidates * (size_t)tasks;
+        float *sc = static_cast<float *>(malloc(count * sizeof(float)));
+        cudaError_t e = sc ? cudaMemcpy(sc, b.scores + p.x->seqs[r].out, count * sizeof(float), cudaMemcpyDeviceToHost)
+                           : cudaErrorMemoryAllocation;
+        if (e == cudaSuccess) n = fl_topk_select(sc, q.num_candidates, tasks, tk.task, q.candidates, tk.k, v);
+        free(sc);
+        if (e != cudaSuccess) {
+            free(v);
+            return fl_error(FLAME_ERR_INTERNAL, "copying request %zu's scores: %s", r, cudaGetErrorString(e));
+        }
+    } else {
+        for (int32_t j = 0; j < kept; j++) {
+            const int32_t i = h.pos[r * tk.k + j];
+            v[n++] = {h.val[r * tk.k + j], q.candidates[i], (size_t)i};
+        }
+        fl_ranked_sort(v, n);
+    }
+    fl_topk_write(v, n, tk.k, tk.ids + r * tk.k, tk.scores + r * tk.k);
+    free(v);
+    return FLAME_OK;
+}
+
+template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores, fl_cuda_times *times,
+                                       const topk_out *tk = nullptr)
 {
     fl_cuda_executor *x = p.x;
     const uint64_t t0 = host_us();
     plan(p);
-    if (p.total_scores == 0) return FLAME_OK;
+    if (p.total_scores == 0) {
+        for (size_t r = 0; tk && r < p.n; r++) fl_topk_write(nullptr, 0, tk->k, tk->ids + r * tk->k, tk->scores + r * tk->k);
+        return FLAME_OK;
+    }
     const size_t idx_bytes = carve_indices(p, nullptr, p.host);
     buffers b{};
     const size_t arena = carve_buffers(p, sizeof(T), nullptr, idx_bytes, b);
-    FL_TRY(grow(g, x, idx_bytes, arena));
+    topk_bufs th{}, td{};
+    const size_t staging_end = tk ? carve_topk(nullptr, idx_bytes, p.n, tk->k, th) : idx_bytes;
+    const size_t arena_end = tk ? carve_topk(nullptr, arena, p.n, tk->k, td) : arena;
+    FL_TRY(grow(g, x, staging_end, arena_end));
     carve_indices(p, x->staging, p.host);
     carve_indices(p, x->arena, p.dev);
     carve_buffers(p, sizeof(T), x->arena, idx_bytes, b);
@@ -561,11 +632,23 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
         p.after_upload = nullptr;
         FL_TRY(st);
     }
+    if (tk) { // select on the device; only k positions and scores a request come back
+        carve_topk(x->staging, idx_bytes, p.n, tk->k, th);
+        carve_topk(x->arena, arena, p.n, tk->k, td);
+        for (size_t r = 0; r < p.n; r++) th.segs[r] = {x->seqs[r].out, (int32_t)p.reqs[r].num_candidates, 0};
+        FL_CUDA_TRY(cudaMemcpyAsync(td.segs, th.segs, p.n * sizeof(fl_topk_seg), cudaMemcpyHostToDevice, x->stream));
+        FL_TRY(fl_cuda_topk(b.scores, td.segs, (int32_t)p.n, g->cfg.num_tasks, (int32_t)tk->task, (int32_t)tk->k,
+                            td.pos, td.val, td.meta, x->stream));
+    }
     FL_CUDA_TRY(cudaEventRecord(x->ev[2], x->stream));
-    FL_CUDA_TRY(cudaMemcpyAsync(scores, b.scores, (size_t)p.total_scores * sizeof(float), cudaMemcpyDeviceToHost,
-                                x->stream));
+    if (tk)
+        FL_CUDA_TRY(cudaMemcpyAsync(th.pos, td.pos, th.back_bytes, cudaMemcpyDeviceToHost, x->stream));
+    else
+        FL_CUDA_TRY(cudaMemcpyAsync(scores, b.scores, (size_t)p.total_scores * sizeof(float), cudaMemcpyDeviceToHost,
+                                    x->stream));
     FL_CUDA_TRY(cudaEventRecord(x->ev[3], x->stream));
     FL_CUDA_TRY(cudaStreamSynchronize(x->stream));
+    for (size_t r = 0; tk && r < p.n; r++) FL_TRY(topk_finish(p, b, th, *tk, r));
     if (times) { // a graph replay holds the upload: it then counts in compute
         times->h2d_timed = !done;
         times->h2d_us = done ? 0 : elapsed_us(x->ev[0], x->ev[1]);
@@ -577,8 +660,8 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
 
 } // namespace
 
-extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores,
-                                      fl_cuda_times *times)
+static flame_status score_pass(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores,
+                               fl_cuda_times *times, const topk_out *tk)
 {
     fl_cuda_executor *x = &g->ex[fl_slot_acquire(&g->ex_pool)]; // waits its turn while all are busy
     flame_status st = FLAME_OK;
@@ -587,13 +670,26 @@ extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *re
     pass p{g, x, reqs, n};
     if (!st) {
         if (g->dtype == FL_COMPUTE_FP16)
-            st = run<__half>(g, p, scores, times);
+            st = run<__half>(g, p, scores, times, tk);
         else if (g->dtype == FL_COMPUTE_BF16)
-            st = run<__nv_bfloat16>(g, p, scores, times);
+            st = run<__nv_bfloat16>(g, p, scores, times, tk);
         else
-            st = run<float>(g, p, scores, times);
+            st = run<float>(g, p, scores, times, tk);
     }
     if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
     fl_slot_release(&g->ex_pool, (int)(x - g->ex));
     return st;
+}
+
+extern "C" flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores,
+                                      fl_cuda_times *times)
+{
+    return score_pass(g, reqs, n, scores, times, nullptr);
+}
+
+extern "C" flame_status fl_cuda_score_topk(fl_cuda_engine *g, const flame_request *reqs, size_t n, uint32_t k,
+                                           uint32_t task, int64_t *ids, float *scores, fl_cuda_times *times)
+{
+    const topk_out tk{k, task, ids, scores};
+    return score_pass(g, reqs, n, nullptr, times, &tk);
 }

@@ -1,6 +1,7 @@
 /* flame_score_batch_topk against a full sort of flame_score_batch's scores on fresh random
  * models: the whole catalogue as one range (full-sort retrieval), random candidates with
- * repeated items (ties: lower id, then the earlier candidate), fewer candidates than k, none;
+ * repeated items (ties: lower id, then the earlier candidate), fewer candidates than k, none,
+ * one item 100 times (ties across the k-th place: on the GPU the host's fallback);
  * a multi-task model ranked by its second task; every refusal, with the outputs untouched;
  * and the same on the GPU engine where one is usable. */
 #include "testutil.h"
@@ -23,23 +24,27 @@ static int cmp_entry(const void *pa, const void *pb)
     return a->pos < b->pos ? -1 : a->pos > b->pos;
 }
 
-/* requests: 0 the whole catalogue, 1 random ids with repeats, 2 fewer than k, 3 none */
+/* requests: 0 the whole catalogue, 1 random ids with repeats, 2 fewer than k, 3 none, 4 one
+ * item 100 times */
+enum { NREQ = 5 };
 typedef struct {
-    int64_t hist[4][8], cand1[400], cand2[7], *all;
-    flame_request req[4];
+    int64_t hist[NREQ][8], cand1[400], cand2[7], cand4[100], *all;
+    flame_request req[NREQ];
 } fixture;
 
 static void make_requests(fixture *f, int32_t side)
 {
     f->all = malloc(ITEMS * sizeof *f->all);
     for (int i = 0; i < ITEMS; i++) f->all[i] = i;
-    for (int r = 0; r < 4; r++)
+    for (int r = 0; r < NREQ; r++)
         for (int i = 0; i < 8; i++) f->hist[r][i] = tu_below(ITEMS);
+    const int64_t same = tu_below(ITEMS);
+    for (int i = 0; i < 100; i++) f->cand4[i] = same;
     for (int i = 0; i < 400; i++) f->cand1[i] = i % 3 == 0 && i ? f->cand1[i - 1] : tu_below(ITEMS);
     for (int i = 0; i < 7; i++) f->cand2[i] = tu_below(ITEMS);
-    const int64_t *c[4] = {f->all, f->cand1, f->cand2, NULL};
-    const size_t m[4] = {ITEMS, 400, 7, 0};
-    for (int r = 0; r < 4; r++)
+    const int64_t *c[NREQ] = {f->all, f->cand1, f->cand2, NULL, f->cand4};
+    const size_t m[NREQ] = {ITEMS, 400, 7, 0, 100};
+    for (int r = 0; r < NREQ; r++)
         f->req[r] = (flame_request){.struct_size = sizeof f->req[r], .history = f->hist[r], .history_len = 8,
                                     .candidates = c[r], .num_candidates = m[r], .num_side_features = (size_t)side};
 }
@@ -48,16 +53,16 @@ static void make_requests(fixture *f, int32_t side)
 static void check_engine(flame_engine *e, fixture *f, int32_t tasks, uint32_t task, const char *label)
 {
     size_t total = 0;
-    for (int r = 0; r < 4; r++) total += f->req[r].num_candidates * (size_t)tasks;
+    for (int r = 0; r < NREQ; r++) total += f->req[r].num_candidates * (size_t)tasks;
     float *sc = malloc(total * sizeof *sc);
-    assert_int_equal(flame_score_batch(e, f->req, 4, sc, total), FLAME_OK);
-    int64_t ids[4 * K + 1];
-    float got[4 * K + 1];
-    for (int i = 0; i < 4 * K + 1; i++) ids[i] = -7, got[i] = NAN;
-    if (flame_score_batch_topk(e, f->req, 4, K, task, ids, got, 4 * K)) fail_msg("%s: %s", label, flame_last_error());
-    assert_int_equal(ids[4 * K], -7); /* nothing past num_requests * k */
+    assert_int_equal(flame_score_batch(e, f->req, NREQ, sc, total), FLAME_OK);
+    int64_t ids[NREQ * K + 1];
+    float got[NREQ * K + 1];
+    for (int i = 0; i < NREQ * K + 1; i++) ids[i] = -7, got[i] = NAN;
+    if (flame_score_batch_topk(e, f->req, NREQ, K, task, ids, got, NREQ * K)) fail_msg("%s: %s", label, flame_last_error());
+    assert_int_equal(ids[NREQ * K], -7); /* nothing past num_requests * k */
     size_t off = 0;
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < NREQ; r++) {
         const size_t m = f->req[r].num_candidates;
         entry *all = malloc((m + 1) * sizeof *all);
         for (size_t i = 0; i < m; i++) all[i] = (entry){sc[off + i * tasks + task], f->req[r].candidates[i], i};
@@ -75,7 +80,7 @@ static void check_engine(flame_engine *e, fixture *f, int32_t tasks, uint32_t ta
         free(all);
         off += m * (size_t)tasks;
     }
-    fprintf(stderr, "# %s: top %d of %d, 400, 7 and 0 candidates match the full sort\n", label, K, ITEMS);
+    fprintf(stderr, "# %s: top %d of %d, 400, 7, 0 and 100 (one item) candidates match the full sort\n", label, K, ITEMS);
     free(sc);
 }
 

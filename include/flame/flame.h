@@ -592,8 +592,10 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
  * range 0..num_items-1, scored by one GEMM under the dot head) returns the k best items of the
  * catalogue. The requests are scored as flame_score_batch scores them, into memory of the
  * library's, and ranked per request: score descending (NaN last), ties by lower item id, then
- * by the earlier candidate. The selection runs on the host after the scores are complete, on
- * every engine.
+ * by the earlier candidate. A GPU engine keeps the scores on the device and selects there, so
+ * only k ids and scores a request come back (requests of 2^31 candidates or more excepted);
+ * the CPU engine selects on the host. With FLAME_OPT_MAX_BATCH splitting a call into passes,
+ * a failing pass leaves the earlier passes' rows written, as flame_score_batch does.
  *
  * Parameters:
  *   engine        the engine.

@@ -31,9 +31,11 @@ static void count(flame_engine *engine, const flame_request *reqs, size_t num_re
     if (uc_misses) atomic_fetch_add(&engine->user_cache_misses, uc_misses);
 }
 
-/* `stride`: bytes between the caller's requests (their struct's size). */
+/* `stride`: bytes between the caller's requests (their struct's size). `topk` (GPU engines
+ * only; NULL otherwise): each request's k best candidates into topk->ids/scores instead of
+ * every score into `scores`. */
 static flame_status score(flame_engine *engine, const flame_request *requests, size_t num_requests, size_t stride,
-                          float *scores, size_t scores_len)
+                          float *scores, size_t scores_len, const fl_topk_spec *topk)
 {
     if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "engine is NULL");
     if (num_requests && !requests) return fl_error(FLAME_ERR_INVALID_ARG, "requests is NULL with num_requests %zu",
@@ -56,10 +58,11 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     const bool resolve = engine->item_cache && num_requests;
     if (!st) st = fl_validate_requests_mt(engine->model, reqs, num_requests, &total,
                                           resolve ? FL_CHECK_DEFER_BAGS : FL_CHECK_ALL, engine->gpu ? 1 : engine->threads);
-    if (!st && total > scores_len)
+    if (!st && topk && !engine->gpu) st = fl_error(FLAME_ERR_INTERNAL, "device top-k on a CPU engine");
+    if (!st && !topk && total > scores_len)
         st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, %zu request(s) need %llu",
                       scores_len, num_requests, (unsigned long long)total);
-    if (!st && total && !scores) st = fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
+    if (!st && !topk && total && !scores) st = fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
     if (!st && resolve) { /* side features of id-only requests, from the cache */
         if (!ws) ws = fl_workspace_acquire(engine);
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
@@ -102,7 +105,9 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
         size_t n = num_requests - r0 < slice ? num_requests - r0 : slice;
         if (engine->gpu) { /* the backend times its own stages (host planning, CUDA events) */
             fl_cuda_times ct = {0};
-            st = fl_cuda_score(engine->gpu, reqs + r0, n, out, &ct);
+            st = topk ? fl_cuda_score_topk(engine->gpu, reqs + r0, n, topk->k, topk->task, topk->ids + r0 * topk->k,
+                                           topk->scores + r0 * topk->k, &ct)
+                      : fl_cuda_score(engine->gpu, reqs + r0, n, out, &ct);
             t.tokens += ct.tokens_us, t.h2d += ct.h2d_us, t.compute += ct.compute_us, t.d2h += ct.d2h_us;
             t.h2d_timed &= ct.h2d_timed;
         } else { /* compute: the pass less its token assembly */
@@ -113,7 +118,7 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
             t.tokens += ws->tokens_us;
             t.compute += pass > ws->tokens_us ? pass - ws->tokens_us : 0;
         }
-        for (size_t r = r0; r < r0 + n; r++) out += reqs[r].num_candidates * (size_t)tasks;
+        for (size_t r = r0; r < r0 + n && !topk; r++) out += reqs[r].num_candidates * (size_t)tasks;
     }
     fl_workspace_release(engine, ws);
     if (st) return st;
@@ -137,7 +142,7 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
                             "request 0: struct_size = %zu is not a multiple of %zu, so it is no sizeof(flame_request)",
                             stride, (size_t)_Alignof(flame_request));
     }
-    return score(engine, requests, num_requests, stride, scores, scores_len);
+    return score(engine, requests, num_requests, stride, scores, scores_len, NULL);
 }
 
 FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *request, float *scores,
@@ -147,5 +152,11 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
     if (!request) return fl_error(FLAME_ERR_INVALID_ARG, "request is NULL");
     flame_status st = fl_struct_size_check("flame_request", request->struct_size, sizeof(flame_request));
     if (st) return st;
-    return score(engine, request, 1, request->struct_size, scores, scores_len);
+    return score(engine, request, 1, request->struct_size, scores, scores_len, NULL);
+}
+
+flame_status fl_score_topk_gpu(flame_engine *engine, const flame_request *requests, size_t num_requests, size_t stride,
+                               const fl_topk_spec *topk)
+{
+    return score(engine, requests, num_requests, stride, NULL, 0, topk);
 }

@@ -1,7 +1,8 @@
-/* flame_score_batch_topk: full-sort retrieval on top of flame_score_batch. The requests are
- * scored into scratch memory (nothing of the caller's is written until every request has
- * scored), then each request's candidates are ranked by one task's score with a size-k heap:
- * O(m log k) per request of m candidates, k <= FLAME_TOPK_MAX. */
+/* flame_score_batch_topk: full-sort retrieval. On a GPU engine the scores stay on the device,
+ * which selects each request's k best (cuda/topk.cu) and sends back only those. Elsewhere the
+ * requests are scored by flame_score_batch into scratch memory (nothing of the caller's is
+ * written until every request has scored), then each request's candidates are ranked by one
+ * task's score with a size-k heap: O(m log k) per request of m candidates. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,63 +10,7 @@
 
 #include "core/abi.h"
 #include "engine/engine.h"
-
-typedef struct ranked {
-    float score;
-    int64_t id;
-    size_t pos; /* candidate index in its request */
-} ranked;
-
-/* a ranks before b: higher score (NaN below every number), then lower item id, then the
- * earlier candidate */
-static int before(const ranked *a, const ranked *b)
-{
-    const int an = isnan(a->score), bn = isnan(b->score);
-    if (an != bn) return bn;
-    if (!an && a->score != b->score) return a->score > b->score;
-    if (a->id != b->id) return a->id < b->id;
-    return a->pos < b->pos;
-}
-
-/* min-heap by rank: the root is the worst of the k kept */
-static void sift_down(ranked *h, size_t n, size_t i)
-{
-    for (;;) {
-        size_t w = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && before(&h[w], &h[l])) w = l;
-        if (r < n && before(&h[w], &h[r])) w = r;
-        if (w == i) return;
-        const ranked t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
-}
-
-static int cmp_rank(const void *a, const void *b)
-{
-    return before(a, b) ? -1 : before(b, a) ? 1 : 0;
-}
-
-/* The k best of one request's m candidates into heap[0..kept), best first. */
-static size_t select_k(const float *sc, size_t m, int32_t tasks, uint32_t task, const int64_t *cand, uint32_t k,
-                       ranked *heap)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < m; i++) {
-        const ranked x = {sc[i * (size_t)tasks + task], cand[i], i};
-        if (n < k) {
-            heap[n++] = x;
-            if (n == k)
-                for (size_t j = k / 2; j-- > 0;) sift_down(heap, k, j);
-        } else if (before(&x, &heap[0])) {
-            heap[0] = x;
-            sift_down(heap, k, 0);
-        }
-    }
-    qsort(heap, n, sizeof *heap, cmp_rank);
-    return n;
-}
+#include "engine/topk_select.h"
 
 FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_request *requests,
                                               size_t num_requests, uint32_t k, uint32_t task, int64_t *ids,
@@ -91,9 +36,14 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
     const size_t stride = requests->struct_size;
     flame_status st = fl_struct_size_check("flame_request", stride, sizeof(flame_request));
     if (st) return st;
+    if (stride % _Alignof(flame_request) != 0)
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "request 0: struct_size = %zu is not a multiple of %zu, so it is no sizeof(flame_request)",
+                        stride, (size_t)_Alignof(flame_request));
     /* the scratch holds every score; its size comes from the requests as the library reads
      * them (the struct_size rule), and flame_score_batch validates them all */
     size_t total = 0;
+    bool device = engine->gpu != NULL; /* the device kernel counts candidates in 32 bits */
     for (size_t r = 0; r < num_requests; r++) {
         flame_request q;
         memset(&q, 0, sizeof q);
@@ -102,9 +52,14 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
         if (q.num_candidates > (SIZE_MAX / sizeof(float) - total) / (size_t)tasks)
             return fl_error(FLAME_ERR_INVALID_ARG, "request %zu: %zu candidates overflow the scores", r, q.num_candidates);
         total += q.num_candidates * (size_t)tasks;
+        if (q.num_candidates > INT32_MAX) device = false;
+    }
+    if (device && total) {
+        const fl_topk_spec spec = {k, task, ids, scores};
+        return fl_score_topk_gpu(engine, requests, num_requests, stride, &spec);
     }
     float *sc = malloc((total ? total : 1) * sizeof *sc);
-    ranked *heap = malloc((size_t)k * sizeof *heap);
+    fl_ranked *heap = malloc((size_t)k * sizeof *heap);
     if (!sc || !heap) {
         free(sc);
         free(heap);
@@ -117,11 +72,8 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
             flame_request q;
             memset(&q, 0, sizeof q);
             fl_struct_in("flame_request", &q, sizeof q, (const char *)requests + r * stride);
-            const size_t kept = select_k(sc + off, q.num_candidates, tasks, task, q.candidates, k, heap);
-            for (size_t j = 0; j < k; j++) {
-                ids[r * k + j] = j < kept ? heap[j].id : -1;
-                scores[r * k + j] = j < kept ? heap[j].score : -INFINITY;
-            }
+            const size_t kept = fl_topk_select(sc + off, q.num_candidates, tasks, task, q.candidates, k, heap);
+            fl_topk_write(heap, kept, k, ids + r * k, scores + r * k);
             off += q.num_candidates * (size_t)tasks;
         }
     }

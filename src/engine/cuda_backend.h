@@ -30,6 +30,11 @@ typedef struct fl_cuda_times {
  * pass's stage times. Serialized per engine. */
 flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores,
                            fl_cuda_times *times);
+/* flame_score_batch_topk's pass on the device: validated requests (one pass) scored and their
+ * k best candidates by column `task` selected there; ids/scores [n, k] on the host, ranked
+ * as src/engine/topk_select.h ranks. */
+flame_status fl_cuda_score_topk(fl_cuda_engine *g, const flame_request *reqs, size_t n, uint32_t k, uint32_t task,
+                                int64_t *ids, float *scores, fl_cuda_times *times);
 /* Device bytes held now: weights, activation buffers, workspace. */
 uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g);
 uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g);

@@ -110,6 +110,17 @@ size_t fl_forward_bytes(const struct flame_engine *e, const flame_request *reqs,
 flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
                             float *scores);
 
+/* flame_score_batch_topk's outputs: ids/scores [num_requests, k], ranked by column task. */
+typedef struct fl_topk_spec {
+    uint32_t k, task;
+    int64_t *ids;
+    float *scores;
+} fl_topk_spec;
+/* flame_score_batch's path (requests `stride` bytes apart) with the k best of each request
+ * selected on the GPU engine's device, written to topk's outputs. */
+flame_status fl_score_topk_gpu(struct flame_engine *e, const flame_request *requests, size_t num_requests,
+                               size_t stride, const fl_topk_spec *topk);
+
 /* For requests that give no side features, builds them from the engine's item cache into
  * ws and points *out at copies of the requests that carry them (else *out = reqs). */
 flame_status fl_resolve_features(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,

@@ -26,6 +26,12 @@ flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t 
     return fl_error(FLAME_ERR_INTERNAL, "no CUDA backend in this build");
 }
 
+flame_status fl_cuda_score_topk(fl_cuda_engine *g, const flame_request *reqs, size_t n, uint32_t k, uint32_t task,
+                                int64_t *ids, float *scores, fl_cuda_times *times)
+{
+    return fl_error(FLAME_ERR_INTERNAL, "no CUDA backend in this build");
+}
+
 uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g)
 {
     return 0;
