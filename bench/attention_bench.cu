@@ -177,7 +177,6 @@ int main(int argc, char **argv)
             vs.push_back({"wspp", FL_ATTN_QT_WG, FL_WG_WS_PP});
             vs.push_back({"ovl64", FL_ATTN_QT_WG, FL_WG_OVL64});
             vs.push_back({"ovl128", FL_ATTN_QT_WG, FL_WG_OVL128});
-            vs.push_back({"ovl128p", FL_ATTN_QT_WG, FL_WG_OVL128_PERSISTENT});
         }
         const int tq_auto = fl_cuda_attention_tile_queries(2, s.Dh, rows, s.H);
         vs.push_back({"auto", tq_auto, -1});

@@ -645,128 +645,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 #endif
 }
 
-// The overlapped kernel made persistent: one CTA per SM walks the (tile, head) items
-// blockIdx.x, blockIdx.x + gridDim.x, ... (the list is sorted longest first, so the strided
-// shares come out even), so the producer stages the next item's first key blocks while the
-// consumers finish the current one, and each warpgroup loads its next Q rows as soon as its
-// last S = Q K^T of the current item has completed. Stages and mbarrier phases count blocks
-// across items.
-template <typename T, int DH, int BN, int STAGES>
-__global__ void __launch_bounds__(WS_THREADS, 1)
-    attn_ovlp_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
-                     int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
-{
-#ifdef FL_WG_DEVICE
-    using L = layout<DH, BN, STAGES>;
-    extern __shared__ uint8_t smem_raw[];
-    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
-    const uint32_t qs = base, ks0 = base + L::Q_BYTES, vs0 = ks0 + STAGES * L::KV_BYTES;
-    const uint32_t full0 = base + L::BAR, empty0 = full0 + 8 * STAGES;
-    const int64_t num_items = (int64_t)ord.num_tiles * ord.heads;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    if (tid == 0)
-        for (int st = 0; st < STAGES; st++) {
-            mbar_init(full0 + 8 * st, 128);
-            mbar_init(empty0 + 8 * st, 8);
-        }
-    __syncthreads();
-    if (wg == 2) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
-        int64_t it = 0; // blocks staged by this CTA
-        for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-            const fl_attn_tile tile = tiles[ord.tile(item)];
-            const int64_t col = (int64_t)ord.head(item) * DH;
-            const int kend = rows_of(tile, qpos, 0, 0, 0).kend;
-            for (int kb = 0; kb < kend; kb += BN, it++) {
-                const int st = (int)(it % STAGES);
-                if (it >= STAGES) mbar_wait(empty0 + 8 * st, (uint32_t)((it / STAGES - 1) & 1));
-                stage_kv_lean<DH, BN, 128>(ks0 + st * L::KV_BYTES, vs0 + st * L::KV_BYTES, tile, kb, kend, k, v, ldkv,
-                                           col, tid - THREADS);
-                mbar_arrive_cp(full0 + 8 * st);
-            }
-        }
-        cp_wait<0>();
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
-    const uint32_t qa = qs + wg * 64 * 128;
-    auto load_q = [&](int64_t item) { // this warpgroup's 64 rows of item's queries
-        if (item < num_items)
-            stage_q<DH>(qs, tiles[ord.tile(item)], q, ldq, (int64_t)ord.head(item) * DH, wg * 64, 64, tid & 127, 128);
-        cp_commit();
-    };
-    int64_t it = 0; // blocks consumed by this CTA
-    auto wait_full = [&](int64_t i) {
-        mbar_wait(full0 + 8 * (int)(i % STAGES), (uint32_t)((i / STAGES) & 1));
-        fence_async_smem();
-    };
-    auto release = [&](int64_t i) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * (int)(i % STAGES));
-    };
-    load_q(blockIdx.x);
-    for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-        const fl_attn_tile tile = tiles[ord.tile(item)];
-        const int64_t col = (int64_t)ord.head(item) * DH, next = item + gridDim.x;
-        const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
-        const int nblk = (tr.kend + BN - 1) / BN;
-        const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN);
-        cp_wait<0>(); // this item's Q rows (loaded during the previous item)
-        fence_async_smem();
-        named_sync(1 + wg, 128);
-        // once the warpgroup's last S has completed, Q's rows are free for the next item
-        auto next_q = [&]() {
-            named_sync(1 + wg, 128);
-            load_q(next);
-        };
-        row_acc<DH> a;
-        a.init();
-        if (nwork > 0) {
-            float s[BN / 2], alpha[2];
-            uint32_t p[BN / 16][4];
-            wait_full(it);
-            issue_s<T, DH, BN>(s, qa, ks0 + (int)(it % STAGES) * L::KV_BYTES);
-            wg_wait0();
-            fence_regs(s);
-            if (nwork == 1) next_q();
-            softmax_s<DH, BN>(a, s, tr, 0, t, scale_log2, alpha);
-            pack_p<T, BN>(s, p);
-            for (int blk = 1; blk < nwork; blk++) {
-                const int64_t i = it + blk;
-                wait_full(i);
-                issue_s<T, DH, BN>(s, qa, ks0 + (int)(i % STAGES) * L::KV_BYTES);
-                issue_pv<T, DH, BN>(a, p, vs0 + (int)((i - 1) % STAGES) * L::KV_BYTES);
-                wg_wait<1>();
-                fence_regs(s);
-                if (blk == nwork - 1) next_q();
-                softmax_s<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
-                wg_wait0();
-                keep_regs(p);
-                fence_regs(a.o);
-                release(i - 1);
-                rescale(a, alpha);
-                pack_p<T, BN>(s, p);
-            }
-            const int64_t last = it + nwork - 1;
-            issue_pv<T, DH, BN>(a, p, vs0 + (int)(last % STAGES) * L::KV_BYTES);
-            wg_wait0();
-            keep_regs(p);
-            fence_regs(a.o);
-            release(last);
-        } else {
-            next_q();
-        }
-        for (int blk = nwork; blk < nblk; blk++) {
-            wait_full(it + blk);
-            release(it + blk);
-        }
-        it += nblk;
-        finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
-    }
-    cp_wait<0>();
-#endif
-}
-
 template <typename T, int DH, int BN>
 flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
                     int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major)
@@ -804,25 +682,6 @@ flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int3
     FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
     attn_ovl_kernel<T, DH, BN, STAGES><<<(unsigned)(num_tiles * heads), WS_THREADS, smem, s>>>(
-        tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo);
-    FL_LAUNCH_CHECK();
-    return FLAME_OK;
-}
-
-template <typename T, int DH, int BN, int STAGES>
-flame_status launch_ovlp(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
-                         int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s,
-                         int head_major)
-{
-    constexpr int smem = layout<DH, BN, STAGES>::SMEM;
-    static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-    int dev = 0, sms = 0;
-    FL_CUDA_TRY(cudaGetDevice(&dev));
-    FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovlp_kernel<T, DH, BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
-    const int64_t items = num_tiles * heads;
-    attn_ovlp_kernel<T, DH, BN, STAGES><<<(unsigned)(items < sms ? items : sms), WS_THREADS, smem, s>>>(
         tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
@@ -883,8 +742,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
         case FL_WG_WS: return launch_ws<T, 64, 128, 3, false>(ARGS);
         case FL_WG_WS_PP: return launch_ws<T, 64, 128, 3, true>(ARGS);
         case FL_WG_OVL64: return launch_ovl<T, 64, 64, 4>(ARGS);
-        case FL_WG_OVL128: return launch_ovl<T, 64, 128, 3>(ARGS);
-        default: return launch_ovlp<T, 64, 128, 3>(ARGS);
+        default: return launch_ovl<T, 64, 128, 3>(ARGS);
         }
     switch (which) {
     case FL_WG_LOCK64: return launch<T, 128, 64>(ARGS);
@@ -892,8 +750,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     case FL_WG_WS: return launch_ws<T, 128, 64, 3, false>(ARGS);
     case FL_WG_WS_PP: return launch_ws<T, 128, 64, 3, true>(ARGS);
     case FL_WG_OVL64: return launch_ovl<T, 128, 64, 4>(ARGS);
-    case FL_WG_OVL128: return launch_ovl<T, 128, 128, 3>(ARGS);
-    default: return launch_ovlp<T, 128, 128, 3>(ARGS);
+    default: return launch_ovl<T, 128, 128, 3>(ARGS);
     }
 #undef ARGS
 }

@@ -26,8 +26,7 @@ enum {
     FL_WG_WS_PP = 4,
     FL_WG_OVL64 = 5,
     FL_WG_OVL128 = 6,
-    FL_WG_OVL128_PERSISTENT = 7, // ovl128 with one CTA per SM walking the tiles
-    FL_WG_LAST = FL_WG_OVL128_PERSISTENT
+    FL_WG_LAST = FL_WG_OVL128
 };
 
 // Contract of fl_cuda_attention for tiles of up to FL_ATTN_QT_WG queries, processed in list

@@ -269,10 +269,10 @@ template <typename T> static void check_wg(const char *name, int dh, double tol)
                     fail_msg("%s dh %d variant %d heads %d last %d max_m %d: relative error %.3g >= %.3g", name, dh, bn, heads,
                              last, max_m, err, tol);
             }
-    // more (tile, head) items than the GPU has SMs, so the persistent variant's CTAs walk
-    // several items each (its stages and mbarrier phases run on across items); under
-    // FLAME_ATTN_QUICK only that variant
-    for (int bn = quick() ? FL_WG_OVL128_PERSISTENT : FL_WG_LOCK64; bn <= FL_WG_LAST; bn++) {
+    // more (tile, head) items than the GPU has SMs: several waves of CTAs, each CTA's rows and
+    // heads from the item order (heads outermost for head dim 128); under FLAME_ATTN_QUICK
+    // only the last variant
+    for (int bn = quick() ? FL_WG_LAST : FL_WG_LOCK64; bn <= FL_WG_LAST; bn++) {
         std::vector<seq> many;
         for (int i = 0; i < 14; i++) many.push_back({(int)tu_below(1100), (int)tu_below(200), 0});
         double worst;
