@@ -681,6 +681,27 @@ static void test_priorities_and_no_starvation(void **state)
 /* Deadlines on an injected clock: a queued request whose deadline passes completes with
  * FLAME_ERR_TIMEOUT and writes nothing (split ones too), a running one completes, the
  * others are scored; a request waiting for company times out without a batch. */
+/* flame_scheduler_score_ex: the blocking call takes submit_ex's options (the scores are those
+ * of a direct call; a bad priority is refused naming it, nothing written). */
+static void test_score_ex_with_options(void **state)
+{
+    fixture *f = *state;
+    static req q;
+    make_req(&q, 4, 20, true);
+    direct(f->se, &q);
+    flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
+    const flame_submit_options hi = {.struct_size = sizeof hi, .priority = FLAME_PRIORITY_HIGH, .timeout_us = 60000000};
+    assert_int_equal(flame_scheduler_score_ex(s, &q.r, q.scores, MAXC * 2, &hi), FLAME_OK);
+    assert_matches(&q, 2);
+    const flame_submit_options bad = {.struct_size = sizeof bad, .priority = 5};
+    for (size_t i = 0; i < MAXC * 2; i++) q.scores[i] = -7.0f;
+    assert_status_msg(flame_scheduler_score_ex(s, &q.r, q.scores, MAXC * 2, &bad), FLAME_ERR_INVALID_ARG, "priority 5");
+    for (size_t i = 0; i < MAXC * 2; i++) assert_true(q.scores[i] == -7.0f);
+    assert_int_equal(flame_scheduler_score_ex(s, &q.r, q.scores, MAXC * 2, NULL), FLAME_OK);
+    assert_matches(&q, 2);
+    flame_scheduler_destroy(s);
+}
+
 static void test_deadlines(void **state)
 {
     fixture *f = *state;
@@ -1164,6 +1185,7 @@ int main(void)
         T(test_destroy_from_a_done_callback),
         T(test_destroy_scheduler_and_engine_in_a_callback_during_isolation),
         T(test_priorities_and_no_starvation),
+        T(test_score_ex_with_options),
         T(test_deadlines),
         T(test_deadline_while_waiting_for_company),
         T(test_cancel),

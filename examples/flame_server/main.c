@@ -109,25 +109,6 @@ static int64_t *ids_of(const cJSON *a, const char *name, size_t *n, char *why, s
     return ids;
 }
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    flame_status status;
-    char message[512];
-} waiter;
-
-static void wake(void *user, flame_status st, const char *message)
-{
-    waiter *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->status = st;
-    snprintf(w->message, sizeof w->message, "%s", message ? message : "");
-    w->done = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 static unsigned http_status(flame_status st)
 {
     switch (st) {
@@ -180,23 +161,10 @@ static enum MHD_Result score(server *s, struct MHD_Connection *c, const body *b)
     flame_request r = {.struct_size = sizeof r, .history = hist, .history_len = nh, .candidates = cand,
                        .num_candidates = nc, .history_side = s->num_side ? bags : NULL,
                        .candidate_side = s->num_side ? bags : NULL, .num_side_features = (size_t)s->num_side};
-    waiter w = {.done = false};
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
-    flame_status st = flame_scheduler_submit_ex(s->sched, &r, scores, nc * (size_t)s->num_tasks, &o, wake, &w, NULL);
-    if (st == FLAME_OK) {
-        pthread_mutex_lock(&w.mu);
-        while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-        pthread_mutex_unlock(&w.mu);
-        st = w.status;
-    } else {
-        snprintf(w.message, sizeof w.message, "%s", flame_last_error());
-    }
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
+    const flame_status st = flame_scheduler_score_ex(s->sched, &r, scores, nc * (size_t)s->num_tasks, &o);
     enum MHD_Result ret;
     if (st) {
-        ret = error(c, http_status(st), "%s", w.message);
+        ret = error(c, http_status(st), "%s", flame_last_error());
     } else {
         cJSON *o2 = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(o2, "scores");
         for (size_t i = 0; i < nc; i++) {

@@ -232,6 +232,28 @@ FLAME_API uint64_t flame_scheduler_now_us(const flame_scheduler *scheduler);
 FLAME_API flame_status flame_scheduler_score(flame_scheduler *scheduler, const flame_request *request, float *scores,
                                              size_t scores_len);
 
+/*
+ * flame_scheduler_score_ex: flame_scheduler_score with a priority and a deadline.
+ *
+ * Submits as flame_scheduler_submit_ex does and waits for the request's done (a request
+ * server's handler that blocks per request needs no callback of its own).
+ *
+ * Parameters:
+ *   scheduler   the scheduler.
+ *   request     as flame_scheduler_submit; borrowed for the call.
+ *   scores      output as flame_score's, float32 [num_candidates * num_tasks]; the caller's;
+ *               written only when FLAME_OK is returned.
+ *   scores_len  capacity of scores in floats.
+ *   options     priority and deadline as flame_scheduler_submit_ex's (NULL = none); read by
+ *               the struct_size rule.
+ * Thread-safety: thread-safe; not from a done callback of the same scheduler.
+ * Returns: as flame_scheduler_score; FLAME_ERR_TIMEOUT when the deadline passed before the
+ *   request's batch started (scores not written); the option errors of
+ *   flame_scheduler_submit_ex.
+ */
+FLAME_API flame_status flame_scheduler_score_ex(flame_scheduler *scheduler, const flame_request *request,
+                                                float *scores, size_t scores_len, const flame_submit_options *options);
+
 typedef struct flame_scheduler_stats {
     size_t struct_size;             /* sizeof(flame_scheduler_stats) */
     uint64_t submitted;             /* requests queued (submit returned FLAME_OK) */

@@ -211,6 +211,18 @@ class Engine(Handle):
             self._check(lambda: _lib.lib().flame_score(h, C.byref(req), res.ctypes.data_as(F32P), res.size))
         return res
 
+    def _requests(self, requests: Sequence[Union[Request, Sequence[Any], Dict[str, Any]]], keep: List[Any]):
+        """The C request array of Request objects, tuples or dicts (messages name the index);
+        keep holds the arrays the C structs point into."""
+        reqs = (_Request * max(1, len(requests)))()
+        for r, item in enumerate(requests):
+            if isinstance(item, dict):
+                item = Request(**item)
+            elif not isinstance(item, Request):
+                item = Request(*item)
+            reqs[r] = self._request(item, keep, f"request {r}: ")
+        return reqs
+
     def score_batch(self, requests: Sequence[Union[Request, Sequence[Any], Dict[str, Any]]],
                     out: Optional[np.ndarray] = None) -> List[np.ndarray]:
         """Scores several users in one library call (one GEMM per layer over all tokens).
@@ -222,15 +234,8 @@ class Engine(Handle):
         array. Every request is validated before any is scored; messages name the index.
         """
         keep: List[Any] = []
-        reqs = (_Request * max(1, len(requests)))()
-        sizes = []
-        for r, item in enumerate(requests):
-            if isinstance(item, dict):
-                item = Request(**item)
-            elif not isinstance(item, Request):
-                item = Request(*item)
-            reqs[r] = self._request(item, keep, f"request {r}: ")
-            sizes.append(reqs[r].num_candidates)
+        reqs = self._requests(requests, keep)
+        sizes = [reqs[r].num_candidates for r in range(len(requests))]
         res = _arrays.scores_out(out, sum(sizes), self.num_tasks)
         with self._use() as h:
             self._check(lambda: _lib.lib().flame_score_batch(h, reqs, len(requests), res.ctypes.data_as(F32P),
@@ -251,13 +256,7 @@ class Engine(Handle):
         if not 1 <= k <= 1024 or not 0 <= task < 2**32:
             raise ValueError(f"k = {k} must be in 1..1024 and task = {task} a task index")
         keep: List[Any] = []
-        reqs = (_Request * max(1, len(requests)))()
-        for r, item in enumerate(requests):
-            if isinstance(item, dict):
-                item = Request(**item)
-            elif not isinstance(item, Request):
-                item = Request(*item)
-            reqs[r] = self._request(item, keep, f"request {r}: ")
+        reqs = self._requests(requests, keep)
         ids = np.empty((len(requests), k), dtype=np.int64)
         scores = np.empty((len(requests), k), dtype=np.float32)
         with self._use() as h:

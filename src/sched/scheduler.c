@@ -645,8 +645,8 @@ static void wake(void *user, flame_status st, const char *message)
     pthread_mutex_unlock(&w->mu);
 }
 
-FLAME_API flame_status flame_scheduler_score(flame_scheduler *s, const flame_request *request, float *scores,
-                                             size_t scores_len)
+FLAME_API flame_status flame_scheduler_score_ex(flame_scheduler *s, const flame_request *request, float *scores,
+                                                size_t scores_len, const flame_submit_options *options)
 {
     if (s && current == s) /* a done callback waiting for its own scheduler: with one worker, forever */
         return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_score called from a done callback of the same "
@@ -654,7 +654,7 @@ FLAME_API flame_status flame_scheduler_score(flame_scheduler *s, const flame_req
     waiter w = {.done = false, .status = FLAME_OK};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    flame_status st = flame_scheduler_submit(s, request, scores, scores_len, wake, &w);
+    flame_status st = flame_scheduler_submit_ex(s, request, scores, scores_len, options, wake, &w, NULL);
     if (st == FLAME_OK) {
         pthread_mutex_lock(&w.mu);
         while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
@@ -665,6 +665,12 @@ FLAME_API flame_status flame_scheduler_score(flame_scheduler *s, const flame_req
     pthread_cond_destroy(&w.cv);
     pthread_mutex_destroy(&w.mu);
     return st;
+}
+
+FLAME_API flame_status flame_scheduler_score(flame_scheduler *s, const flame_request *request, float *scores,
+                                             size_t scores_len)
+{
+    return flame_scheduler_score_ex(s, request, scores, scores_len, NULL);
 }
 
 /* ------------------------------------------------------------------ statistics */
