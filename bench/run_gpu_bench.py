@@ -15,7 +15,13 @@ Steps (each a subprocess whose raw output goes to DIR; progress lines carry time
      variable-length histories (B8, L 128..256, 256 distinct request sets) against the
      peer's fixed L256 (what padding gives PyTorch);
   4. Beauty full sort (all 12,103 items per user, batches of 256, fp16 and fp32): e2e-bench
-     --sequences --all-items against torch_e2e.py --sequences.
+     --sequences --all-items against torch_e2e.py --sequences;
+  5. serving scale, B32 L1024 M512 (fewer calls), both systems, and the GPU's dense fp16/bf16
+     matrix peak as PyTorch reaches it (bench/torch_matmul_peak.py). Every end-to-end shape
+     gets a model-FLOPs utilisation entry: the forward's useful FLOPs
+     (bench/model_flops.py) / the call's P50 / the fp16 peak of the same run, libflame against
+     torch.compile.
+--steps picks a subset (embedding, e2e, beauty, torch, peak; default all).
 Then prints a table and writes bench/results/<machine>-<date>.json (also copied to DIR): a
 list of {"name", "value", "unit", "peer", "peer_value", "ratio"}, ratio = libflame / peer
 (below 1 is better for times, above 1 for rates). Exit status 1 only when a step failed
@@ -33,10 +39,15 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_flops import forward_flops  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 SHAPES = [(1, 256, 128), (8, 256, 128), (1, 1024, 128)]
+BIG = (32, 1024, 512)  # serving scale: timed with fewer calls, its peer in a run of its own
+STEPS = ("embedding", "e2e", "beauty", "torch", "peak")
 T0 = time.time()
 
 
@@ -144,7 +155,11 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its peer entries stay empty)")
     ap.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU: tests the scripts without a GPU")
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
+    ap.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of " + ",".join(STEPS))
     args = ap.parse_args(argv)
+    steps = set(args.steps.split(","))
+    if not steps <= set(STEPS):
+        ap.error(f"--steps: unknown {sorted(steps - set(STEPS))}; choose from {','.join(STEPS)}")
     os.makedirs(args.out_dir, exist_ok=True)
     os.makedirs(args.work_dir, exist_ok=True)
     py = sys.executable
@@ -153,6 +168,8 @@ def main(argv=None):
     calls = min(args.calls, 30) if args.cpu else args.calls
     shapes = [(1, 20, 8), (2, 20, 8), (1, 60, 8)] if args.cpu else SHAPES
     names = ["b1_l256_m128", "b8_l256_m128", "b1_l1024_m128"]  # the entries' names (tiny shapes in --cpu)
+    big, big_name = ((4, 60, 16) if args.cpu else BIG), "b32_l1024_m512"
+    big_calls = 5 if args.cpu else min(args.calls, 200)
 
     for binary in ["bench/e2e-bench"] + ([] if args.cpu else ["bench/embedding-bench"]):
         if not os.access(os.path.join(ROOT, binary), os.X_OK) and not args.dry_run:
@@ -170,7 +187,10 @@ def main(argv=None):
             beauty = None
 
     # 2. embedding
-    if args.cpu:
+    emb = temb = None
+    if "embedding" not in steps:
+        pass
+    elif args.cpu:
         emb = None
         temb = R.run("embedding_torch", [py, "bench/torch_embedding.py", "--json", "--device", "cpu", "--rows", "2000",
                                          "--reps", "3", "--cases", "rows_256B_fp16_T26_B4096_P20,T8_B512_P1_D64_fp16"],
@@ -181,7 +201,7 @@ def main(argv=None):
 
     # 3. end to end: libflame
     e2e = {}
-    for (B, L, M), name in zip(shapes, names):
+    for (B, L, M), name in zip(shapes, names) if "e2e" in steps else ():
         e2e[name] = R.run(f"e2e_libflame_{name}", ["bench/e2e-bench", "--model", ref, "--device", dev, "--dtype", "fp16",
                                                    "--users", str(B), "--history", str(L), "--candidates", str(M),
                                                    "--calls", str(calls), "--warmup", "100" if not args.cpu else "3",
@@ -190,7 +210,7 @@ def main(argv=None):
     # variable-length traffic: B8, histories of 128..256 (token counts differ from call to
     # call, as in serving), against the peer padded to L256 (the peer entries reuse b8_l256_m128)
     vB, vL, vM = shapes[1]
-    e2e["var"] = R.run("e2e_libflame_b8_l128to256_m128", ["bench/e2e-bench", "--model", ref, "--device", dev,
+    e2e["var"] = None if "e2e" not in steps else R.run("e2e_libflame_b8_l128to256_m128", ["bench/e2e-bench", "--model", ref, "--device", dev,
                                                          "--dtype", "fp16", "--users", str(vB), "--history", str(vL),
                                                          "--history-min", str(vL // 2), "--candidates", str(vM),
                                                          "--sets", "256", "--calls", str(calls),
@@ -198,7 +218,7 @@ def main(argv=None):
 
     # 4. Beauty full sort, fp16 and fp32
     bl, bt = {}, {}
-    if beauty and seqs:
+    if beauty and seqs and "beauty" in steps:
         n_users = sum(1 for line in open(seqs) if line.strip())
         batches = -(-n_users // 256)
         passes = 1 if args.cpu else 3
@@ -211,18 +231,39 @@ def main(argv=None):
                                                   "--dtype", dt, "--sequences", seqs, "--users", "256",
                                                   "--passes", str(passes), "--json"], 150)
 
-    # 5. end to end: PyTorch eager and compiled (compilation is the long pole: last)
+    # 5. serving scale and the matrix peak
+    B, L, M = big
+    if "e2e" in steps:
+        e2e[big_name] = R.run(f"e2e_libflame_{big_name}", ["bench/e2e-bench", "--model", ref, "--device", dev,
+                                                           "--dtype", "fp16", "--users", str(B), "--history", str(L),
+                                                           "--candidates", str(M), "--calls", str(big_calls),
+                                                           "--warmup", "20" if not args.cpu else "2", "--json"], 120)
+    peak = None
+    if "peak" in steps and not args.cpu:
+        peak = R.run("matmul_peak", [py, "bench/torch_matmul_peak.py"], 120)
+
+    # 6. end to end: PyTorch eager and compiled (compilation is the long pole: last)
     tcmd = [py, "bench/torch_e2e.py", "--model", ref, "--device", dev, "--dtype", "fp16",
             "--shapes", ",".join(f"{B}x{L}x{M}" for B, L, M in shapes), "--calls", str(calls),
             "--warmup", "50" if not args.cpu else "3", "--json"]
     if args.no_compile:
         tcmd.append("--no-compile")
     partial = os.path.join(args.out_dir, "e2e_torch.json")
-    te2e = R.run("e2e_torch", tcmd + ["--out-json", partial], 420)
-    if te2e is None and os.path.exists(partial):  # a timeout or crash: keep what finished
-        with open(partial) as f:
-            te2e = json.load(f)
-        log("e2e_torch: using the partial results it wrote before stopping")
+    te2e = None
+    if "torch" in steps:
+        te2e = R.run("e2e_torch", tcmd + ["--out-json", partial], 420)
+        if te2e is None and os.path.exists(partial):  # a timeout or crash: keep what finished
+            with open(partial) as f:
+                te2e = json.load(f)
+            log("e2e_torch: using the partial results it wrote before stopping")
+        bcmd = [py, "bench/torch_e2e.py", "--model", ref, "--device", dev, "--dtype", "fp16", "--shapes", f"{B}x{L}x{M}",
+                "--calls", str(big_calls), "--warmup", "10" if not args.cpu else "2", "--json"]
+        if args.no_compile:
+            bcmd.append("--no-compile")
+        tbig = R.run(f"e2e_torch_{big_name}", bcmd, 300)
+        if tbig:
+            te2e = te2e or {}
+            te2e.setdefault("results", []).extend(tbig.get("results", []))
 
     if args.dry_run:
         return 0
@@ -245,7 +286,18 @@ def main(argv=None):
         res.append(entry(f"embedding_tbe_{n}_us", c and c["us"], "us",
                          "F.embedding_bag, one call over concatenated tables, same run", t and t["us"]))
     tres = {r["shape"]: r for r in (te2e or {}).get("results", [])}
-    for (B, L, M), name in zip(shapes, names):
+    with open(os.path.join(ROOT, "bench", "ref_gr_config.json")) as f:
+        ref_cfg = json.load(f)
+    peak_tflops = (peak or {}).get("fp16_tflops")
+    res.append(entry("gpu_matmul_peak_fp16_tflops", peak_tflops, "TFLOP/s", None, None))
+    res.append(entry("gpu_matmul_peak_bf16_tflops", (peak or {}).get("bf16_tflops"), "TFLOP/s", None, None))
+
+    def mfu(shape, us):
+        if not (us and peak_tflops) or args.cpu:
+            return None
+        return round(forward_flops(ref_cfg, *shape) / (us * 1e-6) / (peak_tflops * 1e12), 4)
+
+    for (B, L, M), name in list(zip(shapes, names)) + [(big, big_name)]:
         mine = e2e.get(name) or {}
         peer = tres.get(f"b{B}_l{L}_m{M}", {})
         comp, eag = peer.get("compiled", {}), peer.get("eager", {})
@@ -256,6 +308,9 @@ def main(argv=None):
                          comp.get("candidates_per_s")))
         res.append(entry(f"e2e_ref_{name}_p50_us_vs_eager", mine.get("p50_us"), "us",
                          "PyTorch eager, same model file, CUDA events, same run", eag.get("p50_us")))
+        res.append(entry(f"e2e_ref_{name}_mfu", mfu((B, L, M), mine.get("p50_us")), "fraction of the fp16 matrix peak",
+                         "torch.compile(mode='reduce-overhead'), same FLOP count, same run",
+                         mfu((B, L, M), comp.get("p50_us"))))
         res.append(entry(f"e2e_ref_{name}_device_bytes", mine.get("device_bytes"), "bytes", None, None))
         res.append(entry(f"e2e_ref_{name}_max_abs_score_diff", peer.get("max_abs_diff_torch_vs_libflame"), "abs",
                          "0 (libflame fp16 vs PyTorch fp16 on the same inputs)", None))
@@ -300,6 +355,8 @@ def main(argv=None):
                ("e2e_ref_b8_l256_m128_candidates_per_s", ">=", 2.0, "B8 L256 M128 candidates/s >= 2x torch.compile")]
     for name, op, goal, what in targets:
         r = next(x for x in res if x["name"] == name)
+        if r["value"] is None:
+            continue
         status = "n/a" if r["ratio"] is None else \
             ("met" if (r["ratio"] >= goal if op == ">=" else r["ratio"] <= goal) else "MISSED")
         print(f"target: {what}: ratio {r['ratio']} -> {status}")
