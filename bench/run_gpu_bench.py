@@ -19,8 +19,8 @@ Steps (each a subprocess whose raw output goes to DIR; progress lines carry time
   5. serving scale, B32 L1024 M512 (fewer calls), both systems, and the GPU's dense fp16/bf16
      matrix peak as PyTorch reaches it (bench/torch_matmul_peak.py). Every end-to-end shape
      gets a model-FLOPs utilisation entry: the forward's useful FLOPs
-     (bench/model_flops.py) / the call's P50 / the fp16 peak of the same run, libflame against
-     torch.compile.
+     (bench/model_flops.py) / the call's P50 / the bf16 peak of the same run (fp16's is the
+     same on Hopper), libflame against torch.compile.
 --steps picks a subset (embedding, e2e, beauty, torch, peak; default all).
 Then prints a table and writes bench/results/<machine>-<date>.json (also copied to DIR): a
 list of {"name", "value", "unit", "peer", "peer_value", "ratio"}, ratio = libflame / peer
@@ -288,7 +288,7 @@ def main(argv=None):
     tres = {r["shape"]: r for r in (te2e or {}).get("results", [])}
     with open(os.path.join(ROOT, "bench", "ref_gr_config.json")) as f:
         ref_cfg = json.load(f)
-    peak_tflops = (peak or {}).get("fp16_tflops")
+    peak_tflops = (peak or {}).get("bf16_tflops")  # the MFU denominator: the bf16 matrix peak
     res.append(entry("gpu_matmul_peak_fp16_tflops", peak_tflops, "TFLOP/s", None, None))
     res.append(entry("gpu_matmul_peak_bf16_tflops", (peak or {}).get("bf16_tflops"), "TFLOP/s", None, None))
 
@@ -306,9 +306,14 @@ def main(argv=None):
         res.append(entry(f"e2e_ref_{name}_p99_us", mine.get("p99_us"), "us", peer_name, comp.get("p99_us")))
         res.append(entry(f"e2e_ref_{name}_candidates_per_s", mine.get("candidates_per_s"), "candidates/s", peer_name,
                          comp.get("candidates_per_s")))
+        sd = peer.get("compiled_sdpa", {})
+        sd_name = "torch.compile(mode='reduce-overhead') with two fused SDPA calls a block, same run"
+        res.append(entry(f"e2e_ref_{name}_p50_us_vs_sdpa", mine.get("p50_us"), "us", sd_name, sd.get("p50_us")))
+        res.append(entry(f"e2e_ref_{name}_candidates_per_s_vs_sdpa", mine.get("candidates_per_s"), "candidates/s",
+                         sd_name, sd.get("candidates_per_s")))
         res.append(entry(f"e2e_ref_{name}_p50_us_vs_eager", mine.get("p50_us"), "us",
                          "PyTorch eager, same model file, CUDA events, same run", eag.get("p50_us")))
-        res.append(entry(f"e2e_ref_{name}_mfu", mfu((B, L, M), mine.get("p50_us")), "fraction of the fp16 matrix peak",
+        res.append(entry(f"e2e_ref_{name}_mfu", mfu((B, L, M), mine.get("p50_us")), "fraction of the bf16 matrix peak",
                          "torch.compile(mode='reduce-overhead'), same FLOP count, same run",
                          mfu((B, L, M), comp.get("p50_us"))))
         res.append(entry(f"e2e_ref_{name}_device_bytes", mine.get("device_bytes"), "bytes", None, None))

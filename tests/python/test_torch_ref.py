@@ -131,6 +131,27 @@ def test_batched_forward_equals_per_request(name):
             np.testing.assert_allclose(got[b, :len(r[1])], want, rtol=1e-5, atol=1e-6, err_msg=f"{name} user {b}")
 
 
+@pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c["head"]["type"] == "sumi"][:8])
+def test_sdpa_attention_equals_the_masked_one(name):
+    """attention = "sdpa" (two fused SDPA calls a block, histories without padding) gives the
+    masked attention's scores, on full windows and on histories shorter than the window."""
+    cfg = CONFIGS[name]
+    m, _ = module_for(cfg, seed=8)
+    rng = np.random.default_rng(9)
+    for L in (1, max(1, cfg["max_len"] // 2), cfg["max_len"]):
+        reqs = [lib.random_request(cfg, rng, L, 6) for _ in range(3)]
+        hist, cand, _, hs, cs = batch_of(cfg, reqs, 0)
+        assert hist.shape[1] == L
+        with torch.no_grad():
+            m.attention = "mask"
+            want = m.predict(hist, cand, None, hs, cs).numpy()
+            m.attention = "sdpa"
+            got = m.predict(hist, cand, None, hs, cs).numpy()
+        m.attention = "mask"
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} L {L}")
+
+
 def test_training_step_has_finite_gradients_and_learns():
     """Padded batches (including an empty history) give finite gradients, and a few Adam
     steps fit a fixed target: the module is usable for training."""

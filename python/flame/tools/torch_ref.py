@@ -69,11 +69,27 @@ class Attention(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
         self.heads = heads
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [B, T, d]; mask [B, T, T] bool, True = key visible (every row has one)."""
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], sumi_len: Optional[int] = None) -> torch.Tensor:
+        """x [B, T, d]; mask [B, T, T] bool, True = key visible (every row has one). With
+        sumi_len = L (no padding, the first L tokens the history, the rest candidates) the mask
+        is the SUMI one and is not needed: two fused SDPA calls compute it, the history's
+        causal attention and the candidates' over [history, candidates] with a mask that keeps
+        each candidate's own key only (what a PyTorch user would write for speed)."""
         B, T, d = x.shape
         split = lambda a: a.view(B, T, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        if sumi_len is not None:
+            L = sumi_len
+            parts = []
+            if L:
+                parts.append(F.scaled_dot_product_attention(q[:, :, :L], k[:, :, :L], v[:, :, :L], is_causal=True))
+            if T > L:
+                i = torch.arange(T - L, device=x.device)[:, None]
+                j = torch.arange(T, device=x.device)[None, :]
+                cmask = (j < L) | (j - L == i)  # [M, T]: the whole history and itself
+                parts.append(F.scaled_dot_product_attention(q[:, :, L:], k, v, attn_mask=cmask))
+            a = torch.cat(parts, 2)
+            return self.o(a.transpose(1, 2).reshape(B, T, d))
         logits = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)
         logits = logits.masked_fill(~mask[:, None], float("-inf"))
         a = torch.softmax(logits, -1) @ v
@@ -100,11 +116,11 @@ class Block(nn.Module):
         self.pre = b["norm"] == "pre"
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], sumi_len: Optional[int] = None) -> torch.Tensor:
         if self.pre:
-            x = x + self.drop(self.attn(self.ln1(x), mask))
+            x = x + self.drop(self.attn(self.ln1(x), mask, sumi_len))
             return x + self.drop(self.ffn(self.ln2(x)))
-        x = self.ln1(x + self.drop(self.attn(x, mask)))
+        x = self.ln1(x + self.drop(self.attn(x, mask, sumi_len)))
         return self.ln2(x + self.drop(self.ffn(x)))
 
 
@@ -165,6 +181,9 @@ class FlameModel(nn.Module):
             self.heads = nn.ModuleList(TaskHead(d, t) for t in cfg["head"]["tasks"])
         self.drop = nn.Dropout(dropout)
         self.num_side = layout.num_side(cfg)
+        # "mask": attention with the explicit [T, T] mask (any padding); "sdpa": under the sumi
+        # head and without padding (history_lengths None), two fused SDPA calls instead
+        self.attention = "mask"
         for e in self.modules():  # small embeddings train better than N(0, 1)
             if isinstance(e, nn.Embedding):
                 nn.init.normal_(e.weight, std=0.02)
@@ -237,17 +256,21 @@ class FlameModel(nn.Module):
                 c = c + self.position.weight[cp]
             x = torch.cat([x, c], 1)
         T = x.shape[1]
-        # history: causal over real tokens; candidates: all real history and themselves (SUMI);
-        # the diagonal keeps padding rows finite (nothing real ever sees them)
-        i, j = torch.arange(T, device=dev)[:, None], torch.arange(T, device=dev)[None, :]
-        key_real = torch.cat([valid, valid.new_ones(B, T - L)], 1)
-        sees_history = (j < L) & ((j <= i) | (i >= L))
-        mask = (sees_history[None] & key_real[:, None, :]) | (i == j)[None]
+        sumi_len, mask = None, None
+        if self.attention == "sdpa" and self.sumi and history_lengths is None:
+            sumi_len = L  # no padding: the blocks need no mask
+        else:
+            # history: causal over real tokens; candidates: all real history and themselves
+            # (SUMI); the diagonal keeps padding rows finite (nothing real ever sees them)
+            i, j = torch.arange(T, device=dev)[:, None], torch.arange(T, device=dev)[None, :]
+            key_real = torch.cat([valid, valid.new_ones(B, T - L)], 1)
+            sees_history = (j < L) & ((j <= i) | (i >= L))
+            mask = (sees_history[None] & key_real[:, None, :]) | (i == j)[None]
         if cfg["input_layernorm"]:
             x = self.input_ln(x)
         x = self.drop(x)
         for blk in self.blocks:
-            x = blk(x, mask)
+            x = blk(x, mask, sumi_len)
         if self.sumi:
             h = x[:, L:]
             if cfg["final_layernorm"]:
