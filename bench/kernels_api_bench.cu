@@ -120,7 +120,7 @@ static tbe_result bench_tbe(int reps, int64_t rows, cudaStream_t s)
     const size_t n_out = (size_t)B * T * D;
     CK(cudaMalloc(&out, n_out * sizeof(__half)));
     CK(cudaMemset(out, 0xff, n_out * sizeof(__half)));
-    flame_embedding_bag_batch q = {sizeof q, B, in.data(), (size_t)T, out, 0, FLAME_DTYPE_F16, s, 0};
+    flame_embedding_bag_batch q = {sizeof q, B, in.data(), (size_t)T, out, 0, FLAME_DTYPE_F16, s, 0, 0};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
