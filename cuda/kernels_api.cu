@@ -528,10 +528,12 @@ extern "C" flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record
     *record = *mirror = nullptr;
     SCOPE(device);
     void *d = nullptr, *h = nullptr;
+    fl_tbe_index_record clear;
+    memset(&clear, 0xff, sizeof clear); // key = detail_key = ~0: nothing found
     cudaError_t e = cudaMalloc(&d, sizeof(fl_tbe_index_record));
-    if (e == cudaSuccess) e = cudaMemset(d, 0xff, sizeof(fl_tbe_index_record)); // key = detail_key = ~0
+    // from pageable memory, so the copy is complete when it returns, before any stream uses it
+    if (e == cudaSuccess) e = cudaMemcpy(d, &clear, sizeof clear, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaHostAlloc(&h, sizeof(fl_tbe_index_record), cudaHostAllocPortable);
-    if (e == cudaSuccess) e = cudaDeviceSynchronize(); // the memset is done before any stream uses it
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         if (d) cudaFree(d);
