@@ -250,6 +250,12 @@ static void test_tbe_rejections(void **state)
     } while (0)
     tu_poison(out, 22);
     assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    /* a caller built before device_indices: its struct_size ends before the field, which then
+     * reads as 0 whatever the memory after it holds */
+    q.struct_size = offsetof(flame_embedding_bag_batch, device_indices);
+    q.device_indices = 7;
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    q.struct_size = sizeof q;
     q.device_indices = 2;
     REJECT(FLAME_ERR_INVALID_ARG, "device_indices 2 (0 or 1)");
     /* a CPU handle's indices are host memory under either mode: checked at once */

@@ -172,7 +172,7 @@ typedef struct flame_embedding_bag_batch {
     void *cuda_stream;                      /* GPU: the cudaStream_t to enqueue on (NULL: the legacy
                                              * default stream); CPU: ignored */
     int32_t threads;                        /* CPU: OpenMP threads, 0 = 1, 1..1024; GPU: ignored */
-    int32_t device_indices;                 /* 0 (default): ids, offsets and weights are host memory,
+    int64_t device_indices;                 /* 0 (default): ids, offsets and weights are host memory,
                                              * validated before the call returns. 1 (GPU handles):
                                              * they are memory of the handle's device, read on
                                              * cuda_stream when the work runs (keep them alive and
@@ -183,7 +183,10 @@ typedef struct flame_embedding_bag_batch {
                                              * flame_embedding_bag_index_status reports it. Lengths
                                              * (batch, num_ids, the presence of offsets and weights)
                                              * are still checked by the call. A CPU handle ignores
-                                             * it: its indices are host memory, checked at once */
+                                             * it: its indices are host memory, checked at once.
+                                             * (64 bits, so that the struct grew: a caller built
+                                             * before this field, whose struct_size is smaller,
+                                             * reads as 0 whatever its padding held) */
 } flame_embedding_bag_batch;
 
 /*

@@ -338,7 +338,8 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
     if (q.threads < 0 || q.threads > MAX_THREADS)
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: threads %d is outside 0..%d", q.threads, MAX_THREADS);
     if (q.device_indices != 0 && q.device_indices != 1)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: device_indices %d (0 or 1)", q.device_indices);
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: device_indices %lld (0 or 1)",
+                        (long long)q.device_indices);
     const bool on_device = q.device_indices == 1 && !cpu; /* a CPU handle's indices are host memory */
     const size_t stride = fl_struct_size_of(q.inputs);
     if ((st = fl_struct_size_check("flame_embedding_bag_input", stride, sizeof(flame_embedding_bag_input)))) return st;
