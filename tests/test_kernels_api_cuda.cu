@@ -604,8 +604,8 @@ static void test_gpu_attention_rejections(void **state)
 int main(void)
 {
     /* Modules load when the process starts, not at a kernel's first launch: with CUDA's lazy
-     * loading a first launch may synchronize the context, which would finish the busy kernel
-     * and hide whether the library's calls return without waiting for the caller's stream. */
+     * loading a first launch may synchronize the context, which would wait for the held stream
+     * (until the gate's timeout) and fail the no-wait checks for a reason not the library's. */
     setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_tbe_against_reference),

@@ -162,7 +162,10 @@ class View:
             m.contents.deleter(m)
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: ctypes or the producer may already be gone
+            pass
 
     def array(self) -> np.ndarray:
         """A numpy view of a CPU tensor; it keeps this View alive (and closes it when freed)."""
