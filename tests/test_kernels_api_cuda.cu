@@ -68,7 +68,15 @@ template <typename X> static X *dev_copy(const X *h, size_t n)
     X *d = nullptr;
     CK(cudaMalloc(&d, n * sizeof(X) + 16));
     if (n) CK(cudaMemcpy(d, h, n * sizeof(X), cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize()); // a pageable copy may return before its DMA ends; the calls run on other streams
     return d;
+}
+
+// dst (device) = bytes of src (host), finished before anything enqueued after it on any stream
+static void poke(void *dst, const void *src, size_t bytes)
+{
+    CK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
 }
 
 static size_t esize(flame_dtype d)
@@ -374,7 +382,7 @@ static void test_gpu_tbe_device_index_rejections(void **state)
 
     // each case: poke one device value, forward (FLAME_OK: the values are checked on the stream),
     // the status names it, nothing written; then restore
-    struct poke {
+    struct bad_value {
         void *at;
         int64_t bad;
         bool is_weight;
@@ -388,39 +396,39 @@ static void test_gpu_tbe_device_index_rejections(void **state)
         {ids1 + 2, 20, false, "table 1 bag 1: ids[2] = 20 is outside 0..19"},
         {w1 + 3, 0, true, "table 1 bag 2: weights[3] = nan is not finite"},
     };
-    for (const poke &c : cases) {
+    for (const bad_value &c : cases) {
         int64_t keep = 0;
         float keepw = 0;
         if (c.is_weight) {
             CK(cudaMemcpy(&keepw, c.at, sizeof keepw, cudaMemcpyDeviceToHost));
             const float nan = NAN;
-            CK(cudaMemcpy(c.at, &nan, sizeof nan, cudaMemcpyHostToDevice));
+            poke(c.at, &nan, sizeof nan);
         } else {
             CK(cudaMemcpy(&keep, c.at, sizeof keep, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(c.at, &c.bad, sizeof c.bad, cudaMemcpyHostToDevice));
+            poke(c.at, &c.bad, sizeof c.bad);
         }
         assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
         assert_status_msg(flame_embedding_bag_index_status(bag, s), FLAME_ERR_INVALID_ARG, c.msg);
         assert_untouched(out, n);
         if (c.is_weight)
-            CK(cudaMemcpy(c.at, &keepw, sizeof keepw, cudaMemcpyHostToDevice));
+            poke(c.at, &keepw, sizeof keepw);
         else
-            CK(cudaMemcpy(c.at, &keep, sizeof keep, cudaMemcpyHostToDevice));
+            poke(c.at, &keep, sizeof keep);
         assert_int_equal(flame_embedding_bag_index_status(bag, s), FLAME_OK); // the read cleared it
     }
 
     // two bad values in one forward: the first in order is reported (table 0's id before table 1's)
     int64_t bad = 99;
-    CK(cudaMemcpy(ids1 + 1, &bad, sizeof bad, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ids0 + 1, &bad, sizeof bad, cudaMemcpyHostToDevice));
+    poke(ids1 + 1, &bad, sizeof bad);
+    poke(ids0 + 1, &bad, sizeof bad);
     assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
     // sticky: a later forward with a different bad value neither overrides it nor writes
-    CK(cudaMemcpy(ids0 + 1, &h_ids0[1], sizeof bad, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ids0, &bad, sizeof bad, cudaMemcpyHostToDevice));
+    poke(ids0 + 1, &h_ids0[1], sizeof bad);
+    poke(ids0, &bad, sizeof bad);
     assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
     // and a valid forward while the record is set writes nothing either
-    CK(cudaMemcpy(ids0, &h_ids0[0], sizeof bad, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ids1 + 1, &h_ids1[1], sizeof bad, cudaMemcpyHostToDevice));
+    poke(ids0, &h_ids0[0], sizeof bad);
+    poke(ids1 + 1, &h_ids1[1], sizeof bad);
     assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
     assert_status_msg(flame_embedding_bag_index_status(bag, s), FLAME_ERR_INVALID_ARG,
                       "table 0 bag 0: ids[1] = 99 is outside 0..9");
