@@ -86,6 +86,9 @@ int main(int argc, char **argv)
         din[f].ids = dev_idx[2 * f];
         din[f].offsets = dev_idx[2 * f + 1];
     }
+    /* a copy from pageable memory may return before its DMA ends, and s does not wait for the
+     * legacy default stream (it is non-blocking): the copies must be done before the lookup runs */
+    if (cudaDeviceSynchronize() != cudaSuccess) return 2;
     flame_embedding_bag_batch dq = q;
     dq.inputs = din;
     dq.out = out2;
