@@ -86,6 +86,27 @@ def test_read_only_flag_gives_a_read_only_view():
         _dlpack.View(OldProducer(a))
 
 
+class ClaimsCuda(Producer):
+    """Says its tensor is on CUDA device 0 (it is not): where the device decides, this is refused."""
+
+    def __dlpack_device__(self):
+        return (_dlpack.KDL_CUDA, 0)
+
+
+def test_devices_are_read_and_mixed_devices_refused():
+    ids = np.arange(4, dtype=np.int64)
+    with pytest.raises(flame.InvalidArgumentError, match="__dlpack_device__ said device type 2"):
+        _dlpack.View(ClaimsCuda(ids))
+    bag = fk.EmbeddingBag([np.ones((10, 3), np.float32)])
+    with pytest.raises(flame.InvalidArgumentError, match="host arrays or all CUDA tensors"):
+        bag([ClaimsCuda(ids)])
+    q = np.ones((4, 8), np.float32)
+    with pytest.raises(flame.InvalidArgumentError, match="on the host or all CUDA tensors"):
+        fk.sumi_attention(ClaimsCuda(q), q, q, [0, 4], heads=2)
+    with pytest.raises(flame.InvalidArgumentError, match="host arrays or all CUDA tensors"):
+        fk.EmbeddingBag([np.ones((10, 3), np.float32), ClaimsCuda(np.ones((5, 3), np.float32))])
+
+
 def test_compact_and_empty_tensors():
     v = _dlpack.View(Producer(np.zeros((0, 5), dtype=np.float32)))
     assert v.shape == (0, 5) and v.array().shape == (0, 5)
