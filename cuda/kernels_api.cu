@@ -214,6 +214,7 @@ struct tbe_check_table {
 struct tbe_check_args {
     tbe_check_table t[FL_TBE_MAX_TABLES];
     int64_t batch;
+    int32_t num_tables;
 };
 
 constexpr unsigned long long NO_KEY = ~0ull;
@@ -261,7 +262,11 @@ __global__ void tbe_describe_kernel(const tbe_check_args a, fl_tbe_index_record 
     if (key == NO_KEY || rec->detail_key != NO_KEY) return;
     const int t = (int)(key >> 56), phase = (int)((key >> 55) & 1), sub = (int)(key & 1);
     const int64_t pos = (int64_t)((key >> 1) & ((1ull << 54) - 1));
+    // a key outside this launch's arrays is another launch's (forwards on unordered streams, which
+    // the header asks callers not to do): left to that launch's describing kernel, never read here
+    if (t >= a.num_tables) return;
     const tbe_check_table &c = a.t[t];
+    if (phase == 0 ? (!c.offsets || pos > a.batch) : pos >= c.num_ids) return;
     rec->table = t;
     rec->num_ids = c.num_ids;
     rec->index = pos;
@@ -444,6 +449,7 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
     if (on_device) {
         tbe_check_args a{};
         a.batch = batch;
+        a.num_tables = num_tables;
         int64_t most = 0;
         for (int t = 0; t < num_tables; t++) {
             const fl_tbe_lookup &lk = lookups[t];

@@ -261,10 +261,11 @@ FLAME_API flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag,
  *                sticky, it keeps the first error until this call clears it, and every
  *                device_indices lookup enqueued while it is set writes nothing, so no error is
  *                lost and no output after one is silently wrong).
- * Thread-safety: the record is one per handle. Device_indices forwards and this call on one
- *   handle are ordered by the stream they are enqueued on: on one stream, this call reports
- *   the forwards enqueued before it; forwards on other streams must be ordered before it by
- *   the caller (cudaStreamWaitEvent), or their errors may land in the next report. Calls from
+ * Thread-safety: the record is one per handle, so the device_indices forwards of one handle
+ *   and this call must run one after the other on the device: on one stream (this call then
+ *   reports the forwards enqueued before it), or ordered across streams by the caller
+ *   (cudaStreamWaitEvent). Unordered ones still read nothing outside their own arrays, but the
+ *   error reported may then be another forward's, or land in the next report. Calls from
  *   several threads are safe (a lock serializes the reads of the record).
  * Returns: FLAME_OK when no bad value was recorded (always on a CPU handle, whose forwards
  *   report at once); FLAME_ERR_INVALID_ARG with the message of a host-index forward (the table,
