@@ -11,7 +11,9 @@
 //     2.1M ids and their staging), and the throughput of back-to-back calls (wall time of
 //     --reps calls and one synchronization); GB/s = (rows read + output written) / time.
 //     Peers: the internal kernel (fl_cuda_embedding_bag) on device-resident ids, and a
-//     device-to-device cudaMemcpyAsync (GB/s read + written).
+//     device-to-device cudaMemcpyAsync (GB/s read + written). Also the API on the same
+//     device-resident ids (device_indices = 1: the validation kernels and the lookup), device
+//     and host time of one call.
 //   sumi_attn_b8_l1024_m512_h8_dh64_fp16: 8 sequences of 1024 history + 512 candidate rows,
 //     8 heads of 64, fused QKV; device time of one call against the internal dispatcher
 //     (fl_cuda_attention) on a tile list uploaded beforehand.
@@ -82,6 +84,7 @@ static bool has_nan(const void *dev, size_t n_half)
 
 struct tbe_result {
     double dev_us, host_us, thru_us, kernel_us, gbps, thru_gbps, kernel_gbps, copy_gbps, batch1_host_us;
+    double devids_us, devids_host_us, devids_gbps; // the API on device-resident ids (device_indices)
     bool ok;
 };
 
@@ -120,7 +123,7 @@ static tbe_result bench_tbe(int reps, int64_t rows, cudaStream_t s)
     const size_t n_out = (size_t)B * T * D;
     CK(cudaMalloc(&out, n_out * sizeof(__half)));
     CK(cudaMemset(out, 0xff, n_out * sizeof(__half)));
-    flame_embedding_bag_batch q = {sizeof q, B, in.data(), (size_t)T, out, 0, FLAME_DTYPE_F16, s, 0};
+    flame_embedding_bag_batch q = {sizeof q, B, in.data(), (size_t)T, out, 0, FLAME_DTYPE_F16, s, 0, 0};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -169,8 +172,34 @@ static tbe_result bench_tbe(int reps, int64_t rows, cudaStream_t s)
         ker.push_back(ms * 1e3);
     }
     r.kernel_us = median(ker);
+    // the API on the same device-resident ids (device_indices = 1): the validation kernels and
+    // the lookup, no staging
+    std::vector<flame_embedding_bag_input> din(T);
+    for (int f = 0; f < T; f++)
+        din[f] = {sizeof(flame_embedding_bag_input), dids + (size_t)f * B * P, dids + ids.size() + (size_t)f * (B + 1),
+                  B * P, nullptr};
+    flame_embedding_bag_batch qd = {sizeof qd, B, din.data(), (size_t)T, out, 0, FLAME_DTYPE_F16, s, 0, 1};
+    CK(cudaMemsetAsync(out, 0xff, n_out * sizeof(__half), s));
+    FL(flame_embedding_bag_forward(bag, &qd));
+    FL(flame_embedding_bag_index_status(bag, s)); // waits: every id was valid
+    r.ok = r.ok && !has_nan(out, n_out);
+    std::vector<double> ddev, dhost;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(e0, s));
+        const double h0 = now_us();
+        FL(flame_embedding_bag_forward(bag, &qd));
+        dhost.push_back(now_us() - h0);
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ddev.push_back(ms * 1e3);
+    }
+    FL(flame_embedding_bag_index_status(bag, s));
+    r.devids_us = median(ddev), r.devids_host_us = median(dhost);
     const double bytes = (double)T * B * P * D * 2 + (double)n_out * 2;
     r.gbps = bytes / r.dev_us / 1e3, r.thru_gbps = bytes / r.thru_us / 1e3, r.kernel_gbps = bytes / r.kernel_us / 1e3;
+    r.devids_gbps = bytes / r.devids_us / 1e3;
     // copy bandwidth: 1 GiB device to device
     void *a, *b;
     const size_t cb = (size_t)1 << 30;
@@ -190,7 +219,7 @@ static tbe_result bench_tbe(int reps, int64_t rows, cudaStream_t s)
     // batch 1: the host cost of one call
     std::vector<flame_embedding_bag_input> in1(T);
     for (int f = 0; f < T; f++) in1[f] = {sizeof(flame_embedding_bag_input), ids.data() + (size_t)f * P, off.data(), P, nullptr};
-    flame_embedding_bag_batch q1 = {sizeof q1, 1, in1.data(), (size_t)T, out, 0, FLAME_DTYPE_F16, s, 0};
+    flame_embedding_bag_batch q1 = {sizeof q1, 1, in1.data(), (size_t)T, out, 0, FLAME_DTYPE_F16, s, 0, 0};
     std::vector<double> h1;
     for (int i = 0; i < reps; i++) {
         const double h0 = now_us();
@@ -325,12 +354,14 @@ int main(int argc, char **argv)
                "\"api_tbe_T26_B4096_P20_D128_fp16_gbps\":%.1f,\"api_tbe_T26_B4096_P20_D128_fp16_us\":%.2f,"
                "\"api_tbe_T26_B4096_P20_D128_fp16_host_us\":%.2f,\"api_tbe_T26_B4096_P20_D128_fp16_back_to_back_gbps\":%.1f,"
                "\"internal_tbe_T26_B4096_P20_D128_fp16_gbps\":%.1f,\"api_tbe_256B_rows_gbps\":%.1f,"
+               "\"api_tbe_T26_B4096_P20_D128_fp16_device_ids_gbps\":%.1f,\"api_tbe_T26_B4096_P20_D128_fp16_device_ids_us\":%.2f,"
+               "\"api_tbe_T26_B4096_P20_D128_fp16_device_ids_host_us\":%.2f,"
                "\"api_tbe_256B_rows_of_copy\":%.3f,\"api_tbe_batch1_host_us\":%.2f,"
                "\"api_sumi_attn_b8_l1024_m512_h8_dh64_us\":%.2f,\"api_sumi_attn_b8_l1024_m512_h8_dh64_host_us\":%.2f,"
                "\"internal_sumi_attn_b8_l1024_m512_h8_dh64_us\":%.2f,\"api_sumi_attn_batch1_host_us\":%.2f,"
                "\"outputs_finite\":%s}\n",
                prop.name, reps, (long long)rows, t.copy_gbps, t.gbps, t.dev_us, t.host_us, t.thru_gbps, t.kernel_gbps,
-               t.gbps, t.gbps / t.copy_gbps, t.batch1_host_us, a.dev_us, a.host_us, a.internal_us, a.batch1_host_us,
+               t.gbps, t.devids_gbps, t.devids_us, t.devids_host_us, t.gbps / t.copy_gbps, t.batch1_host_us, a.dev_us, a.host_us, a.internal_us, a.batch1_host_us,
                t.ok && a.ok ? "true" : "false");
     } else {
         printf("%s; median of %d; %lld rows per table\n", prop.name, reps, (long long)rows);
@@ -339,6 +370,8 @@ int main(int argc, char **argv)
                "back to back %.1f GB/s\n", t.dev_us, t.gbps, t.gbps / t.copy_gbps, t.host_us, t.thru_gbps);
         printf("TBE same, internal kernel          %10.2f us device %8.1f GB/s (API/internal time %.2f)\n", t.kernel_us,
                t.kernel_gbps, t.dev_us / t.kernel_us);
+        printf("TBE same, API on device ids        %10.2f us device %8.1f GB/s (%.2f of copy), host %.1f us\n",
+               t.devids_us, t.devids_gbps, t.devids_gbps / t.copy_gbps, t.devids_host_us);
         printf("TBE batch 1, API host time         %10.2f us\n", t.batch1_host_us);
         printf("SUMI attention B8 L1024 M512 H8 dh64 fp16, API %8.2f us device, host %.1f us; internal %.2f us "
                "(API/internal %.2f)\n", a.dev_us, a.host_us, a.internal_us, a.dev_us / a.internal_us);

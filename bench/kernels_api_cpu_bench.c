@@ -93,7 +93,7 @@ int main(int argc, char **argv)
     flame_embedding_bag *bag;
     CHECK(flame_embedding_bag_create(&p, &bag));
     float *o1 = malloc((size_t)B * T * D * sizeof(float)), *o2 = malloc((size_t)B * T * D * sizeof(float));
-    flame_embedding_bag_batch q = {sizeof q, B, in, T, o1, 0, FLAME_DTYPE_F32, NULL, 1};
+    flame_embedding_bag_batch q = {sizeof q, B, in, T, o1, 0, FLAME_DTYPE_F32, NULL, 1, 0};
     double *ta = malloc((size_t)reps * sizeof(double)), *tb = malloc((size_t)reps * sizeof(double));
     for (int r = 0; r < reps; r++) {
         double t0 = now();

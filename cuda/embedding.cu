@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
     const int sub = (int)(thread % lanes);
     const int64_t items = CONCAT ? tokens * fs.count : tokens;
     if (item >= items) return;
+    if (fs.skip_unless_clear && *fs.skip_unless_clear != ~0ull) return; // a bad index was found
     const int64_t t = CONCAT ? item / fs.count : item;
     const int f0 = CONCAT ? (int)(item % fs.count) : 0, f1 = CONCAT ? f0 + 1 : fs.count;
     const int dim = fs.f[f0].dim; // sum combine: every feature has the same dim

@@ -23,6 +23,9 @@ struct fl_dev_features {
     int32_t count;
     int32_t width;   // output row width (sum: dim; concat: sum of dims)
     int32_t concat;  // 1: features own disjoint columns
+    // NULL, or a word the lookup reads first: when it is not ~0 (a validation kernel enqueued
+    // before found a bad index), the launch writes nothing
+    const unsigned long long *skip_unless_clear;
 };
 
 // Table-batched embedding bag, one launch for all tokens and features:

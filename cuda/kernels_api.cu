@@ -202,6 +202,111 @@ flame_status device_pointer(int device, const void *p, const char *what)
     return FLAME_OK;
 }
 
+// ---- device indices: validation on the stream before the lookup
+
+// One table's device index arrays, as the validation kernels read them.
+struct tbe_check_table {
+    const int64_t *ids, *offsets; // offsets NULL: bag b = {ids[b]}
+    const float *weights;
+    int64_t num_ids, rows;
+};
+
+struct tbe_check_args {
+    tbe_check_table t[FL_TBE_MAX_TABLES];
+    int64_t batch;
+    int32_t num_tables;
+};
+
+constexpr unsigned long long NO_KEY = ~0ull;
+
+__device__ __forceinline__ unsigned long long bad_key(int table, int phase, int64_t position, int sub)
+{
+    return ((unsigned long long)table << 56) | ((unsigned long long)phase << 55) |
+           ((unsigned long long)position << 1) | (unsigned long long)sub;
+}
+
+// blockIdx.y = table; threads stride over offsets[0..batch] (phase 0) and ids/weights (phase 1)
+// and lower rec->key to the smallest bad position's key. An earlier forward's error, once
+// described, stays: the record keeps the first error until it is read.
+__global__ void __launch_bounds__(256) tbe_check_kernel(const tbe_check_args a, fl_tbe_index_record *rec)
+{
+    if (rec->detail_key != NO_KEY) return;
+    const int t = (int)blockIdx.y;
+    const tbe_check_table &c = a.t[t];
+    const int64_t noff = c.offsets ? a.batch + 1 : 0, n = noff + c.num_ids;
+    unsigned long long mine = NO_KEY;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n && mine == NO_KEY;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        if (j < noff) {
+            const int64_t o = c.offsets[j];
+            const bool bad = (j == 0 ? o != 0 : (o < c.offsets[j - 1] || o > c.num_ids)) ||
+                             (j == a.batch && o != c.num_ids);
+            if (bad) mine = bad_key(t, 0, j, 0);
+        } else {
+            const int64_t i = j - noff, id = c.ids[i];
+            if (id < 0 || id >= c.rows)
+                mine = bad_key(t, 1, i, 0);
+            else if (c.weights && !isfinite(c.weights[i]))
+                mine = bad_key(t, 1, i, 1);
+        }
+    }
+    // a thread stops at its first bad value: later positions of its stride have larger keys
+    if (mine != NO_KEY) atomicMin(reinterpret_cast<unsigned long long *>(&rec->key), mine);
+}
+
+// One thread: describes the record's key (the table, the bag, the value) unless an earlier
+// forward's key is described already.
+__global__ void tbe_describe_kernel(const tbe_check_args a, fl_tbe_index_record *rec)
+{
+    const unsigned long long key = rec->key;
+    if (key == NO_KEY || rec->detail_key != NO_KEY) return;
+    const int t = (int)(key >> 56), phase = (int)((key >> 55) & 1), sub = (int)(key & 1);
+    const int64_t pos = (int64_t)((key >> 1) & ((1ull << 54) - 1));
+    // a key outside this launch's arrays is another launch's (forwards on unordered streams, which
+    // the header asks callers not to do): left to that launch's describing kernel, never read here
+    if (t >= a.num_tables) return;
+    const tbe_check_table &c = a.t[t];
+    if (phase == 0 ? (!c.offsets || pos > a.batch) : pos >= c.num_ids) return;
+    rec->table = t;
+    rec->num_ids = c.num_ids;
+    rec->index = pos;
+    rec->weight = 0;
+    rec->prev = 0;
+    if (phase == 0) {
+        rec->value = c.offsets[pos];
+        if (pos == 0 && c.offsets[0] != 0) {
+            rec->kind = FL_TBE_BAD_OFFSET_START;
+            rec->bag = 0;
+        } else if (pos > 0 && (c.offsets[pos] < c.offsets[pos - 1] || c.offsets[pos] > c.num_ids)) {
+            rec->kind = FL_TBE_BAD_OFFSET_ORDER;
+            rec->bag = pos - 1;
+            rec->prev = c.offsets[pos - 1];
+        } else {
+            rec->kind = FL_TBE_BAD_OFFSET_END;
+            rec->bag = pos > 0 ? pos - 1 : 0;
+        }
+    } else {
+        int64_t bag = pos; // without offsets, one id a bag
+        if (c.offsets) {   // the table's offsets are valid (an offset error has a smaller key)
+            int64_t lo = 0, hi = a.batch - 1; // the first bag b with offsets[b + 1] > pos
+            while (lo < hi) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                if (c.offsets[mid + 1] > pos)
+                    hi = mid;
+                else
+                    lo = mid + 1;
+            }
+            bag = lo;
+        }
+        rec->bag = bag;
+        rec->kind = sub ? FL_TBE_BAD_WEIGHT : FL_TBE_BAD_ID;
+        rec->value = c.ids[pos];
+        if (sub) rec->weight = (double)c.weights[pos];
+    }
+    __threadfence();
+    rec->detail_key = key;
+}
+
 template <typename T, typename OutT>
 flame_status tbe_launch(const fl_dev_features &fs, int64_t batch, void *out, int64_t ld, cudaStream_t s)
 {
@@ -329,24 +434,50 @@ extern "C" flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void
     return FLAME_OK;
 }
 
-extern "C" flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
-                                           int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out,
-                                           int64_t ld_out, flame_dtype out_dtype, void *stream)
+// Both index modes (record NULL: host indices, staged; else device indices, validated on s).
+static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
+                                int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
+                                flame_dtype out_dtype, void *stream, fl_tbe_index_record *record)
 {
     SCOPE(device);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     FL_TRY(not_capturing(s));
     FL_TRY(device_pointer(device, out, "out"));
+    const bool on_device = record != nullptr;
     std::vector<piece> pieces;
-    for (int t = 0; t < num_tables; t++) {
-        const fl_tbe_lookup &lk = lookups[t];
-        pieces.push_back({lk.ids, (size_t)lk.num_ids * sizeof(int64_t), 0});
-        pieces.push_back({lk.offsets, lk.offsets ? (size_t)(batch + 1) * sizeof(int64_t) : 0, 0});
-        pieces.push_back({lk.weights, lk.weights ? (size_t)lk.num_ids * sizeof(float) : 0, 0});
+    uint8_t *dev = nullptr;
+    if (on_device) {
+        tbe_check_args a{};
+        a.batch = batch;
+        a.num_tables = num_tables;
+        int64_t most = 0;
+        for (int t = 0; t < num_tables; t++) {
+            const fl_tbe_lookup &lk = lookups[t];
+            char what[48];
+            snprintf(what, sizeof what, "table %d ids", t);
+            if (lk.num_ids > 0) FL_TRY(device_pointer(device, lk.ids, what));
+            snprintf(what, sizeof what, "table %d offsets", t);
+            if (lk.offsets) FL_TRY(device_pointer(device, lk.offsets, what));
+            snprintf(what, sizeof what, "table %d weights", t);
+            if (lk.weights && lk.num_ids > 0) FL_TRY(device_pointer(device, lk.weights, what));
+            a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows};
+            most = std::max(most, lk.num_ids + (lk.offsets ? batch + 1 : 0));
+        }
+        const unsigned blocks = (unsigned)std::min<int64_t>((most + 255) / 256, 1024);
+        tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), 256, 0, s>>>(a, record);
+        tbe_describe_kernel<<<1, 1, 0, s>>>(a, record);
+        FL_CUDA_TRY(cudaGetLastError());
+    } else {
+        for (int t = 0; t < num_tables; t++) {
+            const fl_tbe_lookup &lk = lookups[t];
+            pieces.push_back({lk.ids, (size_t)lk.num_ids * sizeof(int64_t), 0});
+            pieces.push_back({lk.offsets, lk.offsets ? (size_t)(batch + 1) * sizeof(int64_t) : 0, 0});
+            pieces.push_back({lk.weights, lk.weights ? (size_t)lk.num_ids * sizeof(float) : 0, 0});
+        }
+        FL_TRY(stage_to_device(device, pieces, s, &dev));
     }
-    uint8_t *dev;
-    FL_TRY(stage_to_device(device, pieces, s, &dev));
     fl_dev_features fs{};
+    fs.skip_unless_clear = on_device ? reinterpret_cast<const unsigned long long *>(&record->key) : nullptr;
     fs.count = num_tables;
     fs.width = width;
     fs.concat = sum_combine ? 0 : 1;
@@ -358,9 +489,15 @@ extern "C" flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *table
         f.dim = tb.dim;
         f.pooling = tb.pooling == FLAME_POOLING_MEAN ? 1 : 0;
         f.out_col = tb.col;
-        f.ids = reinterpret_cast<const int64_t *>(dev + pieces[3 * t].at);
-        f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + pieces[3 * t + 1].at) : nullptr;
-        f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + pieces[3 * t + 2].at) : nullptr;
+        if (on_device) {
+            f.ids = lookups[t].ids;
+            f.offsets = lookups[t].offsets;
+            f.weights = lookups[t].weights;
+        } else {
+            f.ids = reinterpret_cast<const int64_t *>(dev + pieces[3 * t].at);
+            f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + pieces[3 * t + 1].at) : nullptr;
+            f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + pieces[3 * t + 2].at) : nullptr;
+        }
         f.qparams = tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr;
         if (tb.dtype != FLAME_DTYPE_INT8) float_dtype = tb.dtype;
     }
@@ -370,8 +507,67 @@ extern "C" flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *table
     case FLAME_DTYPE_BF16: st = tbe_out<__nv_bfloat16>(fs, batch, out, ld_out, out_dtype, s); break;
     default: st = tbe_out<float>(fs, batch, out, ld_out, out_dtype, s); break;
     }
-    cudaFreeAsync(dev, s);
+    if (dev) cudaFreeAsync(dev, s);
     return st;
+}
+
+extern "C" flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
+                                           int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out,
+                                           int64_t ld_out, flame_dtype out_dtype, void *stream)
+{
+    return tbe_forward(device, tables, num_tables, sum_combine, width, lookups, batch, out, ld_out, out_dtype, stream,
+                       nullptr);
+}
+
+extern "C" flame_status fl_gpu_tbe_forward_device(int device, const fl_tbe_table *tables, int num_tables,
+                                                  bool sum_combine, int32_t width, const fl_tbe_lookup *lookups,
+                                                  int64_t batch, void *out, int64_t ld_out, flame_dtype out_dtype,
+                                                  void *stream, fl_tbe_index_record *record)
+{
+    return tbe_forward(device, tables, num_tables, sum_combine, width, lookups, batch, out, ld_out, out_dtype, stream,
+                       record);
+}
+
+extern "C" flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record **record,
+                                                 fl_tbe_index_record **mirror)
+{
+    *record = *mirror = nullptr;
+    SCOPE(device);
+    void *d = nullptr, *h = nullptr;
+    fl_tbe_index_record clear;
+    memset(&clear, 0xff, sizeof clear); // key = detail_key = ~0: nothing found
+    cudaError_t e = cudaMalloc(&d, sizeof(fl_tbe_index_record));
+    // from pageable memory, so the copy is complete when it returns, before any stream uses it
+    if (e == cudaSuccess) e = cudaMemcpy(d, &clear, sizeof clear, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaHostAlloc(&h, sizeof(fl_tbe_index_record), cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (d) cudaFree(d);
+        if (h) cudaFreeHost(h);
+        return fl_error(FLAME_ERR_INTERNAL, "embedding bag: index record on device %d: %s", device, cudaGetErrorString(e));
+    }
+    *record = static_cast<fl_tbe_index_record *>(d);
+    *mirror = static_cast<fl_tbe_index_record *>(h);
+    return FLAME_OK;
+}
+
+extern "C" void fl_gpu_tbe_record_free(int device, fl_tbe_index_record *record, fl_tbe_index_record *mirror)
+{
+    device_scope scope(device);
+    if (record) cudaFree(record);
+    if (mirror) cudaFreeHost(mirror);
+}
+
+extern "C" flame_status fl_gpu_tbe_record_read(int device, fl_tbe_index_record *record, fl_tbe_index_record *mirror,
+                                               void *stream)
+{
+    SCOPE(device);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    FL_TRY(not_capturing(s));
+    FL_CUDA_TRY(cudaMemcpyAsync(mirror, record, sizeof *record, cudaMemcpyDeviceToHost, s));
+    FL_CUDA_TRY(cudaMemsetAsync(record, 0xff, sizeof *record, s));
+    FL_CUDA_TRY(cudaStreamSynchronize(s));
+    return FLAME_OK;
 }
 
 extern "C" flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl_attn_seq *seqs, int64_t num_seqs,

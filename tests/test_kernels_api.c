@@ -53,7 +53,7 @@ static void run_tbe_case(void)
     flame_embedding_bag_input in[8];
     for (int f = 0; f < nt; f++) in[f] = tuk_input(&l[f]);
     flame_embedding_bag_batch q = {sizeof q, batch, in, (size_t)nt, out, ld, FLAME_DTYPE_F32, NULL,
-                                   1 + (int32_t)tu_below(4)};
+                                   1 + (int32_t)tu_below(4), 0};
     st = flame_embedding_bag_forward(bag, &q);
     if (st) fail_msg("forward: %s", flame_last_error());
     double *want = malloc((size_t)(batch * width + 1) * sizeof(double));
@@ -95,7 +95,7 @@ static void test_tbe_empty_bags_are_zero(void **state)
             flame_embedding_bag_input in = {sizeof in, ids, off, 0, weighted ? w : NULL};
             float out[21];
             tu_poison(out, 21);
-            flame_embedding_bag_batch q = {sizeof q, 3, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0};
+            flame_embedding_bag_batch q = {sizeof q, 3, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0, 0};
             assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
             for (int i = 0; i < 21; i++) assert_true(out[i] == 0.0f);
             flame_embedding_bag_destroy(bag);
@@ -117,7 +117,7 @@ static void test_tbe_borrow(void **state)
     flame_embedding_bag_input in = {sizeof in, ids, NULL, 1, NULL};
     float out[3];
     tu_poison(out, 3);
-    flame_embedding_bag_batch q = {sizeof q, 1, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0};
+    flame_embedding_bag_batch q = {sizeof q, 1, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0, 0};
     assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
     assert_true(out[1] == 42.0f);
     flame_embedding_bag_destroy(bag);
@@ -148,7 +148,7 @@ static void test_tbe_update_rows(void **state)
         flame_embedding_bag_input in = {sizeof in, ids, NULL, 3, NULL};
         float out[15];
         tu_poison(out, 15);
-        flame_embedding_bag_batch q = {sizeof q, 3, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0};
+        flame_embedding_bag_batch q = {sizeof q, 3, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0, 0};
         assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
         double want[15];
         for (int j = 0; j < 5; j++) {
@@ -194,7 +194,7 @@ static void *race_reader(void *arg)
     int64_t ids[RACE_ROWS] = {0, 1, 2, 3};
     flame_embedding_bag_input in = {sizeof in, ids, NULL, RACE_ROWS, NULL};
     static __thread float out[RACE_ROWS * RACE_DIM];
-    flame_embedding_bag_batch q = {sizeof q, RACE_ROWS, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 1};
+    flame_embedding_bag_batch q = {sizeof q, RACE_ROWS, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 1, 0};
     float last = 0;
     for (int it = 0; it < 2 * RACE_GENERATIONS; it++) {
         if (flame_embedding_bag_forward(r->bag, &q) != FLAME_OK) r->failures++;
@@ -241,7 +241,7 @@ static void test_tbe_rejections(void **state)
     float w1[4] = {1, 1, 1, 1};
     flame_embedding_bag_input in[2] = {{sizeof in[0], ids0, off0, 3, NULL}, {sizeof in[1], ids1, off1, 4, w1}};
     float out[3 * 7 + 1];
-    flame_embedding_bag_batch q = {sizeof q, 3, in, 2, out, 0, FLAME_DTYPE_F32, NULL, 0};
+    flame_embedding_bag_batch q = {sizeof q, 3, in, 2, out, 0, FLAME_DTYPE_F32, NULL, 0, 0};
 #define REJECT(status, needle)                                                                                   \
     do {                                                                                                         \
         tu_poison(out, 22);                                                                                      \
@@ -250,7 +250,21 @@ static void test_tbe_rejections(void **state)
     } while (0)
     tu_poison(out, 22);
     assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    /* a caller built before device_indices: its struct_size ends before the field, which then
+     * reads as 0 whatever the memory after it holds */
+    q.struct_size = offsetof(flame_embedding_bag_batch, device_indices);
+    q.device_indices = 7;
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    q.struct_size = sizeof q;
+    q.device_indices = 2;
+    REJECT(FLAME_ERR_INVALID_ARG, "device_indices 2 (0 or 1)");
+    /* a CPU handle's indices are host memory under either mode: checked at once */
+    q.device_indices = 1;
     ids1[2] = 20;
+    REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 2: ids[2] = 20 is outside 0..19");
+    assert_int_equal(flame_embedding_bag_index_status(bag, NULL), FLAME_OK); /* nothing deferred on the CPU */
+    assert_status_msg(flame_embedding_bag_index_status(NULL, NULL), FLAME_ERR_INVALID_ARG, "NULL bag");
+    q.device_indices = 0;
     REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 2: ids[2] = 20 is outside 0..19");
     ids1[2] = -1;
     REJECT(FLAME_ERR_INVALID_ARG, "table 1 bag 2: ids[2] = -1 is outside 0..19");

@@ -16,20 +16,51 @@ extern "C" {
 }
 #include "tu_cuda.cuh"
 
-// Keeps a stream busy for about `ms` milliseconds.
-__global__ void spin(long long cycles)
+// A stream held busy until the test lets it go, by construction rather than by timing: a kernel
+// spins until a flag in host-mapped memory is set (or about 10 s pass, so that a call that did
+// wait for the stream ends the test with a failed check instead of a hang).
+__global__ void wait_for_flag(const volatile int *flag, long long max_cycles)
 {
     const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
+    while (*flag == 0 && clock64() - t0 < max_cycles) {
     }
 }
 
-static void busy(cudaStream_t s, int ms)
+static volatile int *gate_host;
+static int *gate_dev;
+
+static void hold(cudaStream_t s)
 {
+    if (!gate_host) {
+        void *h = nullptr;
+        CK(cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+        gate_host = static_cast<volatile int *>(h);
+        CK(cudaHostGetDevicePointer((void **)&gate_dev, h, 0));
+    }
+    *gate_host = 0;
+    __sync_synchronize();
     int khz = 0;
     CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-    spin<<<1, 1, 0, s>>>((long long)khz * ms);
+    wait_for_flag<<<1, 1, 0, s>>>(gate_dev, (long long)khz * 10000);
     CK(cudaGetLastError());
+}
+
+static void let_go(void)
+{
+    *gate_host = 1;
+    __sync_synchronize();
+}
+
+// The stream is still held (the calls since hold() did not wait for it); then lets it go.
+static void assert_held_then_let_go(cudaStream_t s)
+{
+    const cudaError_t q = cudaStreamQuery(s);
+    (void)cudaGetLastError();
+    let_go();
+    if (q != cudaErrorNotReady)
+        fail_msg("the held stream is %s: a call since hold() waited for it (so the gate kernel ran into its "
+                 "10 s timeout) instead of returning once its work was enqueued",
+                 q == cudaSuccess ? "idle" : cudaGetErrorString(q));
 }
 
 template <typename X> static X *dev_copy(const X *h, size_t n)
@@ -37,7 +68,15 @@ template <typename X> static X *dev_copy(const X *h, size_t n)
     X *d = nullptr;
     CK(cudaMalloc(&d, n * sizeof(X) + 16));
     if (n) CK(cudaMemcpy(d, h, n * sizeof(X), cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize()); // a pageable copy may return before its DMA ends; the calls run on other streams
     return d;
+}
+
+// dst (device) = bytes of src (host), finished before anything enqueued after it on any stream
+static void poke(void *dst, const void *src, size_t bytes)
+{
+    CK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
 }
 
 static size_t esize(flame_dtype d)
@@ -94,11 +133,13 @@ static void run_tbe_case(bool borrow, flame_dtype out_dtype, cudaStream_t s)
     CK(cudaMemset(out, 0xff, bytes + 16)); // NaN in every float dtype
     std::vector<flame_embedding_bag_input> in(nt);
     for (int f = 0; f < nt; f++) in[f] = tuk_input(&l[f]);
-    flame_embedding_bag_batch q = {sizeof q, batch, in.data(), (size_t)nt, out, ld, out_dtype, s, 0};
-    busy(s, 20);
-    if (flame_embedding_bag_forward(bag, &q)) fail_msg("forward: %s", flame_last_error());
-    if (batch > 0) assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady); // the call did not wait
-    (void)cudaGetLastError();
+    flame_embedding_bag_batch q = {sizeof q, batch, in.data(), (size_t)nt, out, ld, out_dtype, s, 0, 0};
+    hold(s);
+    if (flame_embedding_bag_forward(bag, &q)) {
+        let_go();
+        fail_msg("forward: %s", flame_last_error());
+    }
+    assert_held_then_let_go(s); // the call did not wait
     CK(cudaStreamSynchronize(s));
     std::vector<uint8_t> h(bytes + 16);
     CK(cudaMemcpy(h.data(), out, bytes, cudaMemcpyDeviceToHost));
@@ -149,12 +190,13 @@ static void test_gpu_tbe_update_and_rejections(void **state)
     float *out;
     CK(cudaMalloc(&out, 64 * sizeof(float)));
     CK(cudaMemset(out, 0xff, 64 * sizeof(float)));
-    flame_embedding_bag_batch q = {sizeof q, 2, &in, 1, out, 0, FLAME_DTYPE_F32, s, 0};
-    busy(s, 20);
-    assert_int_equal(flame_embedding_bag_update_rows(bag, 0, 7, 1, nw.data, FLAME_DTYPE_INT8, nw.qp, s), FLAME_OK);
-    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
-    assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady);
-    (void)cudaGetLastError();
+    flame_embedding_bag_batch q = {sizeof q, 2, &in, 1, out, 0, FLAME_DTYPE_F32, s, 0, 0};
+    hold(s);
+    const flame_status up = flame_embedding_bag_update_rows(bag, 0, 7, 1, nw.data, FLAME_DTYPE_INT8, nw.qp, s);
+    const flame_status fw = flame_embedding_bag_forward(bag, &q);
+    assert_held_then_let_go(s);
+    assert_int_equal(up, FLAME_OK);
+    assert_int_equal(fw, FLAME_OK);
     CK(cudaStreamSynchronize(s));
     float h[64];
     CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
@@ -217,6 +259,211 @@ static void test_gpu_tbe_update_and_rejections(void **state)
     CK(cudaStreamDestroy(s));
 }
 
+/* ---- device-resident ids, offsets and weights */
+
+// A device copy of a lookup's arrays, and the input that points at them.
+struct dev_lookup {
+    int64_t *ids = nullptr, *offsets = nullptr;
+    float *weights = nullptr;
+    flame_embedding_bag_input in{};
+};
+
+static void dev_lookup_make(dev_lookup *d, const tuk_lookup *l, int64_t batch)
+{
+    d->ids = dev_copy(l->ids, (size_t)l->num_ids);
+    d->offsets = l->offsets ? dev_copy(l->offsets, (size_t)batch + 1) : nullptr;
+    d->weights = l->weights ? dev_copy(l->weights, (size_t)l->num_ids) : nullptr;
+    d->in = tuk_input(l);
+    d->in.ids = d->ids;
+    d->in.offsets = d->offsets;
+    d->in.weights = d->weights;
+}
+
+static void dev_lookup_free(dev_lookup *d)
+{
+    CK(cudaFree(d->ids));
+    if (d->offsets) CK(cudaFree(d->offsets));
+    if (d->weights) CK(cudaFree(d->weights));
+}
+
+/* Device indices give the host-index result on fresh random batches (ragged, empty bags,
+ * weights, INT8 tables), the forward does not wait for the stream, and the index status is
+ * FLAME_OK after them. */
+static void test_gpu_tbe_device_indices(void **state)
+{
+    TU_NEED_GPU();
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int rep = 0; rep < 30; rep++) {
+        const int nt = 1 + (int)tu_below(4);
+        const int64_t batch = tu_below(200);
+        const flame_dtype fdt = (flame_dtype)tu_below(3);
+        std::vector<tuk_table> t(nt);
+        std::vector<tuk_lookup> l(nt);
+        std::vector<dev_lookup> dl(nt);
+        std::vector<flame_embedding_table> d(nt);
+        std::vector<flame_embedding_bag_input> in(nt);
+        int32_t width = 0;
+        for (int f = 0; f < nt; f++) {
+            const flame_dtype dt = tu_below(3) == 0 ? FLAME_DTYPE_INT8 : fdt;
+            const int32_t dim = tu_below(2) ? 16 * (1 + (int32_t)tu_below(4)) : 1 + (int32_t)tu_below(40);
+            tuk_table_fill(&t[f], dt, 1 + tu_below(500), dim, (flame_pooling)tu_below(2));
+            tuk_lookup_fill(&l[f], &t[f], batch, tu_below(4) == 0, tu_below(2) == 0, 9);
+            dev_lookup_make(&dl[f], &l[f], batch);
+            in[f] = dl[f].in;
+            d[f] = tuk_desc(&t[f]);
+            width += dim;
+        }
+        flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, d.data(), (size_t)nt, 0};
+        flame_embedding_bag *bag = nullptr;
+        if (flame_embedding_bag_create(&p, &bag)) fail_msg("create: %s", flame_last_error());
+        float *out;
+        const size_t bytes = (size_t)(batch * width) * sizeof(float);
+        CK(cudaMalloc(&out, bytes + 16));
+        CK(cudaMemset(out, 0xff, bytes + 16));
+        flame_embedding_bag_batch q = {sizeof q, batch, in.data(), (size_t)nt, out, 0, FLAME_DTYPE_F32, s, 0, 1};
+        hold(s);
+        const flame_status st = flame_embedding_bag_forward(bag, &q);
+        assert_held_then_let_go(s);
+        if (st) fail_msg("forward: %s", flame_last_error());
+        if (flame_embedding_bag_index_status(bag, s)) fail_msg("index status: %s", flame_last_error());
+        std::vector<float> got((size_t)(batch * width) + 1);
+        CK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
+        std::vector<double> want((size_t)(batch * width) + 1);
+        tuk_tbe_reference(t.data(), l.data(), nt, false, batch, width, want.data());
+        if (batch) assert_rel_err_below(got.data(), want.data(), (size_t)(batch * width), 1e-5);
+        flame_embedding_bag_destroy(bag);
+        CK(cudaFree(out));
+        for (int f = 0; f < nt; f++) {
+            dev_lookup_free(&dl[f]);
+            tuk_table_free(&t[f]);
+            tuk_lookup_free(&l[f]);
+        }
+    }
+    CK(cudaStreamDestroy(s));
+}
+
+// out (n floats on the device) is still all NaN
+static void assert_untouched(const float *out, int n)
+{
+    std::vector<float> h((size_t)n);
+    CK(cudaMemcpy(h.data(), out, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float v : h) assert_true(isnan(v));
+}
+
+/* Every bad device value is reported by the index status with the host mode's message (the
+ * first one in table, offsets-before-ids, index order), the lookup writes nothing, the record
+ * keeps the first error over later forwards, and a read clears it. */
+static void test_gpu_tbe_device_index_rejections(void **state)
+{
+    TU_NEED_GPU();
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    tuk_table t[2];
+    tuk_table_fill(&t[0], FLAME_DTYPE_F32, 10, 4, FLAME_POOLING_SUM);
+    tuk_table_fill(&t[1], FLAME_DTYPE_INT8, 20, 16, FLAME_POOLING_MEAN);
+    flame_embedding_table d[2] = {tuk_desc(&t[0]), tuk_desc(&t[1])};
+    flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, d, 2, 0};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    const int64_t batch = 3;
+    // host images of the device arrays: table 0 bags {0,1} {} {2}; table 1 bags {3} {4,5} {6}
+    int64_t h_ids0[3] = {1, 2, 3}, h_off0[4] = {0, 2, 2, 3}, h_ids1[4] = {4, 5, 6, 7}, h_off1[4] = {0, 1, 3, 4};
+    float h_w1[4] = {1, 2, 3, 4};
+    int64_t *ids0 = dev_copy(h_ids0, 3), *off0 = dev_copy(h_off0, 4), *ids1 = dev_copy(h_ids1, 4),
+            *off1 = dev_copy(h_off1, 4);
+    float *w1 = dev_copy(h_w1, 4);
+    flame_embedding_bag_input in[2] = {{sizeof in[0], ids0, off0, 3, NULL}, {sizeof in[1], ids1, off1, 4, w1}};
+    const int n = (int)batch * 20;
+    float *out;
+    CK(cudaMalloc(&out, (size_t)n * sizeof(float)));
+    CK(cudaMemset(out, 0xff, (size_t)n * sizeof(float)));
+    flame_embedding_bag_batch q = {sizeof q, batch, in, 2, out, 0, FLAME_DTYPE_F32, s, 0, 1};
+
+    // each case: poke one device value, forward (FLAME_OK: the values are checked on the stream),
+    // the status names it, nothing written; then restore
+    struct bad_value {
+        void *at;
+        int64_t bad;
+        bool is_weight;
+        const char *msg;
+    } cases[] = {
+        {off0, 1, false, "table 0 bag 0: offsets[0] = 1, not 0"},
+        {off0 + 2, 1, false, "table 0 bag 1: offsets[2] = 1 is outside offsets[1] = 2 .. num_ids = 3"},
+        {off0 + 3, 2, false, "table 0: offsets[batch = 3] = 2 but num_ids = 3"},
+        {ids0 + 2, 10, false, "table 0 bag 2: ids[2] = 10 is outside 0..9"},
+        {ids0, -1, false, "table 0 bag 0: ids[0] = -1 is outside 0..9"},
+        {ids1 + 2, 20, false, "table 1 bag 1: ids[2] = 20 is outside 0..19"},
+        {w1 + 3, 0, true, "table 1 bag 2: weights[3] = nan is not finite"},
+    };
+    for (const bad_value &c : cases) {
+        int64_t keep = 0;
+        float keepw = 0;
+        if (c.is_weight) {
+            CK(cudaMemcpy(&keepw, c.at, sizeof keepw, cudaMemcpyDeviceToHost));
+            const float nan = NAN;
+            poke(c.at, &nan, sizeof nan);
+        } else {
+            CK(cudaMemcpy(&keep, c.at, sizeof keep, cudaMemcpyDeviceToHost));
+            poke(c.at, &c.bad, sizeof c.bad);
+        }
+        assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+        assert_status_msg(flame_embedding_bag_index_status(bag, s), FLAME_ERR_INVALID_ARG, c.msg);
+        assert_untouched(out, n);
+        if (c.is_weight)
+            poke(c.at, &keepw, sizeof keepw);
+        else
+            poke(c.at, &keep, sizeof keep);
+        assert_int_equal(flame_embedding_bag_index_status(bag, s), FLAME_OK); // the read cleared it
+    }
+
+    // two bad values in one forward: the first in order is reported (table 0's id before table 1's)
+    int64_t bad = 99;
+    poke(ids1 + 1, &bad, sizeof bad);
+    poke(ids0 + 1, &bad, sizeof bad);
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    // sticky: a later forward with a different bad value neither overrides it nor writes
+    poke(ids0 + 1, &h_ids0[1], sizeof bad);
+    poke(ids0, &bad, sizeof bad);
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    // and a valid forward while the record is set writes nothing either
+    poke(ids0, &h_ids0[0], sizeof bad);
+    poke(ids1 + 1, &h_ids1[1], sizeof bad);
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    assert_status_msg(flame_embedding_bag_index_status(bag, s), FLAME_ERR_INVALID_ARG,
+                      "table 0 bag 0: ids[1] = 99 is outside 0..9");
+    assert_untouched(out, n);
+    // cleared: the same valid forward now writes the pooled rows
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    assert_int_equal(flame_embedding_bag_index_status(bag, s), FLAME_OK);
+    std::vector<float> got((size_t)n);
+    CK(cudaMemcpy(got.data(), out, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    tuk_lookup l[2] = {{h_ids0, h_off0, NULL, 3}, {h_ids1, h_off1, h_w1, 4}};
+    std::vector<double> want((size_t)n);
+    tuk_tbe_reference(t, l, 2, false, batch, 20, want.data());
+    assert_rel_err_below(got.data(), want.data(), (size_t)n, 1e-5);
+
+    // lengths are still checked by the call, and the arrays must be device memory
+    in[0].num_ids = -1;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "table 0: num_ids -1 is outside");
+    in[0].num_ids = 3;
+    in[0].ids = h_ids0;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "table 0 ids");
+    in[0].ids = ids0;
+    in[1].offsets = NULL;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG,
+                      "table 1: num_ids 4 without offsets (one id per bag) must equal batch 3");
+    in[1].offsets = off1;
+    q.device_indices = 2;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "device_indices 2 (0 or 1)");
+    assert_status_msg(flame_embedding_bag_index_status(NULL, s), FLAME_ERR_INVALID_ARG, "NULL bag");
+    flame_embedding_bag_destroy(bag);
+    for (void *x : {(void *)ids0, (void *)off0, (void *)ids1, (void *)off1, (void *)w1, (void *)out}) CK(cudaFree(x));
+    tuk_table_free(&t[0]);
+    tuk_table_free(&t[1]);
+    CK(cudaStreamDestroy(s));
+}
+
 /* ---- attention */
 
 template <typename T>
@@ -271,10 +518,12 @@ static void run_attention_case(flame_attention_mask mask, int32_t heads, int32_t
     p.out = out;
     p.ld_out = ldo;
     p.cuda_stream = s;
-    busy(s, 20);
-    if (flame_sumi_attention(&p)) fail_msg("attention: %s", flame_last_error());
-    if (R > 0) assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady);
-    (void)cudaGetLastError();
+    hold(s);
+    if (flame_sumi_attention(&p)) {
+        let_go();
+        fail_msg("attention: %s", flame_last_error());
+    }
+    assert_held_then_let_go(s);
     CK(cudaStreamSynchronize(s));
     std::vector<T> h((size_t)(R * ldo) + 1);
     CK(cudaMemcpy(h.data(), out, obytes, cudaMemcpyDeviceToHost));
@@ -366,12 +615,14 @@ static void test_gpu_attention_rejections(void **state)
 int main(void)
 {
     /* Modules load when the process starts, not at a kernel's first launch: with CUDA's lazy
-     * loading a first launch may synchronize the context, which would finish the busy kernel
-     * and hide whether the library's calls return without waiting for the caller's stream. */
+     * loading a first launch may synchronize the context, which would wait for the held stream
+     * (until the gate's timeout) and fail the no-wait checks for a reason not the library's. */
     setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_tbe_against_reference),
         cmocka_unit_test(test_gpu_tbe_update_and_rejections),
+        cmocka_unit_test(test_gpu_tbe_device_indices),
+        cmocka_unit_test(test_gpu_tbe_device_index_rejections),
         cmocka_unit_test(test_gpu_attention_against_reference),
         cmocka_unit_test(test_gpu_attention_rejections),
     };

@@ -10,10 +10,18 @@
  * of that device, the work is enqueued on the caller's cudaStream_t (passed as `void *`; NULL is
  * the legacy default stream) and the call returns without waiting for it: libflame never
  * synchronizes a device or stream in these calls (creating and destroying a GPU embedding bag
- * does, see there). The index arrays (ids, bag offsets, cumulative counts) are host memory on
- * every device: they are validated on the host before anything is enqueued, then copied to the
+ * does, see there). The index arrays (ids, bag offsets, cumulative counts) are host memory by
+ * default: they are validated on the host before anything is enqueued, then copied to the
  * device on the caller's stream through page-locked staging memory owned by libflame, so the
- * caller may reuse them as soon as the call returns. The calling thread's current CUDA device
+ * caller may reuse them as soon as the call returns, and a bad value is reported by the call
+ * itself. The embedding bag also takes them as device memory (device_indices in
+ * flame_embedding_bag_batch), for pipelines whose ids are already on the GPU: they are then
+ * validated by a kernel on the caller's stream before the lookup, and a bad value is reported
+ * later, by flame_embedding_bag_index_status. The attention call's cumulative counts stay host
+ * memory: the call plans its tiles from them on the host (the work list the kernels run, the
+ * longest sequences first), as varlen FlashAttention plans its grid from a host max_seqlen; they
+ * are num_seqs + 1 integers, which a caller holding them on the GPU copies back once per batch.
+ * The calling thread's current CUDA device
  * is left as it was. The stream must belong to the call's device, and it must not be capturing
  * a CUDA graph (the index data is staged per call, so a replay could not repeat it: refused with
  * FLAME_ERR_UNSUPPORTED). Device pointers are checked to be memory the device can access (its
@@ -164,6 +172,21 @@ typedef struct flame_embedding_bag_batch {
     void *cuda_stream;                      /* GPU: the cudaStream_t to enqueue on (NULL: the legacy
                                              * default stream); CPU: ignored */
     int32_t threads;                        /* CPU: OpenMP threads, 0 = 1, 1..1024; GPU: ignored */
+    int64_t device_indices;                 /* 0 (default): ids, offsets and weights are host memory,
+                                             * validated before the call returns. 1 (GPU handles):
+                                             * they are memory of the handle's device, read on
+                                             * cuda_stream when the work runs (keep them alive and
+                                             * unchanged until then); a validation kernel enqueued
+                                             * before the lookup checks every offset, id and weight,
+                                             * and when it finds a bad one it records it in the
+                                             * handle's index record and the lookup writes nothing;
+                                             * flame_embedding_bag_index_status reports it. Lengths
+                                             * (batch, num_ids, the presence of offsets and weights)
+                                             * are still checked by the call. A CPU handle ignores
+                                             * it: its indices are host memory, checked at once.
+                                             * (64 bits, so that the struct grew: a caller built
+                                             * before this field, whose struct_size is smaller,
+                                             * reads as 0 whatever its padding held) */
 } flame_embedding_bag_batch;
 
 /*
@@ -174,7 +197,9 @@ typedef struct flame_embedding_bag_batch {
  *   batch    the lookups and the output (above): out[b, col_t + j] = pool over bag b of table t
  *            of row[j] (CONCAT), or the sum over the tables (SUM); rows [batch, width], dtype
  *            out_dtype, accumulated in float32.
- * Thread-safety: concurrent forwards on one handle are safe (they only read the tables). On
+ * Thread-safety: concurrent forwards on one handle are safe (they only read the tables);
+ *   device_indices forwards also share the handle's index record, see
+ *   flame_embedding_bag_index_status for how they are ordered. On
  *   the CPU a forward and flame_embedding_bag_update_rows exclude each other (a forward sees a
  *   row before or after an update, never half of one). On a GPU, work on one stream runs in
  *   the order it was enqueued: a forward enqueued after an update on the same stream sees the
@@ -186,7 +211,10 @@ typedef struct flame_embedding_bag_batch {
  *   write, offsets that do not start at 0, decrease, or end elsewhere than num_ids, num_ids !=
  *   batch without offsets, an id outside 0..rows-1, a non-finite weight: the message names the
  *   table, the bag and the value, and nothing is written or enqueued; on a GPU also an out that
- *   is not memory of the device); FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph);
+ *   is not memory of the device, and under device_indices an ids, offsets or weights array that
+ *   is not, a device_indices other than 0 or 1, or num_ids above 2^47; the values of device
+ *   indices are not checked here but on the stream, see flame_embedding_bag_index_status);
+ *   FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph);
  *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
  * Math: table-batched embedding bag as in FBGEMM's TBE (Khudia et al., arXiv:2101.05615) and
  *   torch.nn.functional.embedding_bag: out = sum_i w_i * row(ids_i), divided by n under MEAN.
@@ -220,6 +248,35 @@ FLAME_API flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag,
                                                        int64_t num_rows, const void *values, flame_dtype values_dtype,
                                                        const float *qparams, void *cuda_stream);
 
+/*
+ * flame_embedding_bag_index_status: reports (and clears) the first bad offset, id or weight that
+ * the device_indices forwards of a GPU handle found on the device.
+ *
+ * Parameters:
+ *   bag          the handle.
+ *   cuda_stream  the stream the forwards were enqueued on (NULL: the legacy default stream).
+ *                The call enqueues a read and a reset of the handle's index record on it and
+ *                then waits for that stream: the only device_indices call that synchronizes,
+ *                made when the caller asks (once per batch, or once per many: the record is
+ *                sticky, it keeps the first error until this call clears it, and every
+ *                device_indices lookup enqueued while it is set writes nothing, so no error is
+ *                lost and no output after one is silently wrong).
+ * Thread-safety: the record is one per handle, so the device_indices forwards of one handle
+ *   and this call must run one after the other on the device: on one stream (this call then
+ *   reports the forwards enqueued before it), or ordered across streams by the caller
+ *   (cudaStreamWaitEvent). Unordered ones still read nothing outside their own arrays, but the
+ *   error reported may then be another forward's, or land in the next report. Calls from
+ *   several threads are safe (a lock serializes the reads of the record).
+ * Returns: FLAME_OK when no bad value was recorded (always on a CPU handle, whose forwards
+ *   report at once); FLAME_ERR_INVALID_ARG with the message of a host-index forward (the table,
+ *   the bag, the index and the value: "table 2 bag 17: ids[301] = 5000 is outside 0..999",
+ *   "offsets[5] = 3 is outside ...", "weights[4] = nan is not finite") for the first bad value
+ *   in the order table, offsets before ids, index; FLAME_ERR_INVALID_ARG for a NULL bag;
+ *   FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph); FLAME_ERR_INTERNAL (a CUDA
+ *   call failed; the message names it).
+ */
+FLAME_API flame_status flame_embedding_bag_index_status(flame_embedding_bag *bag, void *cuda_stream);
+
 /* ---------------------------------------------------------------- SUMI attention */
 
 /* Which keys a query sees. Positions count from 0 at a sequence's first row; a sequence s has
@@ -241,7 +298,8 @@ typedef struct flame_attention_params {
     int32_t head_dim;             /* 1..1024 on the CPU, 1..128 on a GPU; head h = columns h*head_dim ..
                                    * (h+1)*head_dim - 1 of a row */
     int64_t num_seqs;             /* sequences, 0..2^31-1 */
-    const int64_t *cu_history;    /* [num_seqs + 1] host memory: cu_history[0] = 0, non-decreasing;
+    const int64_t *cu_history;    /* [num_seqs + 1] host memory on every device (see the top of
+                                   * this header): cu_history[0] = 0, non-decreasing;
                                    * n_s = cu_history[s+1] - cu_history[s] */
     const int64_t *cu_candidates; /* [num_seqs + 1] likewise for m_s; NULL: no candidates */
     int64_t rows;                 /* packed rows: cu_history[num_seqs] + cu_candidates[num_seqs];

@@ -107,6 +107,7 @@ PROTOTYPES = [
     ("flame_embedding_bag_width", C.c_int64, [_vp]),
     ("flame_embedding_bag_forward", _st, [_vp, C.POINTER(EmbeddingBagBatch)]),
     ("flame_embedding_bag_update_rows", _st, [_vp, C.c_int32, C.c_int64, C.c_int64, _vp, C.c_int, F32P, _vp]),
+    ("flame_embedding_bag_index_status", _st, [_vp, _vp]),
     ("flame_sumi_attention", _st, [C.POINTER(AttentionParams)]),
     ("flame_scheduler_submit_ex", _st, [_vp, C.POINTER(Request), F32P, C.c_size_t, C.POINTER(SubmitOptions), DONE_FN,
                                         _vp, C.POINTER(C.c_uint64)]),

@@ -174,7 +174,7 @@ class EmbeddingBagInput(C.Structure):
 class EmbeddingBagBatch(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("batch", C.c_int64), ("inputs", C.POINTER(EmbeddingBagInput)),
                 ("num_inputs", C.c_size_t), ("out", C.c_void_p), ("ld_out", C.c_int64), ("out_dtype", C.c_int),
-                ("cuda_stream", C.c_void_p), ("threads", C.c_int32)]
+                ("cuda_stream", C.c_void_p), ("threads", C.c_int32), ("device_indices", C.c_int64)]
 
 
 class AttentionParams(C.Structure):

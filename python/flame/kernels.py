@@ -1,5 +1,6 @@
-"""The engine's kernels for custom pipelines (flame/kernels.h), on the CPU with numpy arrays:
-the table-batched embedding bag and SUMI attention.
+"""The engine's kernels for custom pipelines (flame/kernels.h): the table-batched embedding bag
+and SUMI attention, on the CPU and on CUDA GPUs, over numpy arrays and, through DLPack, over
+PyTorch tensors (or any object with __dlpack__), without a copy.
 
     import numpy as np, flame.kernels as fk
     bag = fk.EmbeddingBag([t0, (t1_int8, t1_scale_bias)], pooling=["sum", "mean"])   # concat
@@ -7,19 +8,31 @@ the table-batched embedding bag and SUMI attention.
     o = fk.sumi_attention(q, k, v, cu_history, cu_candidates, heads=4)               # float32, packed as q
 
 Tables are float32 or float16 arrays [rows, dim], ("bfloat16", uint16 array) pairs (the bf16
-bit patterns), or (int8 array, float32 [rows, 2] (scale, bias)) pairs. Every id, offset and
-count is checked by the library before anything is computed; a bad one raises
-InvalidArgumentError naming the table (or sequence), the bag and the value, and the output
-is left as it was.
+bit patterns), or (int8 array, float32 [rows, 2] (scale, bias)) pairs; torch tensors of those
+dtypes (bfloat16 included) are taken as they are. Every id, offset and count is checked by the
+library before anything is computed; a bad one raises InvalidArgumentError naming the table
+(or sequence), the bag and the value, and the output is left as it was.
+
+PyTorch: given torch tensors, the calls return torch tensors (on the inputs' device). On a GPU
+(CUDA tensors) the work is enqueued on the tensors' current stream
+(torch.cuda.current_stream(device), or the `stream` argument: a torch.cuda.Stream or a
+cudaStream_t as an int) and the call returns without waiting for it, as a torch operation
+does. CUDA ids, offsets and weights stay on the device: the library checks them there, and
+EmbeddingBag(...)(check=True), the default, then waits for the stream to raise a bad value at
+once; check=False leaves the stream alone and bag.index_status() reports later (the first bad
+value since the last report; lookups write nothing while one is pending). Attention's
+cumulative counts are host data (the library plans its work list from them): CUDA ones are
+copied to the host, which waits for the stream, so keep them on the CPU.
 """
 from __future__ import annotations
 
 import ctypes as C
+import sys
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _lib, errors
+from . import _dlpack, _lib, errors
 from ._handle import Handle
 from ._structs import (AttentionParams, EmbeddingBagBatch, EmbeddingBagInput, EmbeddingBagParams, EmbeddingTable,
                        F32P, I64P, new)
@@ -39,8 +52,117 @@ def _choice(value: str, table: dict, what: str) -> int:
     return table[value]
 
 
+# ---- inputs from numpy, torch and other DLPack producers
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _torch():
+    import torch  # only reached with torch tensors in hand, so torch is installed
+    return torch
+
+
+def _host(x: Any) -> Any:
+    """A numpy view of a CPU DLPack object (zero copy; a torch tensor that requires grad is
+    detached first); anything else as it is (numpy takes it)."""
+    if _dlpack.has_dlpack(x) and not _dlpack.is_cuda(x):
+        if getattr(x, "requires_grad", False):
+            x = x.detach()
+        return _dlpack.View(x).array()
+    return x
+
+
+def _cuda_device(d: Any) -> Optional[int]:
+    """None for the CPU, else the CUDA device index, from 'cpu', 'cuda', 'cuda:N', N, a
+    torch.device or None (None: the CPU)."""
+    if d is None or d == "cpu" or d == DEVICE_CPU:
+        return None
+    if isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+        return int(d)
+    txt = str(d)
+    if txt == "cuda":
+        return 0
+    if txt.startswith("cuda:") and txt[5:].isdigit():
+        return int(txt[5:])
+    raise errors.InvalidArgumentError(f"device {d!r} is neither 'cpu' nor 'cuda[:N]'")
+
+
+def _stream_handle(device: int, stream: Any) -> int:
+    """The cudaStream_t (as an int, 0 for the legacy default stream) a GPU call runs on."""
+    if stream is not None:
+        return int(getattr(stream, "cuda_stream", stream))
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available():
+            return int(torch.cuda.current_stream(device).cuda_stream)
+    return 0
+
+
+def _dl_stream(handle: int) -> int:
+    """The DLPack stream argument for a cudaStream_t: 1 means the legacy default stream."""
+    return handle if handle else 1
+
+
+def _c_stream(handle: int) -> Optional[int]:
+    return handle or None
+
+
+class _Cuda:
+    """The CUDA views of one call, closed (their deleters called) when the call has been enqueued.
+    The producers' tensors are the caller's: they stay alive as long as the caller holds them,
+    and the work runs on their stream, in the order torch's own operations would."""
+
+    def __init__(self, device: int, stream: int):
+        self.device, self.stream, self.views = device, stream, []
+
+    def view(self, x: Any, what: str) -> _dlpack.View:
+        if getattr(x, "requires_grad", False):
+            x = x.detach()
+        v = _dlpack.View(x, stream=_dl_stream(self.stream))
+        self.views.append(v)
+        if not v.on_cuda or v.device[1] != self.device:
+            raise errors.InvalidArgumentError(f"{what} is on DLPack device {v.device}, the call runs on cuda:"
+                                              f"{self.device}")
+        return v
+
+    def close(self) -> None:
+        for v in self.views:
+            v.close()
+        self.views = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _unit_columns(v: _dlpack.View, what: str, ndim: int) -> int:
+    """The row stride (elements) of a [rows, cols] view whose columns are contiguous; for ndim 1
+    a contiguous vector (returns 1)."""
+    if v.ndim != ndim:
+        raise errors.ShapeError(f"{what} must be {ndim}-D, not {v.ndim}-D {v.shape}")
+    if ndim == 1:
+        if v.shape[0] > 1 and v.strides[0] != 1:
+            raise errors.ShapeError(f"{what} must be contiguous (stride {v.strides[0]}): pass .contiguous()")
+        return 1
+    rows, cols = v.shape
+    if cols > 1 and v.strides[1] != 1:
+        raise errors.ShapeError(f"{what} must have unit column stride, not {v.strides[1]}: pass .contiguous()")
+    ld = v.strides[0] if rows > 1 else cols
+    if rows > 1 and ld < cols:
+        raise errors.ShapeError(f"{what}: row stride {ld} is below its {cols} columns")
+    return max(ld, 1)
+
+
+_DL_FLOAT = {(_dlpack.KDL_FLOAT, 32): 0, (_dlpack.KDL_FLOAT, 16): 1, (_dlpack.KDL_BFLOAT, 16): 2}
+_TORCH_OUT = {0: "float32", 1: "float16", 2: "bfloat16"}
+OUT_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
 def _i64(a: Any, what: str) -> np.ndarray:
-    x = np.asarray(a)
+    x = np.asarray(_host(a))
     if x.dtype.kind not in "iu":
         raise errors.DTypeError(f"{what} must hold integers, not {x.dtype}")
     return np.ascontiguousarray(x, dtype=np.int64).reshape(-1)
@@ -51,22 +173,28 @@ def _ptr(a: Optional[np.ndarray], t) -> Any:
 
 
 class EmbeddingBag(Handle):
-    """A table-batched embedding bag on the CPU (flame_embedding_bag_create).
+    """A table-batched embedding bag (flame_embedding_bag_create) on the CPU or a CUDA GPU.
 
-    tables: one entry per table (see the module docstring).
+    tables: one entry per table (see the module docstring): numpy arrays or CPU tensors, or
+      CUDA tensors (DLPack) on the handle's device.
     pooling: "sum" or "mean", for every table or one per table.
     combine: "concat" (table t owns its own columns, in order) or "sum" (equal dims, added).
-    copy: True (default) copies the tables into the handle; False borrows float32 and int8
-      tables in place (this object keeps the arrays alive); float16 and bfloat16 tables are
-      always copied, as float32.
-    threads: the OpenMP threads of each call (its default).
-    Thread-safety: calls from several threads are safe; update_rows excludes running lookups.
+    copy: True (default) copies host tables into the handle (on a GPU: uploads them); False
+      borrows float32 and int8 host tables in place on the CPU (this object keeps the arrays
+      alive); float16 and bfloat16 tables are always copied there, as float32. CUDA tables are
+      always used in place (borrowed: this object keeps them alive and update_rows writes
+      into them).
+    device: None (default: cuda:N when the tables are CUDA tensors, else the CPU), "cpu",
+      "cuda", "cuda:N" or N.
+    threads: the OpenMP threads of each CPU call (its default).
+    Thread-safety: calls from several threads are safe; update_rows excludes running lookups on
+      the CPU and is ordered by the stream on a GPU.
     """
 
     _destroy, _what = "flame_embedding_bag_destroy", "embedding bag"
 
     def __init__(self, tables: Sequence[TableLike], pooling: Union[str, Sequence[str]] = "sum",
-                 combine: str = "concat", copy: bool = True, threads: int = 1):
+                 combine: str = "concat", copy: bool = True, threads: int = 1, device: Any = None):
         self._handle = C.c_void_p()
         tables = list(tables)
         if not tables:
@@ -74,25 +202,41 @@ class EmbeddingBag(Handle):
         pools = [pooling] * len(tables) if isinstance(pooling, str) else list(pooling)
         if len(pools) != len(tables):
             raise errors.ShapeError(f"{len(pools)} poolings for {len(tables)} tables")
+        on_cuda = [_dlpack.is_cuda(t[0] if isinstance(t, tuple) and not isinstance(t[0], str) else t) for t in tables]
+        if device is None:
+            cuda_tabs = [t for t, c in zip(tables, on_cuda) if c]
+            if cuda_tabs:
+                first = cuda_tabs[0][0] if isinstance(cuda_tabs[0], tuple) else cuda_tabs[0]
+                device = _dlpack.device_of(first)[1]
+        self.device = _cuda_device(device)
+        if any(on_cuda) and (self.device is None or not all(on_cuda)):
+            raise errors.InvalidArgumentError("tables must all be host arrays or all CUDA tensors of the handle's "
+                                              "device (CUDA tables are borrowed in place)")
+        borrow = all(on_cuda) if self.device is not None else not copy
         descs = (EmbeddingTable * len(tables))()
-        self._keep: List[np.ndarray] = []
+        self._keep: List[Any] = []
+        self._cuda_tables: List[_dlpack.View] = []
         self.dtypes: List[int] = []
         self.dims: List[int] = []
         for i, (t, pool) in enumerate(zip(tables, pools)):
-            data, qp, dt = self._table(i, t)
+            if on_cuda[i]:
+                data_ptr, qp_ptr, shape, dt = self._cuda_table(i, t)
+            else:
+                data, qp, dt = self._table(i, t)
+                data_ptr, qp_ptr, shape = data.ctypes.data, _ptr(qp, F32P), data.shape
+                self._keep += [data] + ([qp] if qp is not None else [])
             d = descs[i]
             d.struct_size = C.sizeof(EmbeddingTable)
             d.dtype, d.pooling = dt, _choice(pool, POOLING, f"table {i}: pooling")
-            d.rows, d.dim = data.shape
-            d.data = data.ctypes.data
-            d.qparams = _ptr(qp, F32P)
-            self._keep += [data] + ([qp] if qp is not None else [])
+            d.rows, d.dim = shape
+            d.data = data_ptr
+            d.qparams = qp_ptr
             self.dtypes.append(dt)
-            self.dims.append(int(data.shape[1]))
+            self.dims.append(int(shape[1]))
         p = new(EmbeddingBagParams)
-        p.device, p.combine = DEVICE_CPU, _choice(combine, COMBINE, "combine")
-        p.tables, p.num_tables, p.borrow = descs, len(tables), 0 if copy else 1
-        if not copy and any(dt in (F16, BF16) for dt in self.dtypes):
+        p.device, p.combine = (DEVICE_CPU if self.device is None else self.device), _choice(combine, COMBINE, "combine")
+        p.tables, p.num_tables, p.borrow = descs, len(tables), 1 if borrow else 0
+        if self.device is None and borrow and any(dt in (F16, BF16) for dt in self.dtypes):
             p.borrow = 0  # the CPU kernel reads float32: these are converted, so copied
         _lib.check(_lib.lib().flame_embedding_bag_create(C.byref(p), C.byref(self._handle)))
         if p.borrow == 0:
@@ -101,8 +245,41 @@ class EmbeddingBag(Handle):
         self.threads = int(threads)
         self.width = int(_lib.lib().flame_embedding_bag_width(self._handle))
 
+    def _cuda_table(self, i: int, t: Any) -> Tuple[int, Optional[int], Tuple[int, int], int]:
+        """A borrowed CUDA table: (data pointer, qparams pointer, shape, dtype); the views stay
+        open (the producer's memory alive) as long as this handle."""
+        data, qp = (t[0], t[1]) if isinstance(t, tuple) else (t, None)
+        keep = self._cuda_tables
+        for x in ((data,) if qp is None else (data, qp)):
+            keep.append(_dlpack.View(x.detach() if getattr(x, "requires_grad", False) else x))
+        v = keep[-1] if qp is None else keep[-2]
+        if v.ndim != 2 or (v.shape[0] > 1 and v.strides != (v.shape[1], 1)) or (v.shape[1] > 1 and v.strides[1] != 1):
+            raise errors.ShapeError(f"table {i}: a CUDA table is a contiguous 2-D [rows, dim] tensor, not shape "
+                                    f"{v.shape} strides {v.strides}")
+        if qp is not None:
+            q = keep[-1]
+            if v.dtype != (_dlpack.KDL_INT, 8):
+                raise errors.DTypeError(f"table {i}: a quantized table is int8, not {v.dtype_name}")
+            if q.dtype != (_dlpack.KDL_FLOAT, 32) or q.shape != (v.shape[0], 2) or q.strides != (2, 1):
+                raise errors.ShapeError(f"table {i}: qparams must be a contiguous float32 [{v.shape[0]}, 2] tensor")
+            return v.ptr, q.ptr, v.shape, INT8
+        dt = _DL_FLOAT.get(v.dtype)
+        if dt is None:
+            raise errors.DTypeError(f"table {i}: dtype {v.dtype_name} (float32, float16, bfloat16, or int8 with "
+                                    f"qparams)")
+        return v.ptr, None, v.shape, dt
+
+
     @staticmethod
     def _table(i: int, t: TableLike) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
+        if isinstance(t, tuple) and len(t) == 2 and not isinstance(t[0], str):
+            t = (_host(t[0]), _host(t[1]))
+        elif _dlpack.has_dlpack(t):
+            v = _dlpack.View(t.detach() if getattr(t, "requires_grad", False) else t)
+            if v.dtype == (_dlpack.KDL_BFLOAT, 16):  # its numpy view holds the bit patterns
+                t = ("bfloat16", v.array())
+            else:
+                t = v.array()
         if isinstance(t, tuple):
             if len(t) != 2:
                 raise errors.ShapeError(f"table {i}: a pair (int8 array, qparams) or ('bfloat16', uint16 array)")
@@ -129,11 +306,17 @@ class EmbeddingBag(Handle):
         raise errors.DTypeError(f"table {i}: dtype {a.dtype} (float32, float16, or the pairs of the docstring)")
 
     def __call__(self, ids: Sequence[Any], offsets: Optional[Sequence[Any]] = None,
-                 weights: Optional[Sequence[Any]] = None, out: Optional[np.ndarray] = None,
-                 threads: Optional[int] = None) -> np.ndarray:
+                 weights: Optional[Sequence[Any]] = None, out: Any = None,
+                 threads: Optional[int] = None, out_dtype: str = "float32", stream: Any = None,
+                 check: bool = True) -> Any:
         """Pools one batch: ids[t] (int64 ids of table t), offsets[t] ([batch + 1] bag bounds,
-        or None: one id per bag), weights[t] (float32 per id, or None). Returns out (float32
-        [batch, width], made when not given; a given one may have a row stride)."""
+        or None: one id per bag), weights[t] (float32 per id, or None). Returns out ([batch,
+        width] of out_dtype, made when not given: a torch tensor when torch tensors were given,
+        else numpy; a given one may have a row stride). CPU handles take host arrays and
+        write float32. GPU handles take the index arrays all on the host or all as CUDA
+        tensors of the handle's device (checked on the device; see the module docstring for
+        check and stream), write float32, float16 or bfloat16, and need torch (or a CUDA
+        `out`) for the output."""
         n = self.num_tables
         ids = list(ids)
         offs = [None] * n if offsets is None else list(offsets)
@@ -141,26 +324,25 @@ class EmbeddingBag(Handle):
         if len(ids) != n or len(offs) != n or len(ws) != n:
             raise errors.ShapeError(f"ids, offsets and weights need one entry per table ({n}): got "
                                     f"{len(ids)}, {len(offs)}, {len(ws)}")
-        keep = []
-        inputs = (EmbeddingBagInput * n)()
-        batch = None
-        for t in range(n):
-            i = _i64(ids[t], f"ids[{t}]")
-            o = None if offs[t] is None else _i64(offs[t], f"offsets[{t}]")
-            w = None if ws[t] is None else np.ascontiguousarray(ws[t], dtype=np.float32).reshape(-1)
-            if w is not None and w.size != i.size:
-                raise errors.ShapeError(f"table {t}: {w.size} weights for {i.size} ids")
-            if o is not None and o.size == 0:
-                raise errors.ShapeError(f"table {t}: offsets needs batch + 1 entries, got none")
-            b = i.size if o is None else o.size - 1
-            if batch is None:
-                batch = b
-            elif b != batch:
-                raise errors.ShapeError(f"table {t}: a batch of {b} bags, table 0 has {batch}")
-            keep += [i, o, w]
-            x = inputs[t]
-            x.struct_size, x.ids, x.offsets, x.num_ids = C.sizeof(EmbeddingBagInput), _ptr(i, I64P), _ptr(o, I64P), i.size
-            x.weights = _ptr(w, F32P)
+        odt = _choice(out_dtype, OUT_DTYPES, "out_dtype")
+        given = [x for x in ids + offs + ws if x is not None]
+        use_torch = any(_is_torch(x) for x in given + [out])
+        on_dev = [_dlpack.is_cuda(x) for x in given]
+        if any(on_dev) and (self.device is None or not all(on_dev)):
+            raise errors.InvalidArgumentError("ids, offsets and weights must all be host arrays or all CUDA tensors "
+                                              "of the handle's device")
+        if self.device is not None:
+            return self._forward_gpu(ids, offs, ws, out, odt, stream, check, use_torch, all(on_dev) and bool(given))
+        if odt != F32:
+            raise errors.InvalidArgumentError(f"out_dtype {out_dtype!r}: the CPU writes float32")
+        inputs, batch, keep = self._host_inputs(ids, offs, ws)
+        result = None
+        if out is None and use_torch:
+            result = _torch().empty((batch, self.width), dtype=_torch().float32)
+            out = result
+        if _dlpack.has_dlpack(out):
+            result = out if result is None else result
+            out = _dlpack.View(out).array()
         if out is None:
             out = np.empty((batch, self.width), dtype=np.float32)
         elif (out.dtype != np.float32 or out.ndim != 2 or out.shape != (batch, self.width) or not out.flags.writeable
@@ -174,11 +356,120 @@ class EmbeddingBag(Handle):
         q.threads = self.threads if threads is None else int(threads)
         with self._use() as h:
             _lib.check(_lib.lib().flame_embedding_bag_forward(h, C.byref(q)))
-        return out
+        del keep
+        return out if result is None else result
 
-    def update_rows(self, table: int, first_row: int, values: Any, qparams: Any = None) -> None:
+    def _host_inputs(self, ids, offs, ws):
+        n = self.num_tables
+        keep = []
+        inputs = (EmbeddingBagInput * n)()
+        batch = None
+        for t in range(n):
+            i = _i64(ids[t], f"ids[{t}]")
+            o = None if offs[t] is None else _i64(offs[t], f"offsets[{t}]")
+            w = None if ws[t] is None else np.ascontiguousarray(_host(ws[t]), dtype=np.float32).reshape(-1)
+            if w is not None and w.size != i.size:
+                raise errors.ShapeError(f"table {t}: {w.size} weights for {i.size} ids")
+            if o is not None and o.size == 0:
+                raise errors.ShapeError(f"table {t}: offsets needs batch + 1 entries, got none")
+            b = i.size if o is None else o.size - 1
+            if batch is None:
+                batch = b
+            elif b != batch:
+                raise errors.ShapeError(f"table {t}: a batch of {b} bags, table 0 has {batch}")
+            keep += [i, o, w]
+            x = inputs[t]
+            x.struct_size, x.ids, x.offsets, x.num_ids = C.sizeof(EmbeddingBagInput), _ptr(i, I64P), _ptr(o, I64P), i.size
+            x.weights = _ptr(w, F32P)
+        return inputs, batch, keep
+
+    def _forward_gpu(self, ids, offs, ws, out, odt, stream, check, use_torch, device_indices):
+        n, dev = self.num_tables, self.device
+        sh = _stream_handle(dev, stream)
+        with _Cuda(dev, sh) as cu:
+            if device_indices:
+                inputs = (EmbeddingBagInput * n)()
+                batch, keep = None, []
+                for t in range(n):
+                    i = ids[t]
+                    if _is_torch(i) and i.dtype != _torch().int64:  # a device op on the current stream
+                        i = i.to(_torch().int64)
+                    o = offs[t]
+                    if o is not None and _is_torch(o) and o.dtype != _torch().int64:
+                        o = o.to(_torch().int64)
+                    keep += [i, o]
+                    vi = cu.view(i, f"ids[{t}]")
+                    vo = None if o is None else cu.view(o, f"offsets[{t}]")
+                    vw = None if ws[t] is None else cu.view(ws[t], f"weights[{t}]")
+                    for v, what, want in ((vi, "ids", (_dlpack.KDL_INT, 64)), (vo, "offsets", (_dlpack.KDL_INT, 64)),
+                                          (vw, "weights", (_dlpack.KDL_FLOAT, 32))):
+                        if v is None:
+                            continue
+                        if v.dtype != want:
+                            raise errors.DTypeError(f"{what}[{t}] is {v.dtype_name}, not {_dlpack.DTYPE_NAMES[want]}")
+                        _unit_columns(v, f"{what}[{t}]", 1)
+                    num = vi.shape[0]
+                    if vw is not None and vw.shape[0] != num:
+                        raise errors.ShapeError(f"table {t}: {vw.shape[0]} weights for {num} ids")
+                    if vo is not None and vo.shape[0] == 0:
+                        raise errors.ShapeError(f"table {t}: offsets needs batch + 1 entries, got none")
+                    b = num if vo is None else vo.shape[0] - 1
+                    if batch is None:
+                        batch = b
+                    elif b != batch:
+                        raise errors.ShapeError(f"table {t}: a batch of {b} bags, table 0 has {batch}")
+                    x = inputs[t]
+                    x.struct_size, x.num_ids = C.sizeof(EmbeddingBagInput), num
+                    x.ids = C.cast(C.c_void_p(vi.ptr), I64P) if num else None
+                    x.offsets = None if vo is None else C.cast(C.c_void_p(vo.ptr), I64P)
+                    x.weights = None if vw is None or not num else C.cast(C.c_void_p(vw.ptr), F32P)
+            else:
+                inputs, batch, keep = self._host_inputs(ids, offs, ws)
+            result = out
+            if out is None:
+                if not use_torch and "torch" not in sys.modules:
+                    raise errors.InvalidArgumentError("a GPU lookup needs `out` (a CUDA tensor) when torch is not in use")
+                torch = _torch()
+                result = torch.empty((batch, self.width), dtype=getattr(torch, _TORCH_OUT[odt]),
+                                     device=f"cuda:{dev}")
+            vout = cu.view(result, "out")
+            if _DL_FLOAT.get(vout.dtype) != odt or vout.shape != (batch, self.width):
+                raise errors.ShapeError(f"out must be [{batch}, {self.width}] of {_TORCH_OUT[odt]}, got "
+                                        f"{vout.dtype_name} {vout.shape}")
+            ld = _unit_columns(vout, "out", 2)
+            q = new(EmbeddingBagBatch)
+            q.batch, q.inputs, q.num_inputs = batch, inputs, n
+            q.out, q.ld_out, q.out_dtype = vout.ptr, ld, odt
+            q.cuda_stream, q.device_indices = _c_stream(sh), 1 if device_indices else 0
+            with self._use() as h:
+                _lib.check(_lib.lib().flame_embedding_bag_forward(h, C.byref(q)))
+                if device_indices and check:
+                    _lib.check(_lib.lib().flame_embedding_bag_index_status(h, _c_stream(sh)))
+            del keep
+        return result
+
+    def index_status(self, stream: Any = None) -> None:
+        """Raises InvalidArgumentError for the first bad value the device-index lookups of a GPU
+        handle found since the last report (and clears it); waits for the stream (default: the
+        current torch stream of the handle's device). Nothing to report on a CPU handle."""
+        sh = 0 if self.device is None else _stream_handle(self.device, stream)
+        with self._use() as h:
+            _lib.check(_lib.lib().flame_embedding_bag_index_status(h, _c_stream(sh)))
+
+    def update_rows(self, table: int, first_row: int, values: Any, qparams: Any = None, stream: Any = None) -> None:
         """Replaces rows first_row.. of `table` with `values` ([n, dim], the table's dtype;
-        for int8 tables also qparams [n, 2])."""
+        for int8 tables also qparams [n, 2]): host data (numpy or CPU tensors; CUDA tensors are
+        copied to the host first, which waits for their stream). On a GPU the copy is enqueued
+        on `stream` (default: the current torch stream), ordered with the lookups there."""
+        def host(x):
+            if x is not None and _dlpack.is_cuda(x) and _is_torch(x):
+                x = x.cpu()
+            x = _host(x)
+            if _is_torch(x):
+                x = _dlpack.View(x).array()
+            return x
+        values, qparams = host(values), host(qparams)
+        sh = 0 if self.device is None else _stream_handle(self.device, stream)
         dt = self.dtypes[table] if 0 <= table < self.num_tables else F32
         np_dt = {F32: np.float32, F16: np.float16, BF16: np.uint16, INT8: np.int8}[dt]
         v = np.ascontiguousarray(values, dtype=np_dt)
@@ -191,7 +482,7 @@ class EmbeddingBag(Handle):
             raise errors.ShapeError(f"qparams has shape {qp.shape}, the rows need ({v.shape[0]}, 2)")
         with self._use() as h:
             _lib.check(_lib.lib().flame_embedding_bag_update_rows(h, int(table), int(first_row), v.shape[0],
-                                                                  v.ctypes.data, dt, _ptr(qp, F32P), None))
+                                                                  v.ctypes.data, dt, _ptr(qp, F32P), _c_stream(sh)))
 
     def __repr__(self) -> str:
         return f"<flame.kernels.EmbeddingBag {self.num_tables} tables width {getattr(self, 'width', '?')}>"
@@ -208,27 +499,37 @@ def _rows(a: Any, what: str) -> np.ndarray:
     return x
 
 
-def sumi_attention(q: Any = None, k: Any = None, v: Any = None, cu_history: Any = None, cu_candidates: Any = None,
-                   *, heads: int, qkv: Any = None, mask: str = "sumi", out: Optional[np.ndarray] = None,
-                   threads: int = 1) -> np.ndarray:
-    """Masked multi-head attention over a ragged batch (flame_sumi_attention) on the CPU.
+def _counts(a: Any, what: str) -> np.ndarray:
+    if a is not None and _dlpack.is_cuda(a) and _is_torch(a):
+        a = a.cpu()  # host data for the call's planning: this waits for the tensor's stream
+    return _i64(a, what)
 
-    q, k, v: float32 [rows, heads * head_dim] (views with a row stride allowed; k and v share
-      one), or qkv: [rows, 3 * heads * head_dim] (Q, K, V side by side) instead.
-    cu_history, cu_candidates: int64 [num_seqs + 1] cumulative counts; sequence s is rows
-      cu_history[s] + cu_candidates[s] .., history first (cu_candidates None: no candidates).
+
+def sumi_attention(q: Any = None, k: Any = None, v: Any = None, cu_history: Any = None, cu_candidates: Any = None,
+                   *, heads: int, qkv: Any = None, mask: str = "sumi", out: Any = None,
+                   threads: int = 1, stream: Any = None) -> Any:
+    """Masked multi-head attention over a ragged batch (flame_sumi_attention), on the CPU
+    (numpy arrays or CPU tensors, float32) or a GPU (CUDA tensors: float16, bfloat16 or float32,
+    enqueued on `stream`, by default the current torch stream of their device).
+
+    q, k, v: [rows, heads * head_dim] (views with a row stride allowed; k and v share one), or
+      qkv: [rows, 3 * heads * head_dim] (Q, K, V side by side) instead.
+    cu_history, cu_candidates: int64 [num_seqs + 1] cumulative counts, host data (see the
+      module docstring); sequence s is rows cu_history[s] + cu_candidates[s] .., history first
+      (cu_candidates None: no candidates).
     mask: "sumi" (history causal; a candidate sees the history and itself), "causal", "none".
-    Returns out, float32 [rows, heads * head_dim] (made when not given).
+    Returns out, [rows, heads * head_dim] of the inputs' dtype (made when not given: a torch
+    tensor when torch tensors were given, else numpy).
     """
     if cu_history is None:
         raise errors.InvalidArgumentError("cu_history is required")
-    ch = _i64(cu_history, "cu_history")
-    cc = None if cu_candidates is None else _i64(cu_candidates, "cu_candidates")
+    ch = _counts(cu_history, "cu_history")
+    cc = None if cu_candidates is None else _counts(cu_candidates, "cu_candidates")
     if ch.size == 0 or (cc is not None and cc.size != ch.size):
         raise errors.ShapeError(f"cu_history ({ch.size}) and cu_candidates ({None if cc is None else cc.size}) need "
                                 f"num_seqs + 1 entries each")
     p = new(AttentionParams)
-    p.device, p.dtype, p.mask = DEVICE_CPU, F32, _choice(mask, MASKS, "mask")
+    p.mask = _choice(mask, MASKS, "mask")
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
         raise errors.InvalidArgumentError(f"heads must be a positive int, got {heads!r}")
     p.heads = int(heads)
@@ -236,38 +537,90 @@ def sumi_attention(q: Any = None, k: Any = None, v: Any = None, cu_history: Any 
     if qkv is not None:
         if q is not None or k is not None or v is not None:
             raise errors.InvalidArgumentError("give either qkv or q, k and v")
-        x = _rows(qkv, "qkv")
-        if x.shape[1] % (3 * heads):
-            raise errors.ShapeError(f"qkv has {x.shape[1]} columns, not a multiple of 3 x {heads} heads")
-        dh, rows = x.shape[1] // (3 * heads), x.shape[0]
-        p.qkv, p.ld_qkv = x.ctypes.data, x.strides[0] // 4
-        keep = [x]
+        names, tensors = ["qkv"], [qkv]
     else:
         if q is None or k is None or v is None:
             raise errors.InvalidArgumentError("give q, k and v (or qkv)")
-        xq, xk, xv = _rows(q, "q"), _rows(k, "k"), _rows(v, "v")
-        if xq.shape[1] % heads or xk.shape != xq.shape or xv.shape != xq.shape:
-            raise errors.ShapeError(f"q {xq.shape}, k {xk.shape} and v {xv.shape} must share one shape "
-                                    f"[rows, heads x head_dim] ({heads} heads)")
-        dh, rows = xq.shape[1] // heads, xq.shape[0]
-        p.q, p.k, p.v = xq.ctypes.data, xk.ctypes.data, xv.ctypes.data
-        p.ld_q, p.ld_k, p.ld_v = xq.strides[0] // 4, xk.strides[0] // 4, xv.strides[0] // 4
-        keep = [xq, xk, xv]
-    width = heads * dh
+        names, tensors = ["q", "k", "v"], [q, k, v]
+    use_torch = any(_is_torch(x) for x in tensors + [out])
+    cuda = [_dlpack.is_cuda(x) for x in tensors]
+    if any(cuda):
+        if not all(cuda) or (out is not None and not _dlpack.is_cuda(out)):
+            raise errors.InvalidArgumentError("q, k, v (or qkv) and out must all be on the host or all CUDA tensors")
+        dev = _dlpack.device_of(tensors[0])[1]
+        sh = _stream_handle(dev, stream)
+        with _Cuda(dev, sh) as cu:
+            views = [cu.view(x, nm) for x, nm in zip(tensors, names)]
+            dt = _DL_FLOAT.get(views[0].dtype)
+            if dt is None or any(vw.dtype != views[0].dtype for vw in views):
+                raise errors.DTypeError(f"{', '.join(names)} must share one dtype of float16, bfloat16 or float32, "
+                                        f"got {[vw.dtype_name for vw in views]}")
+            arrs = [(vw.ptr, vw.shape, _unit_columns(vw, nm, 2)) for vw, nm in zip(views, names)]
+            rows, width = _layout(p, arrs, qkv is not None, heads)
+            result = out
+            if out is None:
+                if "torch" not in sys.modules:
+                    raise errors.InvalidArgumentError("GPU attention needs `out` (a CUDA tensor) when torch is not in use")
+                torch = _torch()
+                result = torch.empty((rows, width), dtype=getattr(torch, _TORCH_OUT[dt]), device=f"cuda:{dev}")
+            vo = cu.view(result, "out")
+            if vo.dtype != views[0].dtype or vo.shape != (rows, width):
+                raise errors.ShapeError(f"out must be [{rows}, {width}] of {views[0].dtype_name}, got {vo.dtype_name} "
+                                        f"{vo.shape}")
+            p.device, p.dtype = dev, dt
+            p.out, p.ld_out = vo.ptr, _unit_columns(vo, "out", 2)
+            p.cuda_stream = _c_stream(sh)
+            _finish_layout(p, rows, width, qkv is not None)
+            _lib.check(_lib.lib().flame_sumi_attention(C.byref(p)))
+        return result
+    xs = [_rows(_host(x), nm) for x, nm in zip(tensors, names)]
+    arrs = [(x.ctypes.data, x.shape, x.strides[0] // 4) for x in xs]
+    rows, width = _layout(p, arrs, qkv is not None, heads)
+    result = None
+    if out is None and use_torch:
+        result = out = _torch().empty((rows, width), dtype=_torch().float32)
+    if _dlpack.has_dlpack(out):
+        result = out if result is None else result
+        out = _dlpack.View(out).array()
     if out is None:
         out = np.empty((rows, width), dtype=np.float32)
     else:
         out = _rows(out, "out")
         if out.shape != (rows, width) or not out.flags.writeable:
             raise errors.ShapeError(f"out must be a writeable float32 [{rows}, {width}] array, got {out.shape}")
-    p.head_dim, p.rows = dh, rows
+    p.device, p.dtype = DEVICE_CPU, F32
     p.out, p.ld_out, p.threads = out.ctypes.data, out.strides[0] // 4, int(threads)
+    _finish_layout(p, rows, width, qkv is not None)
+    _lib.check(_lib.lib().flame_sumi_attention(C.byref(p)))
+    del xs
+    return out if result is None else result
+
+
+def _layout(p: AttentionParams, arrs, fused: bool, heads: int) -> Tuple[int, int]:
+    """Sets the Q/K/V pointers and strides from (pointer, shape, row stride) triples; returns
+    (rows, heads * head_dim)."""
+    if fused:
+        ptr, shape, ld = arrs[0]
+        if shape[1] % (3 * heads):
+            raise errors.ShapeError(f"qkv has {shape[1]} columns, not a multiple of 3 x {heads} heads")
+        dh, rows = shape[1] // (3 * heads), shape[0]
+        p.qkv, p.ld_qkv = ptr, ld
+    else:
+        (pq, sq, lq), (pk, sk, lk), (pv, sv, lv) = arrs
+        if sq[1] % heads or sk != sq or sv != sq:
+            raise errors.ShapeError(f"q {sq}, k {sk} and v {sv} must share one shape "
+                                    f"[rows, heads x head_dim] ({heads} heads)")
+        dh, rows = sq[1] // heads, sq[0]
+        p.q, p.k, p.v = pq, pk, pv
+        p.ld_q, p.ld_k, p.ld_v = lq, lk, lv
+    p.head_dim, p.rows = dh, rows
+    return rows, heads * dh
+
+
+def _finish_layout(p: AttentionParams, rows: int, width: int, fused: bool) -> None:
     if rows <= 1:  # the row stride of an array of 0 or 1 rows may be anything: the packed one is as good
         p.ld_q = p.ld_k = p.ld_v = width
-        p.ld_qkv, p.ld_out = (3 * width if qkv is not None else 0), width
-    _lib.check(_lib.lib().flame_sumi_attention(C.byref(p)))
-    del keep
-    return out
+        p.ld_qkv, p.ld_out = (3 * width if fused else 0), width
 
 
-__all__ = ["EmbeddingBag", "sumi_attention", "DEVICE_CPU"]
+__all__ = ["EmbeddingBag", "sumi_attention", "DEVICE_CPU", "OUT_DTYPES"]

@@ -23,7 +23,15 @@ struct flame_embedding_bag {
     int32_t width;
     fl_tbe_table t[FL_TBE_MAX_TABLES];
     pthread_rwlock_t lock; /* CPU: forwards read, updates write */
+    /* GPU: the device_indices forwards' index record, its host mirror and the lock of its reads */
+    fl_tbe_index_record *record, *mirror;
+    pthread_mutex_t record_lock;
 };
+
+static bool cpu_device(const flame_embedding_bag *b)
+{
+    return b->device == FLAME_DEVICE_CPU;
+}
 
 static size_t dtype_bytes(flame_dtype d)
 {
@@ -211,7 +219,20 @@ flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params
         b->t[i].col = b->sum_combine ? 0 : col;
         col += tabs[i].dim;
     }
+    if (!cpu_device(b) && (st = fl_gpu_tbe_record_create(b->device, &b->record, &b->mirror))) {
+        free_tables(b);
+        free(b);
+        return st;
+    }
     if (pthread_rwlock_init(&b->lock, NULL)) {
+        fl_gpu_tbe_record_free(b->device, b->record, b->mirror);
+        free_tables(b);
+        free(b);
+        return fl_error(FLAME_ERR_NOMEM, "embedding bag: lock");
+    }
+    if (pthread_mutex_init(&b->record_lock, NULL)) {
+        pthread_rwlock_destroy(&b->lock);
+        fl_gpu_tbe_record_free(b->device, b->record, b->mirror);
         free_tables(b);
         free(b);
         return fl_error(FLAME_ERR_NOMEM, "embedding bag: lock");
@@ -223,14 +244,31 @@ flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params
 void flame_embedding_bag_destroy(flame_embedding_bag *bag)
 {
     if (!bag) return;
+    if (!cpu_device(bag)) fl_gpu_tbe_record_free(bag->device, bag->record, bag->mirror);
     free_tables(bag);
     pthread_rwlock_destroy(&bag->lock);
+    pthread_mutex_destroy(&bag->record_lock);
     free(bag);
 }
 
 int64_t flame_embedding_bag_width(const flame_embedding_bag *bag)
 {
     return bag ? bag->width : 0;
+}
+
+/* The lengths of table t's device-resident lookups (their values are checked on the device). */
+static flame_status check_device_lookup(int t, const fl_tbe_lookup *lk, int64_t batch)
+{
+    if (lk->num_ids < 0 || lk->num_ids > (INT64_C(1) << 47))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is outside 0..2^47", t,
+                        (long long)lk->num_ids);
+    if (lk->num_ids > 0 && !lk->ids)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: ids is NULL with num_ids %lld", t,
+                        (long long)lk->num_ids);
+    if (!lk->offsets && lk->num_ids != batch)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld without offsets (one id per "
+                        "bag) must equal batch %lld", t, (long long)lk->num_ids, (long long)batch);
+    return FLAME_OK;
 }
 
 /* Every offset, id and weight of table t's lookups, before anything is written. */
@@ -299,6 +337,10 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
                         (long long)q.ld_out, bag->width);
     if (q.threads < 0 || q.threads > MAX_THREADS)
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: threads %d is outside 0..%d", q.threads, MAX_THREADS);
+    if (q.device_indices != 0 && q.device_indices != 1)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: device_indices %lld (0 or 1)",
+                        (long long)q.device_indices);
+    const bool on_device = q.device_indices == 1 && !cpu; /* a CPU handle's indices are host memory */
     const size_t stride = fl_struct_size_of(q.inputs);
     if ((st = fl_struct_size_check("flame_embedding_bag_input", stride, sizeof(flame_embedding_bag_input)))) return st;
     if (stride % 8)
@@ -312,10 +354,14 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         flame_embedding_bag_input in = {0};
         if ((st = fl_struct_in("flame_embedding_bag_input", &in, sizeof in, src))) return st;
         lk[t] = (fl_tbe_lookup){in.ids, in.offsets, in.num_ids, in.weights};
-        if ((st = check_lookup(t, &bag->t[t], &lk[t], q.batch))) return st;
+        st = on_device ? check_device_lookup(t, &lk[t], q.batch) : check_lookup(t, &bag->t[t], &lk[t], q.batch);
+        if (st) return st;
     }
     if (q.batch == 0) return FLAME_OK; /* nothing to write or launch */
     if (!q.out) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out is NULL with batch %lld", (long long)q.batch);
+    if (on_device)
+        return fl_gpu_tbe_forward_device(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk,
+                                         q.batch, q.out, ld, q.out_dtype, q.cuda_stream, bag->record);
     if (!cpu)
         return fl_gpu_tbe_forward(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk, q.batch,
                                   q.out, ld, q.out_dtype, q.cuda_stream);
@@ -323,6 +369,49 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
     fl_tbe_cpu_forward(bag->t, bag->num_tables, lk, q.batch, q.out, ld, bag->width, q.threads ? q.threads : 1);
     pthread_rwlock_unlock(&bag->lock);
     return FLAME_OK;
+}
+
+/* The message of a host-index forward for the bad value a record describes. */
+static flame_status index_error(const flame_embedding_bag *bag, const fl_tbe_index_record *r)
+{
+    const long long bg = (long long)r->bag, ix = (long long)r->index, v = (long long)r->value;
+    const long long n = (long long)r->num_ids;
+    const int t = r->table;
+    switch (r->kind) {
+    case FL_TBE_BAD_OFFSET_START:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag 0: offsets[0] = %lld, not 0", t, v);
+    case FL_TBE_BAD_OFFSET_ORDER:
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "embedding bag: table %d bag %lld: offsets[%lld] = %lld is outside offsets[%lld] = %lld .. "
+                        "num_ids = %lld", t, bg, ix, v, bg, (long long)r->prev, n);
+    case FL_TBE_BAD_OFFSET_END:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: offsets[batch = %lld] = %lld but num_ids = "
+                        "%lld", t, ix, v, n);
+    case FL_TBE_BAD_ID:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: ids[%lld] = %lld is outside 0..%lld",
+                        t, bg, ix, v, t >= 0 && t < bag->num_tables ? (long long)(bag->t[t].rows - 1) : -1LL);
+    case FL_TBE_BAD_WEIGHT:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: weights[%lld] = %g is not finite", t,
+                        bg, ix, r->weight);
+    }
+    return fl_error(FLAME_ERR_INTERNAL, "embedding bag: index record of kind %d", r->kind);
+}
+
+flame_status flame_embedding_bag_index_status(flame_embedding_bag *bag, void *cuda_stream)
+{
+    fl_clear_error();
+    if (!bag) return fl_error(FLAME_ERR_INVALID_ARG, "flame_embedding_bag_index_status: NULL bag");
+    if (cpu_device(bag)) return FLAME_OK;
+    pthread_mutex_lock(&bag->record_lock);
+    flame_status st = fl_gpu_tbe_record_read(bag->device, bag->record, bag->mirror, cuda_stream);
+    fl_tbe_index_record r = *bag->mirror;
+    pthread_mutex_unlock(&bag->record_lock);
+    if (st) return st;
+    if (r.key == UINT64_MAX) return FLAME_OK;
+    if (r.detail_key != r.key) /* the describing kernel runs right after the validation one */
+        return fl_error(FLAME_ERR_INTERNAL, "embedding bag: index record key %llx undescribed",
+                        (unsigned long long)r.key);
+    return index_error(bag, &r);
 }
 
 flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t table, int64_t first_row,

@@ -33,6 +33,31 @@ typedef struct fl_tbe_lookup {
     const float *weights;
 } fl_tbe_lookup;
 
+/* The index record of a GPU embedding bag (device memory, one per handle), written by the
+ * validation kernel of device_indices forwards. key orders the bad values as the host checks
+ * meet them: (table << 56) | (phase << 55) | (position << 1) | sub, phase 0 for offsets[position],
+ * 1 for ids[position] (sub 0) and weights[position] (sub 1); UINT64_MAX: nothing found. The
+ * validation kernel lowers key with atomicMin; a one-thread kernel after it describes the
+ * smallest key in the fields below (detail_key says which key they describe). */
+typedef struct fl_tbe_index_record {
+    uint64_t key;
+    uint64_t detail_key;
+    int32_t kind; /* FL_TBE_BAD_* */
+    int32_t table;
+    int64_t bag, index, value;
+    int64_t prev;    /* OFFSET_ORDER: offsets[bag] */
+    int64_t num_ids; /* the table's num_ids */
+    double weight;   /* WEIGHT: the weight */
+} fl_tbe_index_record;
+
+enum {
+    FL_TBE_BAD_OFFSET_START = 0, /* offsets[0] != 0 */
+    FL_TBE_BAD_OFFSET_ORDER = 1, /* offsets[bag + 1] outside offsets[bag] .. num_ids */
+    FL_TBE_BAD_OFFSET_END = 2,   /* offsets[batch] != num_ids */
+    FL_TBE_BAD_ID = 3,           /* ids[index] outside 0..rows-1 */
+    FL_TBE_BAD_WEIGHT = 4        /* weights[index] not finite */
+};
+
 /* FLAME_OK when `device` is a usable CUDA device; FLAME_ERR_UNSUPPORTED without CUDA,
  * FLAME_ERR_NO_DEVICE (with the reason) otherwise. */
 flame_status fl_gpu_kernels_device(int device);
@@ -54,6 +79,24 @@ flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void *host, siz
 flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                 int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
                                 flame_dtype out_dtype, void *stream);
+
+/* The same with ids/offsets/weights in device memory (lengths validated): checked on `stream`
+ * by a validation kernel that lowers record->key, and the lookup writes nothing while
+ * record->key is set (a CUDA build only; see tbe_no_cuda.c). */
+flame_status fl_gpu_tbe_forward_device(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
+                                       int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out,
+                                       int64_t ld_out, flame_dtype out_dtype, void *stream,
+                                       fl_tbe_index_record *record);
+
+/* A handle's index record (device memory, reset to nothing found) and its page-locked host
+ * mirror; made at creation (synchronous). */
+flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record **record, fl_tbe_index_record **mirror);
+void fl_gpu_tbe_record_free(int device, fl_tbe_index_record *record, fl_tbe_index_record *mirror);
+
+/* Copies the record to the mirror and resets it on `stream`, waits for the stream; the
+ * caller serializes calls on one handle. */
+flame_status fl_gpu_tbe_record_read(int device, fl_tbe_index_record *record, fl_tbe_index_record *mirror,
+                                    void *stream);
 
 /* One sequence of an attention batch (validated). */
 typedef struct fl_attn_seq {

@@ -1,0 +1,115 @@
+"""The PyTorch peers of the attention case of bench/kernels-api-bench: SUMI attention at B8 L1024
+M512 H8 dh64 fp16 (8 sequences of 1024 history and 512 candidate rows, every row a query).
+
+  flash2, cudnn2, efficient2: two scaled_dot_product_attention calls with that backend forced,
+      the history causally (B, H, L, Dh) and the candidates against the history
+      (B, H, M, Dh) x (B, H, L, Dh); they leave out each candidate's own key (the self term),
+      which only flatters them;
+  flex (--flex): one FlexAttention call (torch.compile) over all L + M rows with the SUMI
+      block mask, self term included.
+
+Inputs are random, laid out per head [B, H, S, Dh] before timing (a cost the peers are spared).
+Each peer's output is checked against a float32 reference on two sequences. Time: median over
+--reps groups of 10 back-to-back calls timed with CUDA events. Prints one JSON document:
+{"shape", "peers": {name: us}, "fastest", "fastest_us", "correct"}.
+
+  python3 bench/torch_kernels_api.py [--reps N] [--flex]
+"""
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+B, L, M, H, DH = 8, 1024, 512, 8, 64
+
+
+def timed(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(10):
+            fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 100.0)  # us per call
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def reference(q, k, v, self_term):
+    S = q.shape[2]
+    i = torch.arange(S, device=q.device)[:, None]
+    j = torch.arange(S, device=q.device)[None, :]
+    allowed = torch.where(i < L, j <= i, (j < L) | ((j == i) & self_term))
+    s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(DH)
+    p = torch.softmax(s.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0)
+    return p @ v.float()
+
+
+def rel(a, b):
+    a, b = a.float(), b.float()
+    return math.inf if torch.isnan(a).any() else ((a - b).abs().max() / b.abs().max()).item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--flex", action="store_true")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(3)
+    q, k, v = (torch.randn(B, H, L + M, DH, device=dev, generator=g).half() for _ in range(3))
+    qh, kh, vh, qc = (x.contiguous() for x in (q[:, :, :L], k[:, :, :L], v[:, :, :L], q[:, :, L:]))
+    ref_noself, ref_full = reference(q[:2], k[:2], v[:2], False), reference(q[:2], k[:2], v[:2], True)
+    peers, ok = {}, True
+
+    def two_calls():
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True), F.scaled_dot_product_attention(qc, kh, vh)
+
+    for name, backend in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn2", SDPBackend.CUDNN_ATTENTION),
+                          ("efficient2", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                oh, oc = two_calls()
+                e = rel(torch.cat([oh, oc], 2)[:2], ref_noself)
+                us = timed(two_calls, args.reps)
+        except RuntimeError as ex:
+            print(f"# {name}: {str(ex).splitlines()[0]}", file=sys.stderr)
+            continue
+        if e > 1e-2:
+            print(f"# {name}: relative error {e:.3g} against the reference", file=sys.stderr)
+            ok = False
+            continue
+        peers[name] = round(us, 2)
+    if args.flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention)
+        bm = create_block_mask(lambda b, h, qi, kv: torch.where(qi < L, kv <= qi, (kv < L) | (kv == qi)), B=None, H=None,
+                               Q_LEN=L + M, KV_LEN=L + M, device=dev)
+        fn = lambda: flex(q, k, v, block_mask=bm)
+        try:
+            e = rel(fn()[:2], ref_full)
+            if e <= 1e-2:
+                peers["flex"] = round(timed(fn, args.reps), 2)
+            else:
+                ok = False
+                print(f"# flex: relative error {e:.3g}", file=sys.stderr)
+        except Exception as ex:  # a compile failure must not hide the other peers
+            print(f"# flex: {str(ex).splitlines()[0]}", file=sys.stderr)
+    fastest = min(peers, key=peers.get) if peers else None
+    print(json.dumps({"shape": f"b{B}_l{L}_m{M}_h{H}_dh{DH}_fp16", "torch": torch.__version__,
+                      "device": torch.cuda.get_device_name(dev), "peers": peers, "fastest": fastest,
+                      "fastest_us": peers.get(fastest), "correct": ok and bool(peers)}))
+    return 0 if ok and peers else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
