@@ -85,7 +85,7 @@ static packed_set *pack_model(const struct flame_model *m)
 /* Engine creation is rare: one lock for every model's first packing. */
 static pthread_mutex_t pack_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* (The config accepted only the four strings.) */
+/* Any choice but "auto", "blas" and "avx512" is "avx2": the config accepts only the four. */
 flame_status fl_cpu_choose_isa(const char *choice, fl_cpu_isa cpu, fl_cpu_isa *isa)
 {
     if (!choice || !strcmp(choice, "auto")) {
