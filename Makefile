@@ -31,7 +31,7 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS  ?= -O2 -g
 BASE_CFLAGS := -std=c11 $(WARN) -fPIC -fvisibility=hidden -D_DEFAULT_SOURCE -DFLAME_BUILDING \
                -Iinclude -Isrc $(shell pkg-config --cflags openblas 2>/dev/null || pkg-config --cflags cblas 2>/dev/null)
-LDLIBS  := -lcjson -lopenblas -fopenmp -lpthread -lm
+LDLIBS  := -lcjson -lopenblas -lpthread -lm
 
 # ---- optional modules: each is its library's code, or (=0) a stand-in file whose entry points
 # return FLAME_ERR_UNSUPPORTED; tests learn which through FLAME_WITH_REDIS / FLAME_WITH_NUMA
@@ -107,7 +107,7 @@ DEPFLAGS := -MMD -MP
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<)$(findstring src/kernels/tbe_cpu.c,$<),-O3) $(if $(findstring src/kernels/,$<),-fopenmp) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<)$(findstring src/kernels/tbe_cpu.c,$<),-O3) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)

@@ -10,7 +10,8 @@
  *             untimed warm-up batch. Reports users/s and the per-call P50.
  *
  * Prints one JSON object on stdout, with the kernels the engine chose ("cpu_kernels", its
- * debug log line). Threads: FLAME_OPT_THREADS defaults to OPENBLAS_NUM_THREADS
+ * debug log line; `--cpu-kernels` sets FLAME_OPT_CPU_KERNELS). Threads: FLAME_OPT_THREADS
+ * defaults to OPENBLAS_NUM_THREADS
  * (bench/run_cpu_bench.py sets 2). bench/onnx_beauty.py selects the same users. */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include <dlfcn.h>
@@ -152,13 +153,14 @@ static void on_log(flame_log_level level, const char *msg, void *user)
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *seq_path = NULL;
+    const char *model_path = NULL, *seq_path = NULL, *kernels = NULL;
     size_t users = 2000, warmup = 200, batch = 256, batch_users = 256 * 40;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--sequences")) seq_path = v;
+        else if (!strcmp(a, "--cpu-kernels")) kernels = v;
         else if (!strcmp(a, "--users")) bad = parse_count(a, v, 1, 100000000, &users);
         else if (!strcmp(a, "--warmup")) bad = parse_count(a, v, 0, 100000000, &warmup);
         else if (!strcmp(a, "--batch")) bad = parse_count(a, v, 1, 65536, &batch);
@@ -166,7 +168,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: beauty-bench --model FLAME_FILE --sequences Beauty.txt [--users 2000] [--warmup 200]\n"
-                    "                    [--batch 256] [--batch-users 10240]\n");
+                    "                    [--batch 256] [--batch-users 10240] [--cpu-kernels auto|avx512|avx2|blas]\n");
             return 2;
         }
         if (bad) return 2;
@@ -189,6 +191,7 @@ int main(int argc, char **argv)
     flame_config *cfg = NULL;
     st = flame_config_create(&cfg);
     if (!st) st = flame_config_set_int(cfg, FLAME_OPT_MAX_BATCH, (int64_t)batch);
+    if (!st && kernels) st = flame_config_set_string(cfg, FLAME_OPT_CPU_KERNELS, kernels);
     if (!st) st = flame_set_log_callback(on_log, NULL, FLAME_LOG_DEBUG);
     if (!st) st = flame_engine_create(model, cfg, &engine);
     flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR);

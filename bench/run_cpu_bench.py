@@ -3,6 +3,7 @@
 
     make all bench venv-bench
     .venv/bin/python bench/run_cpu_bench.py [--shared DIR] [--out bench/results/NAME.json] [--rounds 5]
+    bench/run-cpu-bench-offline ...     # a machine without a package index (see that script)
 
 1. converts $SHARED/data/amazon-beauty/iclrec-beauty.safetensors to the flame format (temp dir);
 2. builds the ONNX graph of the same model from the flame file and checks that ONNX Runtime,
@@ -195,11 +196,15 @@ def main(argv=None):
                     "default: OpenBLAS's own CPU detection (or the caller's OPENBLAS_CORETYPE)")
     ap.add_argument("--onnx", help="use this ONNX graph (bench/onnx_beauty.py build of the same model) instead of "
                     "building one: the run then needs onnxruntime but not the onnx package")
+    ap.add_argument("--flame", help="use this flame model file (flame.tools.convert iclrec of the Beauty checkpoint) "
+                    "instead of converting the checkpoint: the run then needs numpy but not safetensors")
+    ap.add_argument("--cpu-kernels", choices=["auto", "avx512", "avx2", "blas"],
+                    help="libflame's FLAME_OPT_CPU_KERNELS (default auto: the CPU's widest set)")
     a = ap.parse_args(argv)
 
     data = Path(a.shared).resolve() / "data" / "amazon-beauty"
     ckpt, seqs = data / "iclrec-beauty.safetensors", data / "Beauty.txt"
-    for f in (ckpt, seqs):
+    for f in (seqs,) + ((ckpt,) if not a.flame else (Path(a.flame), )) + ((Path(a.onnx),) if a.onnx else ()):
         if not f.is_file():
             print(f"run_cpu_bench: {f} not found (--shared DIR)", file=sys.stderr)
             return 1
@@ -229,8 +234,11 @@ def main(argv=None):
     try:
         with tempfile.TemporaryDirectory(prefix="flame-bench-") as tmp:
             flame_file, onnx_file = Path(tmp) / "beauty.flame.safetensors", Path(tmp) / "beauty.onnx"
-            print(f"converting {ckpt} ...", file=sys.stderr)
-            run([py, "-m", "flame.tools.convert", "iclrec", ckpt, flame_file], env, "conversion", parse_json=False)
+            if a.flame:  # converted elsewhere (a machine without the safetensors package)
+                flame_file = Path(a.flame).resolve()
+            else:
+                print(f"converting {ckpt} ...", file=sys.stderr)
+                run([py, "-m", "flame.tools.convert", "iclrec", ckpt, flame_file], env, "conversion", parse_json=False)
             if a.onnx:  # built elsewhere from the same conversion (a machine without the onnx package)
                 onnx_file = Path(a.onnx).resolve()
                 built = {"prebuilt": str(onnx_file)}
@@ -243,7 +251,8 @@ def main(argv=None):
                   f"(users {verify['users']})", file=sys.stderr)
 
             common = ["--users", a.users, "--warmup", a.warmup, "--batch", a.batch, "--batch-users", a.batch_users]
-            fl_cmd = [bench_bin, "--model", flame_file, "--sequences", seqs] + common
+            fl_cmd = [bench_bin, "--model", flame_file, "--sequences", seqs] + common + \
+                (["--cpu-kernels", a.cpu_kernels] if a.cpu_kernels else [])
             ort_cmd = [py, "bench/onnx_beauty.py", "time", onnx_file, seqs, "--threads", a.threads] + common
             fl_rounds, ort_rounds, def_rounds, discarded, round_shares = [], [], [], [], []
             r = tries = 0
@@ -335,6 +344,7 @@ def main(argv=None):
         "git_head": git or None, "python": platform.python_version(), "openblas": fl0["openblas"],
         "openblas_core": fl0["openblas_core"],
         "OPENBLAS_CORETYPE": env.get("OPENBLAS_CORETYPE"), "onnxruntime": ort0["version"], "onnx_graph": built,
+        "flame_file": str(flame_file) if a.flame else "converted from the checkpoint",
         "cpu_busy_before": busy_before, "others_cpu_share_during_run": others,
         "others_cpu_share_per_round": round_shares, "discarded_rounds": discarded,
         "targets": targets, "verify": verify, "args": vars(a),

@@ -216,7 +216,7 @@ static void test_dot_rows_isas(void **state)
         /* the detected isa, split over threads */
         for (int threads = 1; threads <= 3; threads++) {
             tu_poison(out, (size_t)(n * stride));
-            fl_cpu_dot_rows_mt(h, d, table, gather ? ids : NULL, first, n, out, stride, threads);
+            fl_cpu_dot_rows_mt(fl_cpu_isa_detect(), h, d, table, gather ? ids : NULL, first, n, out, stride, threads);
             for (int64_t c = 0; c < n; c++) assert_true(memcmp(&out[c * stride], &first_bits[c], sizeof(float)) == 0);
         }
         free(h);

@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "cpu/kernels.h"
 #include "engine/engine.h"
+#include "engine/cpu_plan.h"
 
 /* sumi ranker with two side features (sum and mean) on concat + projection */
 static const char *sumi_config = TU_SUMI_SIDE_CONFIG(100, 12, 13, gelu_tanh);
@@ -706,22 +707,64 @@ static void test_lifetimes_and_names(void **state)
     assert_status_msg(flame_model_create_random("{\"format\":\"x\"}", 1, &a), FLAME_ERR_FORMAT, "'format' must be");
 }
 
-/* An engine on model m with FLAME_OPT_THREADS = threads and the kernels FLAME_CPU_KERNELS
- * names (NULL: as detected). */
+/* An engine on model m with FLAME_OPT_THREADS = threads and FLAME_OPT_CPU_KERNELS = kernels
+ * (NULL: the default, "auto"). */
 static flame_engine *engine_with(flame_model *m, int threads, const char *kernels)
 {
     flame_config *c = NULL;
     flame_engine *e = NULL;
     assert_int_equal(flame_config_create(&c), FLAME_OK);
     assert_int_equal(flame_config_set_int(c, FLAME_OPT_THREADS, threads), FLAME_OK);
-    if (kernels)
-        setenv("FLAME_CPU_KERNELS", kernels, 1);
-    else
-        unsetenv("FLAME_CPU_KERNELS");
+    if (kernels) assert_int_equal(flame_config_set_string(c, FLAME_OPT_CPU_KERNELS, kernels), FLAME_OK);
     assert_int_equal(flame_engine_create(m, c, &e), FLAME_OK);
-    unsetenv("FLAME_CPU_KERNELS");
     flame_config_destroy(c);
     return e;
+}
+
+/* FLAME_OPT_CPU_KERNELS: the config takes the four choices and refuses others by name; a
+ * choice the CPU lacks is FLAME_ERR_UNSUPPORTED (the rule checked for every CPU level, and
+ * once for real on this CPU when it lacks one). */
+static void test_cpu_kernels_option(void **state)
+{
+    fixture *f = *state;
+    flame_config *c = NULL;
+    char buf[16];
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_CPU_KERNELS, buf, sizeof buf), FLAME_OK);
+    assert_string_equal(buf, "auto");
+    assert_status_msg(flame_config_set_string(c, FLAME_OPT_CPU_KERNELS, "avx"), FLAME_ERR_INVALID_ARG,
+                      "FLAME_OPT_CPU_KERNELS = 'avx' is not one of auto, avx512, avx2, blas");
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_CPU_KERNELS, buf, sizeof buf), FLAME_OK);
+    assert_string_equal(buf, "auto"); /* unchanged by the refusal */
+    const char *choice[] = {"auto", "avx512", "avx2", "blas"};
+    const fl_cpu_isa asked[] = {FL_ISA_BASE /* unused */, FL_ISA_AVX512, FL_ISA_AVX2, FL_ISA_BASE};
+    for (int cpu = FL_ISA_BASE; cpu <= FL_ISA_AVX512; cpu++)
+        for (int k = 0; k < 4; k++) {
+            fl_cpu_isa got = (fl_cpu_isa)99;
+            const flame_status st = fl_cpu_choose_isa(choice[k], (fl_cpu_isa)cpu, &got);
+            if (k == 0) {
+                assert_int_equal(st, FLAME_OK);
+                assert_int_equal(got, cpu);
+            } else if (k == 3 || (int)asked[k] <= cpu) {
+                assert_int_equal(st, FLAME_OK);
+                assert_int_equal(got, asked[k]);
+            } else {
+                assert_int_equal(st, FLAME_ERR_UNSUPPORTED);
+                assert_int_equal(got, 99); /* untouched */
+                char want[64];
+                snprintf(want, sizeof want, "FLAME_OPT_CPU_KERNELS = '%s': this CPU lacks", choice[k]);
+                assert_non_null(strstr(flame_last_error(), want));
+            }
+        }
+    const fl_cpu_isa cpu = fl_cpu_isa_detect();
+    for (int k = 1; k < 3; k++) {
+        if ((int)asked[k] <= (int)cpu) continue;
+        flame_engine *e = NULL;
+        assert_int_equal(flame_config_set_string(c, FLAME_OPT_CPU_KERNELS, choice[k]), FLAME_OK);
+        assert_status_msg(flame_engine_create(f->dot, c, &e), FLAME_ERR_UNSUPPORTED, choice[k]);
+        assert_null(e);
+    }
+    flame_config_destroy(c);
 }
 
 /* A batch scored by engines of 1..4 threads gives the same bits; the AVX2 kernels give the
@@ -746,7 +789,7 @@ static void test_threads_and_kernels_bitwise(void **state)
         for (int j = 0; j < 8; j++) hist[i][j] = tu_below(100);
         dreqs[i] = dot_req(hist[i], 1 + (size_t)tu_below(8), cand, 100);
     }
-    const char *kinds[] = {NULL, "avx2", "blas"};
+    const char *kinds[] = {NULL, fl_cpu_isa_detect() >= FL_ISA_AVX2 ? "avx2" : "blas", "blas"};
     float *ref = NULL, *dref = NULL;
     for (int k = 0; k < 3; k++)
         for (int threads = 1; threads <= 4; threads++) {
@@ -898,6 +941,7 @@ int main(void)
         cmocka_unit_test(test_sumi_candidates_independent),
         cmocka_unit_test(test_batch_matches_single),
         cmocka_unit_test(test_threads_and_kernels_bitwise),
+        cmocka_unit_test(test_cpu_kernels_option),
         cmocka_unit_test(test_parallel_validation_names_first_bad),
         cmocka_unit_test(test_dot_batch_shared_range),
         cmocka_unit_test(test_eight_threads_bitwise),

@@ -495,6 +495,15 @@ static void test_attention_against_reference(void **state)
             for (int64_t j = w; j < c.ldo; j++) assert_true(isnan(c.out[r * c.ldo + j]));
         }
         if (R) assert_rel_err_below(got, want, (size_t)(R * w), 1e-5);
+        /* the same bits on any number of the pool's threads (one task a sequence) */
+        const int32_t first_threads = p.threads;
+        p.threads = first_threads == 1 ? 4 : 1;
+        tu_poison(c.out, (size_t)(R * c.ldo + 1));
+        if (flame_sumi_attention(&p)) fail_msg("attention, %d threads: %s", p.threads, flame_last_error());
+        for (int64_t r = 0; r < R; r++)
+            if (memcmp(got + r * w, c.out + r * c.ldo, (size_t)w * sizeof(float)))
+                fail_msg("attention: row %lld differs between %d and %d threads", (long long)r, first_threads,
+                         p.threads);
         free(got);
         free(want);
         att_free(&c);

@@ -5,7 +5,8 @@
  * Part of the public API; included by flame/flame.h, and usable on its own. The conventions at
  * the top of flame/flame.h (statuses, ownership, units, the struct_size rule) hold here too.
  *
- * Devices: a call runs on FLAME_DEVICE_CPU (host pointers, `threads` OpenMP threads) or on CUDA
+ * Devices: a call runs on FLAME_DEVICE_CPU (host pointers, `threads` threads: the calling one
+ * and libflame's own pool, the one the CPU engine uses; bitwise the same result for any count) or on CUDA
  * device N >= 0. On a GPU every tensor (tables when borrowed, Q/K/V, outputs) is device memory
  * of that device, the work is enqueued on the caller's cudaStream_t (passed as `void *`; NULL is
  * the legacy default stream) and the call returns without waiting for it: libflame never
@@ -171,7 +172,8 @@ typedef struct flame_embedding_bag_batch {
     flame_dtype out_dtype;                  /* F32 (default); a GPU also writes F16 and BF16 */
     void *cuda_stream;                      /* GPU: the cudaStream_t to enqueue on (NULL: the legacy
                                              * default stream); CPU: ignored */
-    int32_t threads;                        /* CPU: OpenMP threads, 0 = 1, 1..1024; GPU: ignored */
+    int32_t threads;                        /* CPU: threads (the caller and libflame's pool, at most
+                                             * 256 run), 0 = 1, 1..1024; GPU: ignored */
     int64_t device_indices;                 /* 0 (default): ids, offsets and weights are host memory,
                                              * validated before the call returns. 1 (GPU handles):
                                              * they are memory of the handle's device, read on
@@ -313,9 +315,9 @@ typedef struct flame_attention_params {
     void *out;                    /* [rows, ld_out], packed as Q; must not overlap Q, K or V */
     int64_t ld_out;               /* elements, >= heads * head_dim */
     void *cuda_stream;            /* GPU: the cudaStream_t to enqueue on (NULL: legacy default); CPU: ignored */
-    int32_t threads;              /* CPU: OpenMP threads over the sequences (one sequence takes one
-                                   * thread; its GEMMs run on OpenBLAS, whose own threads follow
-                                   * OPENBLAS_NUM_THREADS), 0 = 1, 1..1024; GPU: ignored */
+    int32_t threads;              /* CPU: threads over the sequences (the caller and libflame's
+                                   * pool, at most 256 run; one sequence takes one thread, no BLAS
+                                   * call), 0 = 1, 1..1024; GPU: ignored */
 } flame_attention_params;
 
 /*

@@ -25,7 +25,7 @@ from .user_cache import UserCache
 # Engine options (flame_option): keyword -> (enum value, Python type).
 OPTIONS = {"device": (1, str), "max_batch": (2, int), "dtype": (4, str),
            "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int),
-           "cuda_attention": (12, int), "threads": (9, int)}
+           "cuda_attention": (12, int), "threads": (9, int), "cpu_kernels": (13, str)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
 # does not export are left out, so newer handles slot in as one line each; the attached
@@ -79,6 +79,9 @@ class Engine(Handle):
       every GPU)
       threads: CPU threads one call runs on, 1..256 (default 0: OPENBLAS_NUM_THREADS's count);
         scores are bitwise the same for any count
+      cpu_kernels: the CPU engine's GEMM and dot-head kernels, "auto" (default: libflame's own
+        in the widest set the CPU has), "avx512", "avx2" or "blas"; a set the CPU lacks raises
+        FlameError with status FLAME_ERR_UNSUPPORTED naming it
     """
 
     _destroy, _what = "flame_engine_destroy", "engine"

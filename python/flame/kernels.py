@@ -186,7 +186,7 @@ class EmbeddingBag(Handle):
       into them).
     device: None (default: cuda:N when the tables are CUDA tensors, else the CPU), "cpu",
       "cuda", "cuda:N" or N.
-    threads: the OpenMP threads of each CPU call (its default).
+    threads: the threads of each CPU call, the caller and libflame's pool (its default).
     Thread-safety: calls from several threads are safe; update_rows excludes running lookups on
       the CPU and is ordered by the stream on a GPU.
     """

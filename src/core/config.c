@@ -26,6 +26,7 @@ void fl_config_defaults(struct flame_config *c)
     memset(c, 0, sizeof *c);
     strcpy(c->device, "cpu");
     strcpy(c->dtype, "fp32");
+    strcpy(c->cpu_kernels, "auto");
     c->max_batch = 256;
     c->cuda_executors = 2;
     c->cuda_graphs = 1;
@@ -96,6 +97,7 @@ static char *string_slot(struct flame_config *c, flame_option o, size_t *cap)
     switch (o) {
     case FLAME_OPT_DEVICE: *cap = sizeof c->device; return c->device;
     case FLAME_OPT_DTYPE: *cap = sizeof c->dtype; return c->dtype;
+    case FLAME_OPT_CPU_KERNELS: *cap = sizeof c->cpu_kernels; return c->cpu_kernels;
     default: return NULL;
     }
 }
@@ -103,7 +105,21 @@ static char *string_slot(struct flame_config *c, flame_option o, size_t *cap)
 static bool valid_string(flame_option o, const char *v)
 {
     if (o == FLAME_OPT_DEVICE) return valid_device(v);
+    if (o == FLAME_OPT_CPU_KERNELS)
+        return !strcmp(v, "auto") || !strcmp(v, "avx512") || !strcmp(v, "avx2") || !strcmp(v, "blas");
     return !strcmp(v, "fp32") || !strcmp(v, "fp16") || !strcmp(v, "bf16");
+}
+
+static const char *string_option_name(flame_option o)
+{
+    return o == FLAME_OPT_DEVICE ? "FLAME_OPT_DEVICE" : o == FLAME_OPT_DTYPE ? "FLAME_OPT_DTYPE" : "FLAME_OPT_CPU_KERNELS";
+}
+
+static const char *string_option_values(flame_option o)
+{
+    return o == FLAME_OPT_DEVICE ? "cpu, auto, cuda, cuda:N"
+           : o == FLAME_OPT_DTYPE ? "fp32, fp16, bf16"
+                                  : "auto, avx512, avx2, blas";
 }
 
 FLAME_API flame_status flame_config_set_string(flame_config *config, flame_option option, const char *value)
@@ -114,9 +130,8 @@ FLAME_API flame_status flame_config_set_string(flame_config *config, flame_optio
     char *slot = string_slot(config, option, &cap);
     if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
     if (strlen(value) >= cap || !valid_string(option, value))
-        return fl_error(FLAME_ERR_INVALID_ARG, "%s = '%.40s' is not one of %s",
-                        option == FLAME_OPT_DEVICE ? "FLAME_OPT_DEVICE" : "FLAME_OPT_DTYPE", value,
-                        option == FLAME_OPT_DEVICE ? "cpu, auto, cuda, cuda:N" : "fp32, fp16, bf16");
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s = '%.40s' is not one of %s", string_option_name(option), value,
+                        string_option_values(option));
     strcpy(slot, value);
     return FLAME_OK;
 }

@@ -10,6 +10,7 @@ struct flame_config {
     char device[32];              /* "cpu", "auto", "cuda", "cuda:N" */
     int64_t max_batch;            /* requests per pass */
     char dtype[8];                /* "fp32", "fp16", "bf16" */
+    char cpu_kernels[8];          /* "auto", "avx512", "avx2", "blas" */
     int64_t device_memory_budget; /* bytes, 0 = no limit */
     void *cuda_stream;            /* the caller's cudaStream_t, or NULL for the engine's own */
     int64_t cuda_executors;       /* GPU executors (streams with their own buffers) */

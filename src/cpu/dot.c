@@ -185,6 +185,7 @@ void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_
 #define MIN_ROWS_PER_THREAD 1024
 
 typedef struct dot_job {
+    fl_cpu_isa isa;
     const float *h, *table;
     const int64_t *ids;
     int32_t d;
@@ -197,23 +198,23 @@ static void dot_part(void *ctx, int64_t p, int worker)
     const dot_job *j = ctx;
     (void)worker;
     const int64_t lo = j->n * p / j->parts, hi = j->n * (p + 1) / j->parts;
-    fl_cpu_dot_rows(j->h, j->d, j->table, j->ids ? j->ids + lo : NULL, j->first + lo, hi - lo, j->out + lo * j->stride,
-                    j->stride);
+    fl_cpu_dot_rows_isa(j->isa, j->h, j->d, j->table, j->ids ? j->ids + lo : NULL, j->first + lo, hi - lo,
+                        j->out + lo * j->stride, j->stride);
 }
 
-void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
-                        float *out, int64_t stride, int threads)
+void fl_cpu_dot_rows_mt(fl_cpu_isa isa, const float *h, int32_t d, const float *table, const int64_t *ids,
+                        int64_t first, int64_t n, float *out, int64_t stride, int threads)
 {
     int64_t parts = n / MIN_ROWS_PER_THREAD;
     if (parts > threads) parts = threads;
     if (parts <= 1) {
-        fl_cpu_dot_rows(h, d, table, ids, first, n, out, stride);
+        fl_cpu_dot_rows_isa(isa, h, d, table, ids, first, n, out, stride);
         return;
     }
     /* Each part is a contiguous share of the rows: with two cores the halves of a 3 MB table
      * stay in the two L2 caches from call to call. Every score is computed by the same code
      * whatever the split, so results do not depend on the thread count. */
-    dot_job j = {.h = h, .table = table, .ids = ids, .d = d, .first = first, .n = n, .stride = stride, .parts = parts,
+    dot_job j = {.isa = isa, .h = h, .table = table, .ids = ids, .d = d, .first = first, .n = n, .stride = stride, .parts = parts,
                  .out = out};
     fl_parallel((int)parts, parts, dot_part, &j);
 }

@@ -78,8 +78,8 @@ void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_
 void fl_cpu_dot_rows_isa(fl_cpu_isa isa, const float *h, int32_t d, const float *table, const int64_t *ids,
                          int64_t first, int64_t n, float *out, int64_t stride);
 
-/* fl_cpu_dot_rows split over up to `threads` threads of the pool (core/pool.h; bitwise the same result). */
-void fl_cpu_dot_rows_mt(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
+/* fl_cpu_dot_rows_isa split over up to `threads` threads of the pool (core/pool.h; bitwise the same result). */
+void fl_cpu_dot_rows_mt(fl_cpu_isa isa, const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                         float *out, int64_t stride, int threads);
 
 /* The dot head on an int8 table (rows r = ids[c], or first + c), straight from the int8 rows:

@@ -85,18 +85,42 @@ static packed_set *pack_model(const struct flame_model *m)
 /* Engine creation is rare: one lock for every model's first packing. */
 static pthread_mutex_t pack_lock = PTHREAD_MUTEX_INITIALIZER;
 
-flame_status fl_cpu_plan_create(struct flame_model *m, int threads, fl_cpu_plan **out)
+/* Any choice but "auto", "blas" and "avx512" is "avx2": the config accepts only the four. */
+flame_status fl_cpu_choose_isa(const char *choice, fl_cpu_isa cpu, fl_cpu_isa *isa)
+{
+    if (!choice || !strcmp(choice, "auto")) {
+        *isa = cpu;
+        return FLAME_OK;
+    }
+    if (!strcmp(choice, "blas")) {
+        *isa = FL_ISA_BASE;
+        return FLAME_OK;
+    }
+    const fl_cpu_isa want = !strcmp(choice, "avx512") ? FL_ISA_AVX512 : FL_ISA_AVX2;
+    if (cpu < want)
+        return fl_error(FLAME_ERR_UNSUPPORTED, "FLAME_OPT_CPU_KERNELS = '%s': this CPU lacks %s (its widest: %s)",
+                        choice, want == FL_ISA_AVX512 ? "AVX-512F" : "AVX2 with FMA",
+                        cpu == FL_ISA_BASE ? "neither AVX2 nor AVX-512F" : fl_cpu_isa_name(cpu));
+    *isa = want;
+    return FLAME_OK;
+}
+
+flame_status fl_cpu_plan_create(struct flame_model *m, int threads, const char *choice, fl_cpu_plan **out)
 {
     *out = NULL;
+    fl_cpu_isa isa;
+    flame_status st = fl_cpu_choose_isa(choice, fl_cpu_isa_detect(), &isa);
+    if (st) return st;
     fl_cpu_plan *p = calloc(1, sizeof *p);
     if (!p) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating the CPU kernel plan");
-    p->isa = fl_cpu_isa_detect();
-    const char *force = getenv("FLAME_CPU_KERNELS");
-    if (force && !strcmp(force, "blas")) p->isa = FL_ISA_BASE;
-    if (force && !strcmp(force, "avx2") && p->isa > FL_ISA_AVX2) p->isa = FL_ISA_AVX2;
+    p->isa = isa;
+    /* gathered candidates have no BLAS kernel: the own one in the CPU's set (with "blas" too) */
+    p->dot_isa = isa != FL_ISA_BASE ? isa : fl_cpu_isa_detect();
     /* the own dot-head kernel beats a BLAS's sgemv with its vector kernels as well (3 MB
-     * table, 2 threads: 17 vs 24 us), and it is the only fast one where the BLAS fell back */
-    p->own_gemv = p->isa != FL_ISA_BASE || fl_blas_is_weak();
+     * table, 2 threads: 17 vs 24 us), and it is the only fast one where the BLAS fell back
+     * (unless the BLAS was asked for) */
+    const bool blas = choice && !strcmp(choice, "blas");
+    p->own_gemv = isa != FL_ISA_BASE || (!blas && fl_blas_is_weak());
     if (p->isa != FL_ISA_BASE) {
         /* the packed layout is the same for every isa, so engines of any choice share it;
          * the model is read-only otherwise, and this field is only read and set here */
@@ -117,18 +141,18 @@ flame_status fl_cpu_plan_create(struct flame_model *m, int threads, fl_cpu_plan 
         p->blocks = ps->blocks;
         memcpy(p->tasks, ps->tasks, sizeof p->tasks);
     }
-    const char *isa = fl_cpu_isa_name(p->isa);
+    const char *name = fl_cpu_isa_name(p->isa);
     if (p->isa != FL_ISA_BASE)
         snprintf(p->summary, sizeof p->summary,
                  "isa %s, %d thread(s); encoder and head-MLP GEMMs: libflame %s, weights packed at creation "
                  "(%zu bytes, shared by the model's engines); dot head, one user: libflame %s; dot head, users sharing candidates: libflame %s "
                  "(table packed as it streams); attention, LayerNorm, GELU: libflame, across requests and heads",
-                 isa, threads, isa, p->packed_bytes, isa, isa);
+                 name, threads, name, p->packed_bytes, name, name);
     else
         snprintf(p->summary, sizeof p->summary,
                  "isa %s, %d thread(s); encoder and head-MLP GEMMs: BLAS (%s); dot head, one user: %s; dot head, "
                  "users sharing candidates: BLAS; attention, LayerNorm, GELU: libflame, across requests and heads",
-                 isa, threads, fl_blas_name(), p->own_gemv ? "libflame" : "BLAS");
+                 blas ? "blas (as configured)" : name, threads, fl_blas_name(), p->own_gemv ? "libflame" : "BLAS");
     fl_log(FLAME_LOG_DEBUG, "CPU kernels: %s", p->summary);
     *out = p;
     return FLAME_OK;

@@ -17,6 +17,7 @@ typedef struct fl_cpu_plan {
      * scoring go to the BLAS (a CPU without AVX2) */
     fl_cpu_isa isa;
     bool own_gemv; /* single-user dot-head scoring on libflame's kernel (else the BLAS's sgemv) */
+    fl_cpu_isa dot_isa; /* the own dot-head kernel's set (isa, or the CPU's when isa is the BLAS) */
     size_t packed_bytes; /* the packed weights, held by the model (shared by its engines) */
     const float *proj;
     const fl_cpu_block_plan *blocks;
@@ -24,10 +25,15 @@ typedef struct fl_cpu_plan {
     char summary[512]; /* the choice per GEMM class, as logged */
 } fl_cpu_plan;
 
-/* Chooses the kernels and packs the weights (once per model: later engines share them). FLAME_CPU_KERNELS=avx2|blas in the environment
- * narrows the choice (a diagnostic: to compare against the BLAS or the AVX2 kernels on an
- * AVX-512 CPU); it can never pick what the CPU lacks. FLAME_ERR_NOMEM. */
-flame_status fl_cpu_plan_create(struct flame_model *m, int threads, fl_cpu_plan **out);
+/* Chooses the kernels (`choice`: FLAME_OPT_CPU_KERNELS, "auto", "avx512", "avx2" or "blas")
+ * and packs the weights (once per model: later engines share them). FLAME_ERR_UNSUPPORTED
+ * for a choice the CPU lacks (the message names it and the CPU's widest set);
+ * FLAME_ERR_NOMEM. */
+flame_status fl_cpu_plan_create(struct flame_model *m, int threads, const char *choice, fl_cpu_plan **out);
 void fl_cpu_plan_destroy(fl_cpu_plan *p);
+
+/* The instruction set FLAME_OPT_CPU_KERNELS `choice` asks for on a CPU whose widest is `cpu`
+ * (FL_ISA_BASE: the BLAS); FLAME_ERR_UNSUPPORTED naming the choice when the CPU lacks it. */
+flame_status fl_cpu_choose_isa(const char *choice, fl_cpu_isa cpu, fl_cpu_isa *isa);
 
 #endif

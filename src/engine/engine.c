@@ -90,7 +90,7 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     e->threads = cfg.threads > 0 ? (int)cfg.threads : openblas_get_num_threads();
     if (e->threads < 1) e->threads = 1;
     if (ordinal < 0) {
-        st = fl_cpu_plan_create(model, e->threads, &e->cpu);
+        st = fl_cpu_plan_create(model, e->threads, cfg.cpu_kernels, &e->cpu);
         if (st) {
             pthread_mutex_destroy(&e->pool_lock);
             free(e);

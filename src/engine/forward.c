@@ -390,7 +390,7 @@ static void head_dot(batch *b, float *scores)
         }
         int64_t c0 = contiguous_start(q->candidates, (size_t)mcand);
         if (c0 < 0) {
-            fl_cpu_dot_rows_mt(h, d, table, q->candidates, 0, mcand, out, 1, b->threads);
+            fl_cpu_dot_rows_mt(b->plan->dot_isa, h, d, table, q->candidates, 0, mcand, out, 1, b->threads);
             out += mcand;
             r++;
             continue;
@@ -402,7 +402,7 @@ static void head_dot(batch *b, float *scores)
                 contiguous_start(b->reqs[r + g].candidates, (size_t)mcand) == c0))
             g++;
         if (g == 1 && b->plan->own_gemv)
-            fl_cpu_dot_rows_mt(h, d, table, NULL, c0, mcand, out, 1, b->threads);
+            fl_cpu_dot_rows_mt(b->plan->dot_isa, h, d, table, NULL, c0, mcand, out, 1, b->threads);
         else if (g == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)mcand, d, 1.0f, table + c0 * d, d, h, 1, 0.0f, out, 1);
         else if (b->plan->isa != FL_ISA_BASE) /* the users' states against the table slice, packed as it streams */

@@ -6,11 +6,9 @@
  *   NONE    n_hist = len, every query at position len-1 (so it sees keys 0..len-1). */
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "core/abi.h"
+#include "core/pool.h"
 #include "cpu/kernels.h"
 #include "kernels/kernels_gpu.h"
 
@@ -58,6 +56,35 @@ static flame_status check_ld(const char *name, int64_t ld, int64_t need, int64_t
     return FLAME_OK;
 }
 
+typedef struct attn_job {
+    const fl_attn_seq *seqs;
+    bool none_mask;
+    int32_t heads, dh;
+    const float *q, *k, *v;
+    int64_t ldq, ldkv, ldo, longest;
+    float *out;
+    char *mem;
+    size_t per; /* scratch bytes of one worker */
+} attn_job;
+
+/* One sequence, on the scratch of the worker that runs it. */
+static void attn_seq(void *ctx, int64_t s, int worker)
+{
+    const attn_job *j = ctx;
+    const fl_attn_seq *sq = &j->seqs[s];
+    if (sq->len == 0) return;
+    char *mine = j->mem + j->per * (size_t)worker;
+    float *scratch = (float *)mine;
+    int32_t *qpos = j->none_mask ? (int32_t *)(mine + fl_cpu_attention_scratch(j->longest) * sizeof(float)) : NULL;
+    if (j->none_mask)
+        for (int32_t i = 0; i < sq->len; i++) qpos[i] = sq->len - 1;
+    fl_cpu_attention_sumi(sq->n_hist, sq->len - sq->n_hist, j->heads, j->dh, j->q + sq->row * j->ldq, j->ldq, qpos,
+                          sq->len, j->k + sq->row * j->ldkv, j->v + sq->row * j->ldkv, j->ldkv, NULL,
+                          j->out + sq->row * j->ldo, j->ldo, scratch);
+}
+
+/* The sequences spread over `threads` threads of libflame's pool (core/pool.h), one task a
+ * sequence; each sequence is computed by the same code whichever thread runs it. */
 static flame_status cpu_attention(const fl_attn_seq *seqs, int64_t num_seqs, bool none_mask, int32_t heads, int32_t dh,
                                   const float *q, int64_t ldq, const float *k, const float *v, int64_t ldkv, float *out,
                                   int64_t ldo, int threads)
@@ -67,32 +94,12 @@ static flame_status cpu_attention(const fl_attn_seq *seqs, int64_t num_seqs, boo
     if (threads > num_seqs) threads = (int)num_seqs;
     /* every thread's scratch is allocated before anything is computed, so a failure writes nothing */
     const size_t per = fl_cpu_attention_scratch(longest) * sizeof(float) + (none_mask ? (size_t)longest * 4 : 0);
+    if (threads < 1) threads = 1;
     char *mem = malloc(per * (size_t)threads);
     if (!mem) return fl_error(FLAME_ERR_NOMEM, "attention: %zu bytes of scratch", per * (size_t)threads);
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-#endif
-    {
-        int me = 0;
-#ifdef _OPENMP
-        me = omp_get_thread_num();
-#endif
-        float *scratch = (float *)(mem + per * (size_t)me);
-        int32_t *qpos = none_mask ? (int32_t *)(mem + per * (size_t)me + fl_cpu_attention_scratch(longest) * sizeof(float))
-                                  : NULL;
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic)
-#endif
-        for (int64_t s = 0; s < num_seqs; s++) {
-            const fl_attn_seq *sq = &seqs[s];
-            if (sq->len == 0) continue;
-            if (none_mask)
-                for (int32_t i = 0; i < sq->len; i++) qpos[i] = sq->len - 1;
-            fl_cpu_attention_sumi(sq->n_hist, sq->len - sq->n_hist, heads, dh, q + sq->row * ldq, ldq, qpos, sq->len,
-                                  k + sq->row * ldkv, v + sq->row * ldkv, ldkv, NULL, out + sq->row * ldo, ldo,
-                                  scratch);
-        }
-    }
+    attn_job j = {.seqs = seqs, .none_mask = none_mask, .heads = heads, .dh = dh, .q = q, .k = k, .v = v, .ldq = ldq,
+                  .ldkv = ldkv, .ldo = ldo, .longest = longest, .out = out, .mem = mem, .per = per};
+    fl_parallel(threads, num_seqs, attn_seq, &j);
     free(mem);
     return FLAME_OK;
 }

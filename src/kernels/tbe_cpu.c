@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "core/pool.h"
 #include "kernels/tbe_cpu.h"
 
 /* Bags per thread below which a thread is not worth starting. */
@@ -64,6 +65,27 @@ static void unweighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_
     fl_cpu_embedding_bag(fe, num_tables, b1 - b0, out + b0 * ld, ld, width);
 }
 
+typedef struct tbe_job {
+    const fl_tbe_table *tables;
+    const fl_tbe_lookup *lookups;
+    int num_tables;
+    bool any_weights;
+    int64_t batch, parts, ld;
+    int32_t width;
+    float *out;
+} tbe_job;
+
+static void tbe_part(void *ctx, int64_t p, int worker)
+{
+    const tbe_job *j = ctx;
+    (void)worker;
+    const int64_t b0 = j->batch * p / j->parts, b1 = j->batch * (p + 1) / j->parts;
+    if (j->any_weights)
+        weighted(j->tables, j->num_tables, j->lookups, b0, b1, j->out, j->ld, j->width);
+    else
+        unweighted(j->tables, j->num_tables, j->lookups, b0, b1, j->out, j->ld, j->width);
+}
+
 void fl_tbe_cpu_forward(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t batch,
                         float *out, int64_t ld, int32_t width, int threads)
 {
@@ -71,14 +93,9 @@ void fl_tbe_cpu_forward(const fl_tbe_table *tables, int num_tables, const fl_tbe
     for (int f = 0; f < num_tables; f++) any_weights = any_weights || lookups[f].weights;
     int64_t parts = batch / MIN_BAGS_PER_THREAD;
     parts = parts < 1 ? 1 : parts > threads ? threads : parts;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads((int)parts) schedule(static)
-#endif
-    for (int64_t p = 0; p < parts; p++) {
-        const int64_t b0 = batch * p / parts, b1 = batch * (p + 1) / parts;
-        if (any_weights)
-            weighted(tables, num_tables, lookups, b0, b1, out, ld, width);
-        else
-            unweighted(tables, num_tables, lookups, b0, b1, out, ld, width);
-    }
+    /* contiguous bag ranges, one task each, on libflame's pool (a bag's sum is the same code
+     * whichever thread runs it) */
+    tbe_job j = {.tables = tables, .lookups = lookups, .num_tables = num_tables, .any_weights = any_weights,
+                 .batch = batch, .parts = parts, .ld = ld, .width = width, .out = out};
+    fl_parallel((int)parts, parts, tbe_part, &j);
 }

@@ -122,3 +122,50 @@ def test_beauty_model_matches_reference(tmp_path, native, beauty_dir):
     for line in lines[::997]:
         seq = np.array(line.split()[1:], dtype=np.int64)[:-1]
         assert_close(engine.score(seq, items), reference.score(cfg, t, seq, items), f"Beauty user {line.split()[0]}")
+
+
+def cpu_kernel_sets():
+    """The FLAME_OPT_CPU_KERNELS choices this CPU has (from /proc/cpuinfo's flags, as the
+    library reads cpuid), and those it lacks."""
+    try:
+        flags = set(re.search(r"^flags\s*:\s*(.+)$", pathlib.Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        flags = set()
+    has = {"auto", "blas"}
+    if "avx2" in flags and "fma" in flags:
+        has.add("avx2")
+    if "avx512f" in flags:
+        has.add("avx512")
+    return has, {"avx512", "avx2"} - has
+
+
+@pytest.mark.parametrize("name", ["iclrec_like", "pre_tanh_final_sumi_from_recent", "relu_concat_projection_side_sumi"])
+def test_cpu_kernels_choices_match_reference(tmp_path, native, name):
+    """Every kernel set the CPU has scores within 1e-5 of the float64 reference (own kernels
+    of any set give the same bits); one it lacks is refused at engine creation, by name."""
+    cfg = lib.CASES[name]
+    path = tmp_path / f"{name}.safetensors"
+    reference.save(path, cfg, reference.random_model(cfg, 3), "F32")
+    cfg, t = reference.load(path)
+    model = flame.Model(path)
+    reqs = requests(cfg, seed=4)
+    scales = [lib.score_scale(cfg, t, r) for r in reqs]
+    has, lacks = cpu_kernel_sets()
+    own = {}
+    for choice in sorted(has):
+        engine = flame.Engine(model, cpu_kernels=choice, threads=2)
+        got = engine.score_batch(reqs)
+        for i, g in enumerate(got):
+            assert_close(g, reference.score(cfg, t, *reqs[i]), f"{name} cpu_kernels={choice} request {i}", scales[i])
+        if choice != "blas":
+            own[choice] = got
+    first = next(iter(own.values()))
+    for choice, got in own.items():  # auto is one of avx512/avx2 (or the BLAS on a CPU without AVX2)
+        if "avx2" in has:
+            for a, b in zip(got, first):
+                np.testing.assert_array_equal(a, b, err_msg=f"cpu_kernels={choice}")
+    for choice in sorted(lacks):
+        expect_error(lambda: flame.Engine(model, cpu_kernels=choice), errors.ERR_UNSUPPORTED,
+                     f"FLAME_OPT_CPU_KERNELS = '{choice}'", "this CPU lacks")
+    expect_error(lambda: flame.Engine(model, cpu_kernels="sse"), errors.ERR_INVALID_ARG,
+                 "FLAME_OPT_CPU_KERNELS = 'sse' is not one of auto, avx512, avx2, blas")
