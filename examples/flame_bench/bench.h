@@ -46,4 +46,28 @@ typedef struct level_result {
 /* Runs one level; false (with a message on stderr) when it could not run. */
 bool run_level(const level_opts *o, level_result *r);
 
+/* The scheduler's own CPU cost (overhead.c): a 1-token, 1-candidate model, one profile of
+ * max_users x 1, `submitters` threads submitting bursts of about burst_us worth of requests. */
+typedef struct overhead_opts {
+    double qps, seconds;
+    uint32_t submitters, max_users;
+    double burst_us;
+    int64_t max_wait_us;
+    bool adaptive;
+} overhead_opts;
+
+typedef struct overhead_result {
+    double offered_qps, achieved_qps;
+    uint64_t requests, rejected, burst;
+    uint32_t submitters;
+    double mean_batch;
+    double cpu_us;            /* process CPU time a request, all threads */
+    double pass_cpu_us;       /* of which the batches' flame_score_batch calls, measured alone */
+    double gen_cpu_us;        /* and the submitters' own schedule (bursts, sleeps), measured alone */
+    double sched_cpu_us;      /* what is left: the scheduler's hand-over */
+    double queue_wait_p50_us; /* median submit to batch start */
+} overhead_result;
+
+bool run_overhead(const overhead_opts *o, overhead_result *r);
+
 #endif
