@@ -5,9 +5,9 @@
 
 Each case runs `examples/flame-bench --overhead-only --json` (overhead.c): submitter threads
 submit 1-token, 1-candidate requests on schedule in bursts through a scheduler with one
-profile of 64 x 1; the process's CPU time a request, less the pass's (the same batches scored
-alone) and the submitters' own schedule (the same bursts and sleeps without the submits),
-is the scheduler's. --peer DIR names another build (DIR/examples/flame-bench with its
+profile of 64 x 1; the scheduler's CPU time a request is its workers' (the process's less the
+submitters' and the main thread's) less the pass's (the same batches scored alone), plus the
+submitters' time inside the submit calls. --peer DIR names another build (DIR/examples/flame-bench with its
 DIR/lib), e.g. the commit before a change: its rounds alternate with this build's, and the
 ratio is this build's / the peer's. Medians over the rounds; the raw rounds are kept.
 """

@@ -61,10 +61,11 @@ typedef struct overhead_result {
     uint64_t requests, rejected, burst;
     uint32_t submitters;
     double mean_batch;
-    double cpu_us;            /* process CPU time a request, all threads */
-    double pass_cpu_us;       /* of which the batches' flame_score_batch calls, measured alone */
-    double gen_cpu_us;        /* and the submitters' own schedule (bursts, sleeps), measured alone */
-    double sched_cpu_us;      /* what is left: the scheduler's hand-over */
+    /* CPU time a request, us */
+    double worker_cpu_us;     /* the scheduler's workers (batch formation, the pass, completion) */
+    double pass_cpu_us;       /* the batches' flame_score_batch calls, measured alone */
+    double submit_cpu_us;     /* inside the submit calls */
+    double sched_cpu_us;      /* the hand-over: worker - pass + submit */
     double queue_wait_p50_us; /* median submit to batch start */
 } overhead_result;
 

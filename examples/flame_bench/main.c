@@ -211,9 +211,9 @@ int main(int argc, char **argv)
                      "submitters in bursts of %llu, achieved %.0f/s, mean batch %.1f\n",
                 oo.max_users, (long long)oo.max_wait_us, oo.adaptive ? " adaptive" : "", ov.offered_qps, ov.submitters,
                 (unsigned long long)ov.burst, ov.achieved_qps, ov.mean_batch);
-        fprintf(out, "  median submit to batch start %.0f us; CPU time a request %.2f us (all threads), of which the "
-                     "pass %.2f us and the submitters' schedule %.2f us: the scheduler %.2f us\n",
-                ov.queue_wait_p50_us, ov.cpu_us, ov.pass_cpu_us, ov.gen_cpu_us, ov.sched_cpu_us);
+        fprintf(out, "  median submit to batch start %.0f us; CPU time a request: workers %.2f us, of which the pass "
+                     "%.2f us, and in submit %.2f us: the scheduler %.2f us\n",
+                ov.queue_wait_p50_us, ov.worker_cpu_us, ov.pass_cpu_us, ov.submit_cpu_us, ov.sched_cpu_us);
     }
     if (csv || png) {
         const char *path = csv ? csv : "/tmp/flame-bench.csv";
@@ -241,13 +241,13 @@ int main(int argc, char **argv)
         if (have_ovh)
             printf("],\"scheduler_overhead_us\":%.0f,\"scheduler_cpu\":{\"offered_qps\":%.0f,\"achieved_qps\":%.0f,"
                    "\"submitters\":%u,\"burst\":%llu,\"max_users\":%u,\"max_wait_us\":%lld,\"adaptive\":%s,"
-                   "\"requests\":%llu,\"rejected\":%llu,\"mean_batch\":%.2f,\"cpu_us_per_request\":%.3f,"
-                   "\"pass_cpu_us_per_request\":%.3f,\"generator_cpu_us_per_request\":%.3f,"
+                   "\"requests\":%llu,\"rejected\":%llu,\"mean_batch\":%.2f,\"worker_cpu_us_per_request\":%.3f,"
+                   "\"pass_cpu_us_per_request\":%.3f,\"submit_cpu_us_per_request\":%.3f,"
                    "\"scheduler_cpu_us_per_request\":%.3f}}\n",
                    ov.queue_wait_p50_us, ov.offered_qps, ov.achieved_qps, ov.submitters, (unsigned long long)ov.burst,
                    oo.max_users, (long long)oo.max_wait_us, oo.adaptive ? "true" : "false",
-                   (unsigned long long)ov.requests, (unsigned long long)ov.rejected, ov.mean_batch, ov.cpu_us,
-                   ov.pass_cpu_us, ov.gen_cpu_us, ov.sched_cpu_us);
+                   (unsigned long long)ov.requests, (unsigned long long)ov.rejected, ov.mean_batch, ov.worker_cpu_us,
+                   ov.pass_cpu_us, ov.submit_cpu_us, ov.sched_cpu_us);
         else printf("],\"scheduler_overhead_us\":null,\"scheduler_cpu\":null}\n");
     }
     flame_scheduler_destroy(s);
