@@ -39,6 +39,7 @@ typedef struct level_opts {
 typedef struct level_result {
     double offered_qps, achieved_qps;
     double p50_us, p90_us, p99_us, p999_us;
+    double late_p50_us, late_p99_us; /* how late the generator sent requests (part of the latency) */
     uint64_t sent, ok, timeouts, rejected, failed;
     double mean_batch;         /* parts per batch (1 for direct calls) */
 } level_result;

@@ -182,8 +182,8 @@ int main(int argc, char **argv)
             device, cands.kind == CAND_FIXED ? "fixed" : cands.kind == CAND_UNIFORM ? "uniform" : "long-tailed",
             cands.a, cands.b, history,
             direct ? "direct calls" : adaptive ? "scheduler, adaptive wait" : "scheduler, fixed wait");
-    fprintf(out, "%10s %10s %9s %9s %9s %9s %8s %8s %7s\n", "offered/s", "achieved/s", "p50_us", "p90_us", "p99_us",
-            "p99.9_us", "timeouts", "rejected", "batch");
+    fprintf(out, "%10s %10s %9s %9s %9s %9s %8s %8s %7s %9s\n", "offered/s", "achieved/s", "p50_us", "p90_us", "p99_us",
+            "p99.9_us", "timeouts", "rejected", "batch", "late_p99");
     level_result res[MAX_LEVELS];
     int done = 0;
     for (int k = 0; !only_overhead && k < (auto_sweep ? MAX_LEVELS : nlev); k++) {
@@ -196,9 +196,9 @@ int main(int argc, char **argv)
                         .timeout_us = timeout_us, .seed = seed + (uint64_t)k, .progress = isatty(2), .label = label};
         if (!run_level(&o, &res[done])) return 1;
         const level_result *r = &res[done++];
-        fprintf(out, "%10.0f %10.0f %9.0f %9.0f %9.0f %9.0f %8llu %8llu %7.2f\n", r->offered_qps, r->achieved_qps,
+        fprintf(out, "%10.0f %10.0f %9.0f %9.0f %9.0f %9.0f %8llu %8llu %7.2f %9.0f\n", r->offered_qps, r->achieved_qps,
                 r->p50_us, r->p90_us, r->p99_us, r->p999_us, (unsigned long long)r->timeouts,
-                (unsigned long long)r->rejected, r->mean_batch);
+                (unsigned long long)r->rejected, r->mean_batch, r->late_p99_us);
         if (r->failed) fprintf(stderr, "flame-bench: %llu requests failed\n", (unsigned long long)r->failed);
         if (auto_sweep && r->achieved_qps < 0.9 * r->offered_qps) break; /* saturated */
     }
@@ -234,10 +234,11 @@ int main(int argc, char **argv)
         printf("{\"levels\":[");
         for (int k = 0; k < done; k++)
             printf("%s{\"offered_qps\":%.1f,\"achieved_qps\":%.1f,\"p50_us\":%.0f,\"p90_us\":%.0f,\"p99_us\":%.0f,"
-                   "\"p999_us\":%.0f,\"timeouts\":%llu,\"rejected\":%llu,\"mean_batch\":%.3f}",
+                   "\"p999_us\":%.0f,\"timeouts\":%llu,\"rejected\":%llu,\"mean_batch\":%.3f,"
+                   "\"send_late_p50_us\":%.0f,\"send_late_p99_us\":%.0f}",
                    k ? "," : "", res[k].offered_qps, res[k].achieved_qps, res[k].p50_us, res[k].p90_us, res[k].p99_us,
                    res[k].p999_us, (unsigned long long)res[k].timeouts, (unsigned long long)res[k].rejected,
-                   res[k].mean_batch);
+                   res[k].mean_batch, res[k].late_p50_us, res[k].late_p99_us);
         if (have_ovh)
             printf("],\"scheduler_overhead_us\":%.0f,\"scheduler_cpu\":{\"offered_qps\":%.0f,\"achieved_qps\":%.0f,"
                    "\"submitters\":%u,\"burst\":%llu,\"max_users\":%u,\"max_wait_us\":%lld,\"adaptive\":%s,"
