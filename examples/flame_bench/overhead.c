@@ -152,6 +152,8 @@ bool run_overhead(const overhead_opts *o, overhead_result *res)
     r.scores = calloc(total, sizeof *r.scores);
     if (!r.reqs || !r.scores) {
         fprintf(stderr, "flame-bench: overhead run: out of memory for %llu requests\n", (unsigned long long)total);
+        free(r.reqs), free(r.scores);
+        flame_scheduler_destroy(s), flame_engine_destroy(e), flame_model_destroy(m);
         return false;
     }
     for (uint64_t i = 0; i < total; i++)
