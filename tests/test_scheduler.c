@@ -954,6 +954,84 @@ static void test_adaptive_wait(void **state)
     }
 }
 
+/* The worker's sleep as the scheduler records it: waits until it sleeps with a wake time that
+ * is (timed) or is not (untimed) set, and returns the signals sent so far. */
+static uint64_t signals_once_asleep(flame_scheduler *s, bool timed)
+{
+    for (int i = 0; i < 100000; i++) {
+        pthread_mutex_lock(&s->mu);
+        const fl_worker *w = &s->workers[0];
+        const bool ok = w->asleep && (timed ? w->wake_at != 0 && w->wake_at != UINT64_MAX : w->wake_at == UINT64_MAX);
+        const uint64_t n = s->signals;
+        pthread_mutex_unlock(&s->mu);
+        if (ok) return n;
+        usleep(100);
+    }
+    fail_msg("the worker never went to sleep (%s)", timed ? "timed" : "untimed");
+    return 0;
+}
+
+static uint64_t signals_of(flame_scheduler *s)
+{
+    pthread_mutex_lock(&s->mu);
+    const uint64_t n = s->signals;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* A submit wakes the worker only when it must look sooner than it will by itself: the first
+ * request into an empty queue, and the one that fills the batch; none while a batch forms
+ * under its timer, none while the worker is busy. */
+static void test_wakeups_once_per_batch(void **state)
+{
+    fixture *f = *state;
+    static req q[9];
+    const flame_batch_profile p[] = {{4, 64}};
+    flame_scheduler *s = make_sched(f->se, p, 1, 10000, 1, 0);
+    fl_sched_set_clock(s, fake_clock, NULL);
+    uint64_t sig = signals_once_asleep(s, false);
+    make_req(&q[0], 3, 2, true);
+    submit_opt(s, &q[0], 0, 0, 0, on_done); /* empty -> not empty: the worker starts the batch's timer */
+    assert_int_equal(signals_of(s), sig + 1);
+    sig = signals_once_asleep(s, true);
+    for (int i = 1; i < 3; i++) { /* the batch forms: the timer covers them */
+        make_req(&q[i], 3, 2, true);
+        submit_opt(s, &q[i], 0, 0, 0, on_done);
+        assert_int_equal(signals_of(s), sig);
+    }
+    usleep(20000);
+    for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&q[i].calls), 0);
+    make_req(&q[3], 3, 2, true);
+    submit_opt(s, &q[3], 0, 0, 0, on_done); /* the fourth fills the profile: the batch goes now */
+    assert_int_equal(signals_of(s), sig + 1);
+    for (int i = 0; i < 4; i++) wait_done(&q[i]);
+    assert_int_equal(stats_of(s).batches, 1);
+    /* a busy worker: nothing to signal, it finds the queue when its batch is done */
+    sig = signals_once_asleep(s, false);
+    pthread_mutex_lock(&s->mu);
+    const uint32_t pooled = s->pool_n; /* the batch's four jobs, back in the pool for the next submits */
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(pooled, 4);
+    make_req(&q[4], 3, 2, true);
+    gate.entered = gate.open = false;
+    assert_int_equal(flame_scheduler_submit_ex(s, &q[4].r, q[4].scores, MAXC * 2, NULL, gate_done, &q[4], NULL), FLAME_OK);
+    advance(s, 10000); /* its bound: it goes alone and its callback holds the worker */
+    pthread_mutex_lock(&gate.mu);
+    while (!gate.entered) pthread_cond_wait(&gate.cv, &gate.mu);
+    pthread_mutex_unlock(&gate.mu);
+    sig = signals_of(s);
+    for (int i = 5; i < 9; i++) {
+        make_req(&q[i], 3, 2, true);
+        submit_opt(s, &q[i], 0, 0, 0, on_done);
+    }
+    assert_int_equal(signals_of(s), sig);
+    release_worker();
+    for (int i = 5; i < 9; i++) wait_done(&q[i]); /* a full batch, taken once the worker was back */
+    assert_int_equal(stats_of(s).batches, 3);
+    flame_scheduler_destroy(s);
+    for (int i = 0; i < 9; i++) assert_int_equal(q[i].status, FLAME_OK);
+}
+
 typedef struct thread_arg {
     flame_scheduler *s;
     req *qs; /* [4], built before the threads start (the test generator is not thread-safe) */
@@ -1192,6 +1270,7 @@ int main(void)
         T(test_every_callback_once_at_destroy),
         T(test_admission_stress),
         T(test_adaptive_wait),
+        T(test_wakeups_once_per_batch),
         T(test_threads_score_concurrently),
         T(test_user_cache_requests_and_older_layout),
         T(test_argument_errors),

@@ -39,11 +39,37 @@ typedef struct level_opts {
 typedef struct level_result {
     double offered_qps, achieved_qps;
     double p50_us, p90_us, p99_us, p999_us;
+    double late_p50_us, late_p99_us; /* how late the generator sent requests (part of the latency) */
     uint64_t sent, ok, timeouts, rejected, failed;
     double mean_batch;         /* parts per batch (1 for direct calls) */
 } level_result;
 
 /* Runs one level; false (with a message on stderr) when it could not run. */
 bool run_level(const level_opts *o, level_result *r);
+
+/* The scheduler's own CPU cost (overhead.c): a 1-token, 1-candidate model, one profile of
+ * max_users x 1, `submitters` threads submitting bursts of about burst_us worth of requests. */
+typedef struct overhead_opts {
+    double qps, seconds;
+    uint32_t submitters, max_users;
+    double burst_us;
+    int64_t max_wait_us;
+    bool adaptive;
+} overhead_opts;
+
+typedef struct overhead_result {
+    double offered_qps, achieved_qps;
+    uint64_t requests, rejected, burst;
+    uint32_t submitters;
+    double mean_batch;
+    /* CPU time a request, us */
+    double worker_cpu_us;     /* the scheduler's workers (batch formation, the pass, completion) */
+    double pass_cpu_us;       /* the batches' flame_score_batch calls, measured alone */
+    double submit_cpu_us;     /* inside the submit calls */
+    double sched_cpu_us;      /* the hand-over: worker - pass + submit */
+    double queue_wait_p50_us; /* median submit to batch start */
+} overhead_result;
+
+bool run_overhead(const overhead_opts *o, overhead_result *r);
 
 #endif

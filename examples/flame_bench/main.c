@@ -3,13 +3,17 @@
  *               [--profiles 8x32,4x64] [--max-wait-us N] [--adaptive] [--workers N] [--timeout-us N]
  *               [--qps Q | --sweep Q1,Q2,... | --sweep auto] [--diurnal] [--seconds S] [--requests N]
  *               [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]
- *               [--csv FILE] [--png FILE] [--json] [--no-overhead]
+ *               [--csv FILE] [--png FILE] [--json] [--no-overhead | --overhead-only]
+ *               [--overhead-qps Q] [--submitters N] [--overhead-users N] [--overhead-wait-us N] [--burst-us N]
  * Open-loop arrivals (Poisson at each level's rate; --diurnal: the rate swings from peak/6 to
  * the peak and back over the run); each level stops after --seconds or --requests, whichever
  * first. --sweep auto doubles the rate from --qps until the achieved rate falls under 90% of
  * the offered one (saturation). Prints a table per level; --csv and --png (gnuplot) write the
- * levels; --json prints one object: {"levels": [...], "scheduler_overhead_us": ...}, where the
- * overhead is the median submit-to-batch-start of a model with one token and one candidate. */
+ * levels; --json prints one object: {"levels": [...], "scheduler_overhead_us": ...,
+ * "scheduler_cpu": {...}}, where the overhead is the median submit-to-batch-start of a model
+ * with one token and one candidate, offered --overhead-qps (100,000/s) by --submitters (2)
+ * threads in bursts, and scheduler_cpu the process's CPU time a request in that run, the
+ * pass's share measured alone, and the difference (overhead.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +31,9 @@ static void usage(void)
             "                   [--max-wait-us N] [--adaptive] [--workers N] [--timeout-us N]\n"
             "                   [--qps Q | --sweep Q1,Q2,...|auto] [--diurnal] [--seconds S] [--requests N]\n"
             "                   [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]\n"
-            "                   [--csv FILE] [--png FILE] [--json] [--no-overhead]\n");
+            "                   [--csv FILE] [--png FILE] [--json] [--no-overhead | --overhead-only]\n"
+            "                   [--overhead-qps Q] [--submitters N] [--overhead-users N] [--overhead-wait-us N]\n"
+            "                   [--burst-us N]\n");
 }
 
 static bool parse_cands(const char *s, cand_dist *d)
@@ -55,47 +61,6 @@ static int parse_profiles(const char *s, flame_batch_profile *p)
     return n;
 }
 
-/* The median queue wait (submit to batch start) of 1-token, 1-candidate requests sent at a
- * modest open-loop rate through a default scheduler: what the hand-over itself costs. */
-static double scheduler_overhead_us(void)
-{
-    static const char *tiny =
-        "{\"format\":\"flame\",\"version\":1,\"d_model\":8,\"max_len\":1,"
-        "\"tables\":[{\"name\":\"item\",\"rows\":16,\"dim\":8}],"
-        "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
-        "\"position\":{\"rule\":\"from_recent\",\"rows\":2,\"candidate_position\":1},"
-        "\"blocks\":{\"count\":0,\"num_heads\":1,\"ffn_dim\":8,\"norm\":\"pre\",\"activation\":\"gelu_erf\"},\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[]}]}}";
-    flame_model *m = NULL;
-    flame_engine *e = NULL;
-    flame_scheduler *s = NULL;
-    if (flame_model_create_random(tiny, 1, &m) || flame_engine_create(m, NULL, &e) ||
-        flame_scheduler_create(e, NULL, &s)) {
-        fprintf(stderr, "flame-bench: overhead model: %s\n", flame_last_error());
-        return -1;
-    }
-    level_opts o = {.engine = e, .sched = s, .num_side = 0, .num_tasks = 1, .num_items = 16, .qps = 2000,
-                    .seconds = 2, .max_requests = 4000, .cands = {CAND_FIXED, 1, 1}, .history = 0, .seed = 99,
-                    .label = "overhead"};
-    level_result r;
-    double med = -1;
-    struct rusage u0, u1;
-    getrusage(RUSAGE_SELF, &u0);
-    if (run_level(&o, &r)) {
-        getrusage(RUSAGE_SELF, &u1);
-        flame_latency qw = {.struct_size = sizeof qw};
-        if (flame_scheduler_get_latency(s, FLAME_STAGE_QUEUE_WAIT, &qw) == FLAME_OK) med = (double)qw.p50_us;
-        /* the process's CPU time a request: generator, hand-over, worker and the (trivial) pass */
-        const double cpu = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec + u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) * 1e6 +
-                           (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec + u1.ru_stime.tv_usec - u0.ru_stime.tv_usec);
-        fprintf(stderr, "overhead run: %llu requests, %.1f us of CPU time a request (all threads)\n",
-                (unsigned long long)r.sent, r.sent ? cpu / (double)r.sent : 0);
-    }
-    flame_scheduler_destroy(s);
-    flame_engine_destroy(e);
-    flame_model_destroy(m);
-    return med;
-}
-
 static void plot(const char *png, const char *csv)
 {
     FILE *g = popen("gnuplot", "w");
@@ -115,7 +80,8 @@ static void plot(const char *png, const char *csv)
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *config = NULL, *device = "cpu", *csv = NULL, *png = NULL, *sweep = NULL;
-    bool direct = false, adaptive = false, json = false, diurnal = false, overhead = true;
+    bool direct = false, adaptive = false, json = false, diurnal = false, overhead = true, only_overhead = false;
+    overhead_opts oo = {.qps = 100000, .seconds = 3, .submitters = 2, .max_users = 64, .burst_us = 1000};
     long threads = 4, workers = 0, max_wait = 500, history = 20;
     double qps = 200, seconds = 5;
     unsigned long long requests = 100000, seed = 1;
@@ -130,6 +96,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--diurnal")) diurnal = true;
         else if (!strcmp(a, "--no-overhead")) overhead = false;
+        else if (!strcmp(a, "--overhead-only")) only_overhead = true;
         else if (!v) return usage(), 2;
         else if (i++, !strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--config")) config = v; /* a model config (docs/model-format.md), random weights */
@@ -144,6 +111,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--seconds")) seconds = strtod(v, NULL);
         else if (!strcmp(a, "--requests")) requests = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--overhead-qps")) oo.qps = strtod(v, NULL);
+        else if (!strcmp(a, "--submitters")) oo.submitters = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--overhead-users")) oo.max_users = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--overhead-wait-us")) oo.max_wait_us = strtoll(v, NULL, 10);
+        else if (!strcmp(a, "--burst-us")) oo.burst_us = strtod(v, NULL);
         else if (!strcmp(a, "--csv")) csv = v;
         else if (!strcmp(a, "--png")) png = v;
         else if (!strcmp(a, "--candidates")) {
@@ -160,9 +132,12 @@ int main(int argc, char **argv)
         } else return usage(), 2;
     }
     if (qps <= 0 || seconds <= 0 || requests < 1 || requests > 50000000 || threads < 1 || threads > 64 ||
-        history < 0 || history > 100000) {
+        history < 0 || history > 100000 || oo.qps <= 0 || oo.qps > 1e7 || oo.submitters < 1 || oo.submitters > 16 ||
+        oo.max_users < 1 || oo.max_users > 65536 || oo.max_wait_us < 0 ||
+        oo.burst_us < 1 || oo.burst_us > 1e6) {
         fprintf(stderr, "flame-bench: --qps and --seconds must be > 0, --requests 1..5e7, --threads 1..64, "
-                        "--history 0..100000\n");
+                        "--history 0..100000, --overhead-qps 0..1e7, --submitters 1..16, --overhead-users 1..65536, "
+                        "--overhead-wait-us >= 0, --burst-us 1..1e6\n");
         return 2;
     }
     double levels[MAX_LEVELS];
@@ -207,11 +182,11 @@ int main(int argc, char **argv)
             device, cands.kind == CAND_FIXED ? "fixed" : cands.kind == CAND_UNIFORM ? "uniform" : "long-tailed",
             cands.a, cands.b, history,
             direct ? "direct calls" : adaptive ? "scheduler, adaptive wait" : "scheduler, fixed wait");
-    fprintf(out, "%10s %10s %9s %9s %9s %9s %8s %8s %7s\n", "offered/s", "achieved/s", "p50_us", "p90_us", "p99_us",
-            "p99.9_us", "timeouts", "rejected", "batch");
+    fprintf(out, "%10s %10s %9s %9s %9s %9s %8s %8s %7s %9s\n", "offered/s", "achieved/s", "p50_us", "p90_us", "p99_us",
+            "p99.9_us", "timeouts", "rejected", "batch", "late_p99");
     level_result res[MAX_LEVELS];
     int done = 0;
-    for (int k = 0; k < (auto_sweep ? MAX_LEVELS : nlev); k++) {
+    for (int k = 0; !only_overhead && k < (auto_sweep ? MAX_LEVELS : nlev); k++) {
         const double rate = auto_sweep ? qps * (double)(1u << k) : levels[k];
         char label[32];
         snprintf(label, sizeof label, "level %d: %.0f/s", k + 1, rate);
@@ -221,14 +196,25 @@ int main(int argc, char **argv)
                         .timeout_us = timeout_us, .seed = seed + (uint64_t)k, .progress = isatty(2), .label = label};
         if (!run_level(&o, &res[done])) return 1;
         const level_result *r = &res[done++];
-        fprintf(out, "%10.0f %10.0f %9.0f %9.0f %9.0f %9.0f %8llu %8llu %7.2f\n", r->offered_qps, r->achieved_qps,
+        fprintf(out, "%10.0f %10.0f %9.0f %9.0f %9.0f %9.0f %8llu %8llu %7.2f %9.0f\n", r->offered_qps, r->achieved_qps,
                 r->p50_us, r->p90_us, r->p99_us, r->p999_us, (unsigned long long)r->timeouts,
-                (unsigned long long)r->rejected, r->mean_batch);
+                (unsigned long long)r->rejected, r->mean_batch, r->late_p99_us);
         if (r->failed) fprintf(stderr, "flame-bench: %llu requests failed\n", (unsigned long long)r->failed);
         if (auto_sweep && r->achieved_qps < 0.9 * r->offered_qps) break; /* saturated */
     }
-    const double ovh = overhead ? scheduler_overhead_us() : -1;
-    if (overhead) fprintf(out, "scheduler overhead (median submit to batch start, 1 token, 1 candidate): %.0f us\n", ovh);
+    overhead_result ov;
+    oo.seconds = seconds < 3 ? seconds : 3;
+    oo.adaptive = adaptive;
+    const bool have_ovh = (overhead || only_overhead) && run_overhead(&oo, &ov);
+    if (have_ovh) {
+        fprintf(out, "scheduler overhead, 1 token, 1 candidate, profile %ux1, max_wait %lld us%s: offered %.0f/s by %u "
+                     "submitters in bursts of %llu, achieved %.0f/s, mean batch %.1f\n",
+                oo.max_users, (long long)oo.max_wait_us, oo.adaptive ? " adaptive" : "", ov.offered_qps, ov.submitters,
+                (unsigned long long)ov.burst, ov.achieved_qps, ov.mean_batch);
+        fprintf(out, "  median submit to batch start %.0f us; CPU time a request: workers %.2f us, of which the pass "
+                     "%.2f us, and in submit %.2f us: the scheduler %.2f us\n",
+                ov.queue_wait_p50_us, ov.worker_cpu_us, ov.pass_cpu_us, ov.submit_cpu_us, ov.sched_cpu_us);
+    }
     if (csv || png) {
         const char *path = csv ? csv : "/tmp/flame-bench.csv";
         FILE *f = fopen(path, "w");
@@ -248,12 +234,22 @@ int main(int argc, char **argv)
         printf("{\"levels\":[");
         for (int k = 0; k < done; k++)
             printf("%s{\"offered_qps\":%.1f,\"achieved_qps\":%.1f,\"p50_us\":%.0f,\"p90_us\":%.0f,\"p99_us\":%.0f,"
-                   "\"p999_us\":%.0f,\"timeouts\":%llu,\"rejected\":%llu,\"mean_batch\":%.3f}",
+                   "\"p999_us\":%.0f,\"timeouts\":%llu,\"rejected\":%llu,\"mean_batch\":%.3f,"
+                   "\"send_late_p50_us\":%.0f,\"send_late_p99_us\":%.0f}",
                    k ? "," : "", res[k].offered_qps, res[k].achieved_qps, res[k].p50_us, res[k].p90_us, res[k].p99_us,
                    res[k].p999_us, (unsigned long long)res[k].timeouts, (unsigned long long)res[k].rejected,
-                   res[k].mean_batch);
-        if (ovh >= 0) printf("],\"scheduler_overhead_us\":%.0f}\n", ovh);
-        else printf("],\"scheduler_overhead_us\":null}\n");
+                   res[k].mean_batch, res[k].late_p50_us, res[k].late_p99_us);
+        if (have_ovh)
+            printf("],\"scheduler_overhead_us\":%.0f,\"scheduler_cpu\":{\"offered_qps\":%.0f,\"achieved_qps\":%.0f,"
+                   "\"submitters\":%u,\"burst\":%llu,\"max_users\":%u,\"max_wait_us\":%lld,\"adaptive\":%s,"
+                   "\"requests\":%llu,\"rejected\":%llu,\"mean_batch\":%.2f,\"worker_cpu_us_per_request\":%.3f,"
+                   "\"pass_cpu_us_per_request\":%.3f,\"submit_cpu_us_per_request\":%.3f,"
+                   "\"scheduler_cpu_us_per_request\":%.3f}}\n",
+                   ov.queue_wait_p50_us, ov.offered_qps, ov.achieved_qps, ov.submitters, (unsigned long long)ov.burst,
+                   oo.max_users, (long long)oo.max_wait_us, oo.adaptive ? "true" : "false",
+                   (unsigned long long)ov.requests, (unsigned long long)ov.rejected, ov.mean_batch, ov.worker_cpu_us,
+                   ov.pass_cpu_us, ov.submit_cpu_us, ov.sched_cpu_us);
+        else printf("],\"scheduler_overhead_us\":null,\"scheduler_cpu\":null}\n");
     }
     flame_scheduler_destroy(s);
     flame_engine_destroy(e);

@@ -66,6 +66,7 @@ typedef struct run {
     flame_bags *bags;          /* empty bags for the side slots */
     slot *slots;
     uint64_t *lat;             /* completion latency of each ok request, us */
+    uint64_t *late;            /* how late the dispatcher sent each request, us (the generator's own tail) */
     atomic_uint_fast64_t done, ok, timeouts, failed, nlat;
     /* direct mode: the caller threads' queue of slot indices */
     pthread_mutex_t mu;
@@ -141,11 +142,12 @@ bool run_level(const level_opts *o, level_result *res)
     run ru = {.o = o};
     ru.slots = calloc(cap, sizeof *ru.slots);
     ru.lat = calloc(cap, sizeof *ru.lat);
+    ru.late = calloc(cap, sizeof *ru.late);
     ru.queue = o->sched ? NULL : calloc(cap, sizeof *ru.queue);
     ru.bags = calloc((size_t)o->num_side + 1, sizeof *ru.bags);
     const size_t max_tokens = o->history + (o->cands.b > o->cands.a ? o->cands.b : o->cands.a) + 1;
     int64_t *zeros = calloc(max_tokens, sizeof *zeros);
-    if (!ru.slots || !ru.lat || (!o->sched && !ru.queue) || !ru.bags || !zeros) {
+    if (!ru.slots || !ru.lat || !ru.late || (!o->sched && !ru.queue) || !ru.bags || !zeros) {
         fprintf(stderr, "flame-bench: out of memory for %llu requests\n", (unsigned long long)cap);
         return false;
     }
@@ -184,6 +186,8 @@ bool run_level(const level_opts *o, level_result *res)
         const uint64_t now = now_us();
         if (now < at) sleep_until(at); /* late: send at once (open loop: never skipped) */
         q->sched_us = at;
+        const uint64_t sent_at = now_us();
+        ru.late[sent] = sent_at > at ? sent_at - at : 0;
         sent++;
         if (o->sched) {
             flame_submit_options so = {.struct_size = sizeof so, .timeout_us = o->timeout_us};
@@ -215,16 +219,18 @@ bool run_level(const level_opts *o, level_result *res)
     if (o->sched) flame_scheduler_get_stats(o->sched, &s1);
     const uint64_t n = atomic_load(&ru.nlat);
     qsort(ru.lat, n, sizeof *ru.lat, cmp_u64);
+    qsort(ru.late, sent, sizeof *ru.late, cmp_u64);
     *res = (level_result){
         .offered_qps = (double)sent / o->seconds, .achieved_qps = (double)atomic_load(&ru.ok) / ((end - start) / 1e6),
         .p50_us = pct(ru.lat, n, 0.5), .p90_us = pct(ru.lat, n, 0.9), .p99_us = pct(ru.lat, n, 0.99),
-        .p999_us = pct(ru.lat, n, 0.999), .sent = sent, .ok = atomic_load(&ru.ok),
+        .p999_us = pct(ru.lat, n, 0.999), .late_p50_us = pct(ru.late, sent, 0.5),
+        .late_p99_us = pct(ru.late, sent, 0.99), .sent = sent, .ok = atomic_load(&ru.ok),
         .timeouts = atomic_load(&ru.timeouts), .rejected = rejected, .failed = atomic_load(&ru.failed),
         .mean_batch = o->sched && s1.batches > s0.batches ? (double)(s1.parts - s0.parts) / (double)(s1.batches - s0.batches)
                                                           : 1.0};
     if (!o->diurnal && sent) res->offered_qps = o->qps;
     pthread_cond_destroy(&ru.cv);
     pthread_mutex_destroy(&ru.mu);
-    free(ru.slots), free(ru.lat), free(ru.queue), free(ru.bags), free(zeros);
+    free(ru.slots), free(ru.lat), free(ru.late), free(ru.queue), free(ru.bags), free(zeros);
     return true;
 }

@@ -20,6 +20,18 @@ void fl_queue_push(flame_scheduler *s, fl_job *j)
         lv->gap_us = cap;
     }
     lv->last_arrival = j->submit_us;
+    if (lv->form_ok && !lv->form_closed) /* the forming batch grows by these parts while they fit */
+        for (size_t k = 0; k < j->nparts; k++) {
+            const uint64_t c = j->parts[k].cand_n > lv->form_cands ? j->parts[k].cand_n : lv->form_cands;
+            if (fl_profiles_fit(&s->profiles, lv->form_n + 1, c) < 0) {
+                lv->form_closed = true;
+                break;
+            }
+            lv->form_n++;
+            lv->form_cands = c;
+            lv->form_closed = fl_profiles_fit(&s->profiles, lv->form_n + 1, c) < 0;
+            if (lv->form_closed) break;
+        }
     for (size_t k = 0; k + 1 < j->nparts; k++) j->parts[k].next = &j->parts[k + 1];
     j->parts[j->nparts - 1].next = NULL;
     if (lv->tail) lv->tail->next = &j->parts[0];
@@ -54,6 +66,7 @@ void fl_queue_take(flame_scheduler *s, int l, fl_part **out, size_t n)
         out[i]->job->taken++;
     }
     if (!lv->head) lv->tail = NULL;
+    lv->form_ok = false;
     lv->queued -= n;
     s->queued -= n;
     lv->bypassed = 0;
@@ -74,6 +87,7 @@ static void unlink_if(fl_level *lv, bool (*drop)(const fl_part *, const void *),
             **out = p;
             *out = &p->next;
             lv->queued--;
+            lv->form_ok = false;
             (*removed)++;
         } else {
             prev = p;
@@ -100,6 +114,29 @@ fl_part *fl_queue_expire(flame_scheduler *s, uint64_t now)
     s->queued -= removed;
     s->next_deadline = next;
     return list;
+}
+
+size_t fl_queue_form(flame_scheduler *s, int l, bool *closed)
+{
+    fl_level *lv = &s->levels[l];
+    if (!lv->form_ok) {
+        const fl_profiles *ps = &s->profiles;
+        size_t n = 0;
+        uint64_t cands = 0;
+        const fl_part *p = lv->head;
+        for (; p; p = p->next) {
+            const uint64_t c = p->cand_n > cands ? p->cand_n : cands;
+            if (fl_profiles_fit(ps, n + 1, c) < 0) break;
+            cands = c;
+            n++;
+        }
+        lv->form_n = n;
+        lv->form_cands = cands;
+        lv->form_closed = p != NULL || fl_profiles_fit(ps, n + 1, cands) < 0;
+        lv->form_ok = true;
+    }
+    *closed = lv->form_closed;
+    return lv->form_n;
 }
 
 uint64_t fl_queue_due(const flame_scheduler *s, int l)

@@ -52,6 +52,8 @@ struct fl_job {
     atomic_size_t parts_left;
     atomic_int status;         /* FLAME_OK until the first part fails */
     char message[512];         /* that failure's message (written by the part that set status) */
+    bool pooled;               /* from the scheduler's pool of one-part jobs (returned there, not freed) */
+    struct fl_job *pool_next;  /* the pool's free list */
     size_t nparts;
     fl_part parts[];           /* then the rebased bags and gather (one allocation) */
 };
@@ -65,7 +67,30 @@ typedef struct fl_level {
     uint32_t bypassed;         /* batches of higher levels taken while this level waited */
     uint64_t last_arrival;     /* the scheduler's clock at the latest push (0: none yet) */
     double gap_us;             /* moving average of the gaps between pushes (the adaptive wait) */
+    /* the batch forming at the head (fl_queue_form), kept up to date by pushes so that a
+     * submit can tell whether it closed the batch without walking the queue; form_ok false:
+     * to be recomputed (after a take, an expiry or a cancel) */
+    bool form_ok, form_closed;
+    size_t form_n;
+    uint64_t form_cands;
 } fl_level;
+
+/* A worker thread of the scheduler (scheduler.c). */
+typedef struct fl_worker {
+    flame_scheduler *s;
+    pthread_cond_t cv;    /* this worker's wake-up (CLOCK_MONOTONIC for timed waits) */
+    bool has_cv;
+    bool asleep;          /* waiting on cv (under the lock) */
+    uint64_t wake_at;     /* while asleep: when it looks again by itself (the scheduler's clock;
+                           * UINT64_MAX: only when signalled; 0: signalled, about to look) */
+    fl_job *recycle;      /* finished pooled jobs, returned to the pool at the next lock */
+    fl_part **batch;      /* [profiles.max_users] */
+    flame_request *reqs;  /* [profiles.max_users] */
+    flame_status *status; /* [profiles.max_users]: a batch scored part by part */
+    char **message;       /* [profiles.max_users]: their failures' messages */
+    float *out;           /* the batch's scores, scattered to the jobs */
+    size_t out_cap;
+} fl_worker;
 
 /* The clock of deadlines and waits (injectable for the tests: fl_sched_set_clock). */
 typedef uint64_t (*fl_clock_fn)(void *user);
@@ -82,8 +107,13 @@ struct flame_scheduler {
     bool freed_by_worker;      /* destroyed from one of its workers: that worker frees it on its way out */
     fl_clock_fn clock;
     void *clock_user;
-    pthread_mutex_t mu;        /* guards the levels, the ids, next_deadline and `stopping` */
-    pthread_cond_t cv;         /* the queue changed, or stopping (CLOCK_MONOTONIC for timed waits) */
+    pthread_mutex_t mu;        /* guards the levels, the ids, next_deadline, `stopping`, the
+                                * workers' sleep state and the job pool */
+    fl_worker *workers;        /* [num_workers]; each sleeps on its own condition variable */
+    uint32_t sleepers;         /* workers waiting on their condition variable */
+    uint64_t signals;          /* condition-variable signals sent to workers (the tests count them) */
+    fl_job *pool;              /* free one-part jobs, reused by submit (no malloc a request) */
+    uint32_t pool_n;
     fl_level levels[FL_LEVELS];
     uint64_t queued;           /* parts of all levels */
     uint64_t next_id;          /* the last ticket given */
@@ -102,6 +132,10 @@ void fl_queue_push(flame_scheduler *s, fl_job *j);
 int fl_queue_pick(const flame_scheduler *s, bool *aged);
 /* Removes the first n parts of level `lv` into out[] and counts the batch for the rule. */
 void fl_queue_take(flame_scheduler *s, int lv, fl_part **out, size_t n);
+/* The parts at the head of level l that form the next batch (>= 1; the level is not empty): as
+ * many as some profile holds, in arrival order. *closed: no further part could join (the next
+ * one does not fit, or no profile holds one more user). Cached in the level. */
+size_t fl_queue_form(flame_scheduler *s, int l, bool *closed);
 /* When the batch forming at level l goes at the latest (the scheduler's clock): its oldest
  * part's submit + max_wait_us, or with the adaptive wait, earlier when the level's next
  * arrival is overdue. */

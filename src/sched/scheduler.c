@@ -1,6 +1,13 @@
 /* The batch-profile scheduler (flame.h, docs/scheduler.md): submit queues a request's parts;
  * workers form batches from the head of the queue, score each with one flame_score_batch
- * call and complete the parts' jobs. One mutex guards the queue; scoring runs outside it. */
+ * call and complete the parts' jobs. One mutex guards the queue; scoring runs outside it.
+ *
+ * The hand-over is kept cheap at high rates: one lock round trip a submit and one a batch on
+ * the worker's side; one-part jobs come from a pool (no malloc a request) and go back to it
+ * once a batch, under the lock the worker takes anyway; a submit signals a worker only when
+ * one must look sooner than it is going to (notify: the queue went from empty to not empty,
+ * a batch filled, or a deadline or due time came earlier), never while the workers are busy
+ * or a forming batch's timer already covers it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +15,7 @@
 #include <time.h>
 
 #include "core/abi.h"
-#include "engine/engine.h"
+#include "engine/sched_iface.h"
 #include "sched/sched.h"
 
 #define MAX_WAIT_US 10000000
@@ -17,16 +24,16 @@
 #define DEFAULT_MAX_BYPASS 8u
 #define MAX_BYPASS 65536u
 #define MAX_TIMEOUT_US (1ll << 40)
+#define POOL_KEEP 4096u /* free one-part jobs kept for reuse; more go back to malloc */
 
-typedef struct worker {
-    flame_scheduler *s;
-    fl_part **batch;      /* [profiles.max_users] */
-    flame_request *reqs;  /* [profiles.max_users] */
-    flame_status *status; /* [profiles.max_users]: a batch scored part by part */
-    char **message;       /* [profiles.max_users]: their failures' messages */
-    float *out;           /* the batch's scores, scattered to the jobs */
-    size_t out_cap;
-} worker;
+typedef fl_worker worker;
+
+/* Completion state of one batch (or one list of expired or cancelled parts). */
+typedef struct done_ctx {
+    uint64_t now;         /* the scheduler's clock when the batch ended: its latency */
+    fl_job **recycle;     /* where finished pooled jobs go; NULL: back to the pool before their
+                           * callback (a callback may destroy the scheduler) */
+} done_ctx;
 
 /* The per-batch arrays of a worker; false on OOM. */
 static bool worker_arrays(worker *w, size_t max_users)
@@ -64,16 +71,100 @@ void fl_sched_set_clock(flame_scheduler *s, fl_clock_fn fn, void *user)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Wakes every sleeping worker (lock held). */
+static void wake_all(flame_scheduler *s)
+{
+    for (uint32_t i = 0; i < s->num_workers; i++)
+        if (s->workers[i].asleep) {
+            s->workers[i].wake_at = 0;
+            s->signals++;
+            pthread_cond_signal(&s->workers[i].cv);
+        }
+}
+
 void fl_sched_kick(flame_scheduler *s)
 {
     pthread_mutex_lock(&s->mu);
-    pthread_cond_broadcast(&s->cv);
+    wake_all(s);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* With the lock held, after the queue changed: when some worker must next look at it (the
+ * scheduler's clock; 0: now, UINT64_MAX: never), by the rules of next_batch. */
+static uint64_t needed_at(flame_scheduler *s)
+{
+    bool aged;
+    const int l = fl_queue_pick(s, &aged);
+    if (l < 0) return UINT64_MAX;
+    if (s->stopping || aged || !s->max_wait_us) return 0;
+    bool closed;
+    fl_queue_form(s, l, &closed);
+    if (closed) return 0;
+    const uint64_t due = fl_queue_due(s, l);
+    return due < s->next_deadline ? due : s->next_deadline;
+}
+
+/* Signals one sleeping worker if none would look by itself in time (lock held). Busy workers
+ * look at the queue when their batch is done, so with no sleeper there is nothing to do. */
+static void notify(flame_scheduler *s)
+{
+    if (!s->sleepers) return;
+    const uint64_t need = needed_at(s);
+    if (need == UINT64_MAX) return;
+    worker *pick = NULL;
+    for (uint32_t i = 0; i < s->num_workers; i++) {
+        worker *w = &s->workers[i];
+        if (!w->asleep) continue;
+        if (w->wake_at <= need) return; /* it looks in time anyway */
+        pick = w;
+    }
+    if (pick) {
+        pick->wake_at = 0;
+        s->signals++;
+        pthread_cond_signal(&pick->cv);
+    }
+}
+
+/* ------------------------------------------------------------------ the job pool */
+
+static size_t pooled_bytes(void)
+{
+    return (sizeof(fl_job) + sizeof(fl_part) + 15) & ~(size_t)15;
+}
+
+/* A one-part job (lock held): a pooled one, or a new one; NULL on OOM. */
+static fl_job *pool_get(flame_scheduler *s)
+{
+    fl_job *j = s->pool;
+    if (j) {
+        s->pool = j->pool_next;
+        s->pool_n--;
+        return j;
+    }
+    j = malloc(pooled_bytes());
+    if (j) j->pooled = true;
+    return j;
+}
+
+/* Returns a list of finished pooled jobs (linked by pool_next) to the pool (lock held). */
+static void pool_put(flame_scheduler *s, fl_job *list)
+{
+    while (list) {
+        fl_job *next = list->pool_next;
+        if (s->pool_n < POOL_KEEP) {
+            list->pool_next = s->pool;
+            s->pool = list;
+            s->pool_n++;
+        } else {
+            free(list);
+        }
+        list = next;
+    }
 }
 
 /* ------------------------------------------------------------------ completion */
 
-static void finish_job(flame_scheduler *s, fl_job *j)
+static void finish_job(flame_scheduler *s, fl_job *j, done_ctx *c)
 {
     const int st = atomic_load(&j->status);
     if (st == FLAME_OK && j->gather)
@@ -81,16 +172,32 @@ static void finish_job(flame_scheduler *s, fl_job *j)
     if (st == FLAME_ERR_TIMEOUT) atomic_fetch_add(&s->timeouts, 1);
     else if (st == FLAME_ERR_CANCELLED) atomic_fetch_add(&s->cancelled, 1);
     else { /* scored: its latency counts */
-        fl_hist_add(&s->latency, fl_sched_clock(s) - j->submit_us);
+        fl_hist_add(&s->latency, c->now - j->submit_us);
         atomic_fetch_add(st == FLAME_OK ? &s->completed : &s->failed, 1);
     }
-    j->done(j->user, (flame_status)st, st == FLAME_OK ? NULL : j->message);
-    free(j);
+    if (!j->pooled) {
+        j->done(j->user, (flame_status)st, st == FLAME_OK ? NULL : j->message);
+        free(j);
+    } else if (c->recycle) { /* a worker's batch: the worker returns it at its next lock */
+        j->done(j->user, (flame_status)st, st == FLAME_OK ? NULL : j->message);
+        j->pool_next = *c->recycle;
+        *c->recycle = j;
+    } else { /* s may be gone once done returns: the job goes back first */
+        const flame_score_done_fn done = j->done;
+        void *user = j->user;
+        char message[sizeof j->message];
+        if (st != FLAME_OK) memcpy(message, j->message, sizeof message);
+        j->pool_next = NULL;
+        pthread_mutex_lock(&s->mu);
+        pool_put(s, j);
+        pthread_mutex_unlock(&s->mu);
+        done(user, (flame_status)st, st == FLAME_OK ? NULL : message);
+    }
 }
 
 /* One part is scored (st FLAME_OK, its scores already in place) or failed; the last part of a
  * job completes it. The first failure's status and message are the job's. */
-static void complete_part(flame_scheduler *s, fl_part *p, flame_status st, const char *message)
+static void complete_part(flame_scheduler *s, fl_part *p, flame_status st, const char *message, done_ctx *c)
 {
     fl_job *j = p->job;
     if (st != FLAME_OK) {
@@ -98,12 +205,13 @@ static void complete_part(flame_scheduler *s, fl_part *p, flame_status st, const
         if (atomic_compare_exchange_strong(&j->status, &ok, (int)st))
             snprintf(j->message, sizeof j->message, "%s", message && *message ? message : flame_status_string(st));
     }
-    if (atomic_fetch_sub(&j->parts_left, 1) == 1) finish_job(s, j); /* acq_rel: sees every part's writes */
+    if (j->nparts == 1 || atomic_fetch_sub(&j->parts_left, 1) == 1) /* acq_rel: sees every part's writes */
+        finish_job(s, j, c);
 }
 
 /* Completes unlinked parts (fl_queue_expire, fl_queue_cancel) with st. A job is freed by its
  * last part, so each link is read before its part completes. */
-static void complete_list(flame_scheduler *s, fl_part *p, flame_status st)
+static void complete_list(flame_scheduler *s, fl_part *p, flame_status st, done_ctx *c)
 {
     while (p) {
         fl_part *next = p->next;
@@ -114,7 +222,7 @@ static void complete_list(flame_scheduler *s, fl_part *p, flame_status st)
                      (unsigned long long)(p->job->deadline_us - p->job->submit_us));
         else
             snprintf(message, sizeof message, "request %llu: cancelled while queued", (unsigned long long)p->job->id);
-        complete_part(s, p, st, message);
+        complete_part(s, p, st, message, c);
         p = next;
     }
 }
@@ -184,8 +292,9 @@ static void run_batch(worker *w, size_t n)
     atomic_fetch_add(&s->in_flight, 1);
     flame_status st = score_parts(w, w->batch, w->reqs, n);
     atomic_fetch_sub(&s->in_flight, 1);
+    done_ctx c = {.now = fl_sched_clock(s), .recycle = &w->recycle}; /* one clock read for the batch */
     if (st == FLAME_OK) {
-        for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], FLAME_OK, NULL);
+        for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], FLAME_OK, NULL, &c);
         return;
     }
     if (st == FLAME_ERR_INVALID_ARG && n > 1) { /* one bad request: find it, score the others */
@@ -196,39 +305,21 @@ static void run_batch(worker *w, size_t n)
             w->status[i] = score_parts(w, &w->batch[i], &w->reqs[i], 1);
             w->message[i] = w->status[i] ? strdup(flame_last_error()) : NULL;
         }
+        c.now = fl_sched_clock(s);
         for (size_t i = 0; i < n; i++) {
-            complete_part(s, w->batch[i], w->status[i], w->message[i]);
+            complete_part(s, w->batch[i], w->status[i], w->message[i], &c);
             free(w->message[i]);
         }
         return;
     }
     char message[512];
     snprintf(message, sizeof message, "%s", flame_last_error());
-    for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], st, message);
+    for (size_t i = 0; i < n; i++) complete_part(s, w->batch[i], st, message, &c);
 }
 
 /* ------------------------------------------------------------------ workers */
 
 static void free_scheduler(flame_scheduler *s);
-
-/* The parts at the head of level l that form the next batch: as many as some profile holds,
- * in arrival order. *closed: no further part could join (the next one does not fit, or no
- * profile holds one more user). Called with the lock held; the level is not empty. */
-static size_t form(const flame_scheduler *s, int l, bool *closed)
-{
-    const fl_profiles *ps = &s->profiles;
-    size_t n = 0;
-    uint64_t cands = 0;
-    const fl_part *p = s->levels[l].head;
-    for (; p; p = p->next) {
-        uint64_t c = p->cand_n > cands ? p->cand_n : cands;
-        if (fl_profiles_fit(ps, n + 1, c) < 0) break;
-        cands = c;
-        n++;
-    }
-    *closed = p != NULL || fl_profiles_fit(ps, n + 1, cands) < 0;
-    return n;
-}
 
 /* With the lock held: the next batch into `into` (its size), or 0 with either *expired (parts
  * whose deadline passed, to complete unlocked first) or *wake (when to look again on the
@@ -243,7 +334,7 @@ static size_t next_batch(flame_scheduler *s, fl_part **into, fl_part **expired, 
     const int l = fl_queue_pick(s, &aged);
     if (l < 0) return 0;
     bool closed;
-    const size_t n = form(s, l, &closed); /* >= 1: every part fits the profile of the largest max_candidates */
+    const size_t n = fl_queue_form(s, l, &closed); /* >= 1: every part fits the profile of the largest max_candidates */
     if (!closed && !s->stopping && !aged && s->max_wait_us) {
         const uint64_t due = fl_queue_due(s, l);
         if (now < due) { /* wait for more, for the oldest part's due time, or for the next deadline */
@@ -257,17 +348,22 @@ static size_t next_batch(flame_scheduler *s, fl_part **into, fl_part **expired, 
 
 /* Waits on the condition until `wake` on the scheduler's clock (converted to a span, so an
  * injected clock works too), or until signalled. */
-static void wait_until(flame_scheduler *s, uint64_t wake)
+static void wait_until(flame_scheduler *s, worker *w, uint64_t wake)
 {
-    if (wake == UINT64_MAX) {
-        pthread_cond_wait(&s->cv, &s->mu);
-        return;
-    }
     const uint64_t now = fl_sched_clock(s);
-    if (wake <= now) return;
-    const uint64_t real = fl_sched_now_us() + (wake - now);
-    struct timespec ts = {.tv_sec = (time_t)(real / 1000000u), .tv_nsec = (long)(real % 1000000u) * 1000};
-    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    if (wake != UINT64_MAX && wake <= now) return;
+    w->asleep = true;
+    w->wake_at = wake;
+    s->sleepers++;
+    if (wake == UINT64_MAX) {
+        pthread_cond_wait(&w->cv, &s->mu);
+    } else {
+        const uint64_t real = fl_sched_now_us() + (wake - now);
+        struct timespec ts = {.tv_sec = (time_t)(real / 1000000u), .tv_nsec = (long)(real % 1000000u) * 1000};
+        pthread_cond_timedwait(&w->cv, &s->mu, &ts);
+    }
+    s->sleepers--;
+    w->asleep = false;
 }
 
 /* The scheduler whose worker this thread is (NULL elsewhere): destroy and score called from a
@@ -286,19 +382,24 @@ static void *work(void *arg)
         const size_t n = next_batch(s, w->batch, &expired, &wake);
         if (expired) {
             pthread_mutex_unlock(&s->mu);
-            complete_list(s, expired, FLAME_ERR_TIMEOUT);
+            done_ctx c = {.recycle = &w->recycle};
+            complete_list(s, expired, FLAME_ERR_TIMEOUT, &c);
             pthread_mutex_lock(&s->mu);
+            pool_put(s, w->recycle);
+            w->recycle = NULL;
             continue;
         }
         if (n == 0) {
             if (!s->queued && s->stopping) break; /* every queued part is done */
-            wait_until(s, s->queued ? wake : UINT64_MAX);
+            wait_until(s, w, s->queued ? wake : UINT64_MAX);
             continue;
         }
-        if (s->queued) pthread_cond_signal(&s->cv); /* the next batch can form on another worker */
+        if (s->queued) notify(s); /* the next batch may form on another worker */
         pthread_mutex_unlock(&s->mu);
         run_batch(w, n);
         pthread_mutex_lock(&s->mu);
+        pool_put(s, w->recycle); /* the batch's jobs, in the lock round trip the worker makes anyway */
+        w->recycle = NULL;
     }
     const bool free_it = s->freed_by_worker;
     pthread_mutex_unlock(&s->mu);
@@ -312,10 +413,16 @@ static void *work(void *arg)
 static void free_scheduler(flame_scheduler *s)
 {
     if (!s) return;
-    worker *ws = s->threads ? (worker *)(s->threads + s->num_workers) : NULL;
-    for (uint32_t i = 0; ws && i < s->num_workers; i++) worker_free(&ws[i]);
+    worker *ws = s->workers;
+    for (uint32_t i = 0; ws && i < s->num_workers; i++) {
+        worker_free(&ws[i]);
+        if (ws[i].has_cv) pthread_cond_destroy(&ws[i].cv);
+    }
     free(s->threads);
-    pthread_cond_destroy(&s->cv);
+    for (fl_job *j = s->pool, *next; j; j = next) {
+        next = j->pool_next;
+        free(j);
+    }
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -324,7 +431,7 @@ static void stop_workers(flame_scheduler *s)
 {
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
-    pthread_cond_broadcast(&s->cv);
+    wake_all(s);
     pthread_mutex_unlock(&s->mu);
     for (uint32_t i = 0; i < s->started; i++) pthread_join(s->threads[i], NULL);
     s->started = 0;
@@ -351,26 +458,19 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
         return fl_error(FLAME_ERR_INVALID_ARG, "adaptive_wait %u is outside 0..1", p.adaptive_wait);
     if (p.workers > MAX_WORKERS)
         return fl_error(FLAME_ERR_INVALID_ARG, "workers %u is outside 1..%d (0 = the default)", p.workers, MAX_WORKERS);
-    if (p.workers == 0) { /* one batch in flight per GPU executor; the CPU's BLAS uses the cores itself */
-        int64_t ex = engine->cfg.cuda_stream ? 1 : engine->cfg.cuda_executors;
-        p.workers = engine->gpu ? (uint32_t)(ex < 1 ? 1 : ex > MAX_WORKERS ? MAX_WORKERS : ex) : 1;
-    }
+    if (p.workers == 0) /* one batch in flight per GPU executor; on the CPU one call uses the cores itself */
+        p.workers = fl_engine_workers(engine, MAX_WORKERS);
     flame_scheduler *s = calloc(1, sizeof *s);
     if (!s) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a scheduler");
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines do not jump with the wall clock */
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
     flame_status st = fl_profiles_init(&s->profiles, p.profiles, p.num_profiles,
-                                       engine->model->cfg.head == FLAME_HEAD_SUMI);
+                                       fl_engine_candidates_are_tokens(engine));
     if (st) {
         free_scheduler(s);
         return st;
     }
     s->engine = engine;
-    s->num_tasks = engine->model->cfg.num_tasks;
+    s->num_tasks = fl_engine_num_tasks(engine);
     s->max_wait_us = (uint64_t)p.max_wait_us;
     s->max_queue = p.max_queue ? p.max_queue : DEFAULT_MAX_QUEUE;
     s->max_bypass = p.max_bypass ? p.max_bypass : DEFAULT_MAX_BYPASS;
@@ -381,13 +481,18 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
     /* the thread ids, then the workers' state */
     s->threads = calloc(1, p.workers * (sizeof(pthread_t) + sizeof(worker)));
     worker *ws = s->threads ? (worker *)(s->threads + p.workers) : NULL;
+    s->workers = ws;
     bool ok = ws != NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines do not jump with the wall clock */
     for (uint32_t i = 0; ok && i < p.workers; i++) {
         ws[i].s = s;
-        ok = worker_arrays(&ws[i], s->profiles.max_users);
+        ws[i].has_cv = pthread_cond_init(&ws[i].cv, &ca) == 0;
+        ok = ws[i].has_cv && worker_arrays(&ws[i], s->profiles.max_users);
     }
-    if (!ok) ws = NULL;
-    if (!ws) {
+    pthread_condattr_destroy(&ca);
+    if (!ok) {
         free_scheduler(s);
         return fl_error(FLAME_ERR_NOMEM, "out of memory allocating %u scheduler workers", p.workers);
     }
@@ -413,7 +518,7 @@ static void destroy_from_worker(flame_scheduler *s)
     const pthread_t self = pthread_self();
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
-    pthread_cond_broadcast(&s->cv);
+    wake_all(s);
     pthread_mutex_unlock(&s->mu);
     for (uint32_t i = 0; i < s->started; i++)
         if (!pthread_equal(s->threads[i], self)) pthread_join(s->threads[i], NULL);
@@ -432,10 +537,13 @@ static void destroy_from_worker(flame_scheduler *s)
             expired = NULL;
         }
         pthread_mutex_unlock(&s->mu);
-        if (expired) complete_list(s, expired, FLAME_ERR_TIMEOUT);
-        else if (one) complete_part(s, one, FLAME_ERR_NOMEM, "scheduler: out of memory draining the queue");
+        done_ctx c = {.now = fl_sched_clock(s), .recycle = &tmp.recycle};
+        if (expired) complete_list(s, expired, FLAME_ERR_TIMEOUT, &c);
+        else if (one) complete_part(s, one, FLAME_ERR_NOMEM, "scheduler: out of memory draining the queue", &c);
         else if (n) run_batch(&tmp, n);
         pthread_mutex_lock(&s->mu);
+        pool_put(s, tmp.recycle);
+        tmp.recycle = NULL;
     }
     s->freed_by_worker = true;
     pthread_mutex_unlock(&s->mu);
@@ -525,7 +633,7 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     flame_request q = {0}; /* as flame_score reads it (core/abi.h) */
     st = fl_struct_in("flame_request", &q, sizeof q, request);
     if (st) return st;
-    const int32_t slots = s->engine->model->cfg.num_side;
+    const int32_t slots = fl_engine_num_side(s->engine);
     if (q.num_side_features != (size_t)slots) /* checked before the bags are read for splitting */
         return fl_error(FLAME_ERR_INVALID_ARG, "request: num_side_features = %zu, the model has %d",
                         q.num_side_features, slots);
@@ -536,9 +644,9 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     if (q.num_candidates && !scores) return fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
     if (q.num_candidates && !q.candidates)
         return fl_error(FLAME_ERR_INVALID_ARG, "request: candidates is NULL with num_candidates %zu", q.num_candidates);
-    if (q.num_candidates > FL_MAX_CANDIDATES) /* as validation would say; also bounds make_job's sizes */
-        return fl_error(FLAME_ERR_INVALID_ARG, "request 0: num_candidates = %zu exceeds %d", q.num_candidates,
-                        FL_MAX_CANDIDATES);
+    if (q.num_candidates > fl_engine_max_candidates()) /* as validation would say; also bounds make_job's sizes */
+        return fl_error(FLAME_ERR_INVALID_ARG, "request 0: num_candidates = %zu exceeds %zu", q.num_candidates,
+                        fl_engine_max_candidates());
     if (q.num_candidates == 0) { /* nothing to batch: validated and done here (ticket 0: nothing to cancel) */
         st = flame_score(s->engine, &q, scores, scores_len);
         char message[512];
@@ -555,21 +663,32 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     /* the parts get rebased slices of the candidate bags: check their structure first, or a bad
      * offsets[0] would be rebased away (validation then sees 0) */
     if (nparts > 1 && q.candidate_side &&
-        (st = fl_check_side_bags(s->engine->model, 0, "candidate", q.candidate_side, q.num_candidates)))
+        (st = fl_engine_check_candidate_bags(s->engine, q.candidate_side, q.num_candidates)))
         return st;
-    fl_job *j = make_job(s, &q, nparts);
-    if (!j) return fl_error(FLAME_ERR_NOMEM, "out of memory queueing a request of %zu candidates", q.num_candidates);
-    j->req = q;
-    j->scores = scores;
-    j->done = done;
-    j->user = user;
-    j->level = FLAME_PRIORITY_HIGH - o.priority; /* 0 = the highest */
-    atomic_init(&j->parts_left, nparts);
-    atomic_init(&j->status, FLAME_OK);
+    fl_job *j = NULL; /* a split job is made here; a one-part one comes from the pool under the lock */
+    if (nparts > 1 && !(j = make_job(s, &q, nparts)))
+        return fl_error(FLAME_ERR_NOMEM, "out of memory queueing a request of %zu candidates", q.num_candidates);
     pthread_mutex_lock(&s->mu);
     const bool stopping = s->stopping, full = s->queued + nparts > s->max_queue;
     const uint64_t queued = s->queued;
-    if (!stopping && !full) { /* counted before a worker can see it (and complete it) */
+    bool nomem = false;
+    if (!stopping && !full && !j) {
+        if ((j = pool_get(s))) {
+            j->nparts = 1;
+            j->gather = NULL;
+            j->taken = 0;
+            j->parts[0] = (fl_part){.job = j, .cand_n = q.num_candidates, .cand_side = q.candidate_side};
+        }
+        nomem = !j;
+    }
+    if (!stopping && !full && !nomem) { /* counted before a worker can see it (and complete it) */
+        j->req = q;
+        j->scores = scores;
+        j->done = done;
+        j->user = user;
+        j->level = FLAME_PRIORITY_HIGH - o.priority; /* 0 = the highest */
+        atomic_init(&j->parts_left, nparts);
+        atomic_init(&j->status, FLAME_OK);
         atomic_fetch_add(&s->submitted, 1);
         atomic_fetch_add(&s->candidates, q.num_candidates);
         if (nparts > 1) atomic_fetch_add(&s->split, 1);
@@ -580,13 +699,14 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
         j->id = ++s->next_id;
         if (ticket) *ticket = j->id;
         fl_queue_push(s, j);
-        pthread_cond_signal(&s->cv);
-    } else {
+        notify(s); /* a worker is woken only if none would look in time by itself */
+    } else if (!nomem) {
         atomic_fetch_add(&s->rejected, 1);
     }
     pthread_mutex_unlock(&s->mu); /* s is not touched after this on success */
+    if (nomem) return fl_error(FLAME_ERR_NOMEM, "out of memory queueing a request of %zu candidates", q.num_candidates);
     if (stopping || full) {
-        free(j);
+        free(j); /* NULL or a split job: a pooled one is taken only when accepted */
         if (stopping) return fl_error(FLAME_ERR_UNAVAILABLE, "the scheduler is being destroyed");
         return fl_error(FLAME_ERR_UNAVAILABLE, "scheduler queue full: %llu part(s) waiting, this request needs %zu, "
                         "max_queue %u", (unsigned long long)queued, nparts, s->max_queue);
@@ -615,7 +735,8 @@ FLAME_API flame_status flame_scheduler_cancel(flame_scheduler *s, uint64_t ticke
     if (!parts)
         return fl_error(FLAME_ERR_UNAVAILABLE, "request %llu is no longer queued: %s", (unsigned long long)ticket,
                         running ? "a part of it is being scored" : "it is being scored or has completed");
-    complete_list(s, parts, FLAME_ERR_CANCELLED); /* s may be gone after this (a done callback may destroy it) */
+    done_ctx c = {.recycle = NULL}; /* s may be gone after this (a done callback may destroy it) */
+    complete_list(s, parts, FLAME_ERR_CANCELLED, &c);
     return FLAME_OK;
 }
 

@@ -11,7 +11,11 @@ import pytest
 from conftest import REPO
 
 EXE = REPO / "examples" / "flame-bench"
-KEYS = {"offered_qps", "achieved_qps", "p50_us", "p90_us", "p99_us", "p999_us", "timeouts", "rejected", "mean_batch"}
+KEYS = {"offered_qps", "achieved_qps", "p50_us", "p90_us", "p99_us", "p999_us", "timeouts", "rejected", "mean_batch",
+        "send_late_p50_us", "send_late_p99_us"}
+CPU_KEYS = {"offered_qps", "achieved_qps", "submitters", "burst", "max_users", "max_wait_us", "adaptive", "requests",
+            "rejected", "mean_batch", "worker_cpu_us_per_request", "pass_cpu_us_per_request",
+            "submit_cpu_us_per_request", "scheduler_cpu_us_per_request"}
 
 
 def bench(*args, timeout=120):
@@ -28,6 +32,19 @@ def check_levels(levels, n):
         assert set(lv) == KEYS
         assert 0 < lv["p50_us"] <= lv["p90_us"] <= lv["p99_us"] <= lv["p999_us"]
         assert lv["achieved_qps"] > 0 and lv["mean_batch"] >= 1
+        assert 0 <= lv["send_late_p50_us"] <= lv["send_late_p99_us"]
+
+
+def check_cpu(cpu, qps, seconds, submitters, adaptive):
+    assert set(cpu) == CPU_KEYS
+    assert cpu["submitters"] == submitters and cpu["adaptive"] is adaptive and cpu["rejected"] == 0
+    assert cpu["requests"] == pytest.approx(qps * seconds, rel=0.02)
+    assert cpu["offered_qps"] == pytest.approx(qps, rel=0.05) and cpu["achieved_qps"] > 0
+    assert 1 <= cpu["mean_batch"] <= cpu["max_users"]
+    assert cpu["worker_cpu_us_per_request"] > 0 and cpu["pass_cpu_us_per_request"] > 0
+    assert cpu["submit_cpu_us_per_request"] > 0
+    parts = cpu["worker_cpu_us_per_request"] - cpu["pass_cpu_us_per_request"] + cpu["submit_cpu_us_per_request"]
+    assert cpu["scheduler_cpu_us_per_request"] == pytest.approx(parts, abs=2e-3)
 
 
 def test_json_csv_png_through_the_scheduler(tmp_path):
@@ -39,9 +56,10 @@ def test_json_csv_png_through_the_scheduler(tmp_path):
         args += ["--png", str(out_png)]
     p = bench(*args)
     doc = json.loads(p.stdout)
-    assert set(doc) == {"levels", "scheduler_overhead_us"}
+    assert set(doc) == {"levels", "scheduler_overhead_us", "scheduler_cpu"}
     check_levels(doc["levels"], 2)
     assert doc["scheduler_overhead_us"] >= 0
+    check_cpu(doc["scheduler_cpu"], 100000, 1, 2, True)
     assert "offered/s" in p.stderr  # the table goes to stderr with --json
     rows = list(csv.DictReader(out_csv.open()))
     assert [float(r["p99_us"]) for r in rows] == [lv["p99_us"] for lv in doc["levels"]]
@@ -55,7 +73,18 @@ def test_direct_calls_diurnal_and_bounds():
     doc = json.loads(p.stdout)
     check_levels(doc["levels"], 1)
     assert doc["levels"][0]["mean_batch"] == 1  # no scheduler
-    assert doc["scheduler_overhead_us"] is None
+    assert doc["scheduler_overhead_us"] is None and doc["scheduler_cpu"] is None
+
+
+def test_overhead_only():
+    p = bench("--overhead-only", "--overhead-qps", "20000", "--submitters", "3", "--burst-us", "500",
+              "--overhead-users", "16", "--overhead-wait-us", "100", "--seconds", "1", "--json")
+    doc = json.loads(p.stdout)
+    assert doc["levels"] == []
+    cpu = doc["scheduler_cpu"]
+    check_cpu(cpu, 20000, 1, 3, False)
+    assert cpu["max_users"] == 16 and cpu["max_wait_us"] == 100
+    assert cpu["burst"] == 3  # 20,000/s over 3 threads, 500 us a burst
 
 
 def test_bad_options_are_named():

@@ -1,0 +1,36 @@
+/* The engine's answers to the scheduler (sched_iface.h). */
+#include "engine/sched_iface.h"
+
+#include "engine/engine.h"
+
+uint32_t fl_engine_workers(const flame_engine *e, uint32_t cap)
+{
+    if (!e->gpu) return 1;
+    const int64_t ex = e->cfg.cuda_stream ? 1 : e->cfg.cuda_executors;
+    return (uint32_t)(ex < 1 ? 1 : ex > (int64_t)cap ? cap : ex);
+}
+
+int32_t fl_engine_num_tasks(const flame_engine *e)
+{
+    return e->model->cfg.num_tasks;
+}
+
+int32_t fl_engine_num_side(const flame_engine *e)
+{
+    return e->model->cfg.num_side;
+}
+
+bool fl_engine_candidates_are_tokens(const flame_engine *e)
+{
+    return e->model->cfg.head == FLAME_HEAD_SUMI;
+}
+
+size_t fl_engine_max_candidates(void)
+{
+    return FL_MAX_CANDIDATES;
+}
+
+flame_status fl_engine_check_candidate_bags(const flame_engine *e, const flame_bags *side, size_t n)
+{
+    return fl_check_side_bags(e->model, 0, "candidate", side, n);
+}
