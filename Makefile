@@ -45,7 +45,7 @@ LDLIBS += $(OPTIONAL_LIBS)
 
 SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
-SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
+SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c src/kvcache/*.c)
 # ---- the batch-profile scheduler
 SRC += $(wildcard src/sched/*.c src/metrics/*.c)
 # ---- the kernels as a public API (flame/kernels.h; their GPU side is cuda/kernels_api.cu)
