@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include "testutil.h"
+#include "tu_gpu.h"
 #include "tu_models.h"
 
 #define ITEMS 500
@@ -487,9 +488,29 @@ static void test_beauty(void **state)
     flame_model_destroy(m);
 }
 
+/* The GPU engine has no KV cache in this release: it says so at creation. */
+static void test_gpu_refuses_budget(void **state)
+{
+    (void)state;
+    TU_NEED_GPU();
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, 1, &m), FLAME_OK);
+    flame_config *fc = NULL;
+    assert_int_equal(flame_config_create(&fc), FLAME_OK);
+    assert_int_equal(flame_config_set_string(fc, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_KV_CACHE_BYTES, 1 << 20), FLAME_OK);
+    flame_engine *e = NULL;
+    assert_int_equal(flame_engine_create(m, fc, &e), FLAME_ERR_UNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(flame_last_error(), "the GPU engine has no KV cache"));
+    flame_config_destroy(fc);
+    flame_model_destroy(m);
+}
+
 int main(void)
 {
-    tu_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sumi_from_oldest),
         cmocka_unit_test(test_sumi_none),
@@ -503,6 +524,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_beauty),
+        cmocka_unit_test(test_gpu_refuses_budget),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, tu_gpu_setup, NULL);
 }
