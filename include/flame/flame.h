@@ -456,11 +456,13 @@ typedef struct flame_engine flame_engine;
  *   workspace from the engine's pool, so calls never share buffers, and results do not depend
  *   on concurrency (bitwise identical).
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model or out, an item cache whose records have
- *   a slot count other than the model's num_side_features: the message gives both);
+ *   a slot count other than the model's num_side_features: the message gives both; a
+ *   FLAME_OPT_KV_CACHE_BYTES budget that holds no block of FLAME_OPT_KV_CACHE_BLOCK_TOKENS
+ *   tokens: the message gives both options and the block's bytes);
  *   FLAME_ERR_NO_DEVICE
  *   ("cuda"/"cuda:N" asked for but this build or machine has no such GPU, or cuBLASLt cannot
  *   be loaded: the message says why); FLAME_ERR_UNSUPPORTED (a GPU engine for a model the CUDA backend cannot run: head
- *   dimension above 128); FLAME_ERR_NOMEM (host memory, or GPU memory /
+ *   dimension above 128; a GPU engine with FLAME_OPT_KV_CACHE_BYTES > 0); FLAME_ERR_NOMEM (host memory, or GPU memory /
  *   FLAME_OPT_DEVICE_MEMORY_BUDGET exceeded: the message gives the bytes needed and the
  *   limit); FLAME_ERR_INTERNAL (a mutex could not be made). On failure *out is NULL.
  */
