@@ -45,7 +45,7 @@ LDLIBS += $(OPTIONAL_LIBS)
 
 SRC := $(filter-out src/engine/no_cuda.c,$(wildcard src/core/*.c src/model/*.c src/cpu/*.c src/engine/*.c src/api/*.c))
 # ---- memory: NUMA, pinned pool, shared-memory user cache; $(sort) drops duplicates
-SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c)
+SRC += $(wildcard src/mem/*.c src/features/*.c src/icache/*.c src/ucache/*.c src/kvcache/*.c)
 # ---- the batch-profile scheduler
 SRC += $(wildcard src/sched/*.c src/metrics/*.c)
 # ---- the kernels as a public API (flame/kernels.h; their GPU side is cuda/kernels_api.cu)
@@ -93,6 +93,7 @@ BENCHES  += $(if $(filter 1,$(CUDA)),bench/kernels-api-bench) # the public kerne
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 BENCHES  += bench/kernels-api-cpu-bench # the public kernels on the CPU vs the engine's kernels called directly
 BENCHES  += bench/metrics-bench # the cost of a Prometheus scrape
+BENCHES  += bench/kv-cache-bench # the user-history KV cache vs the cache off (any device)
 
 .PHONY: all lib examples test test-build test-gpu bench run install uninstall clean deps deps-test abi-dump venv venv-bench \
         test-sanitize san-run dist distcheck wheel
@@ -191,6 +192,8 @@ bench/kernels-api-cpu-bench: bench/kernels_api_cpu_bench.c src/cpu/kernels.h inc
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 bench/metrics-bench: bench/metrics_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
+bench/kv-cache-bench: bench/kv_cache_bench.c $(SHLIB) lib/libflame.so
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS) -lcjson
 
 # int8 tables: calls the internal CPU kernel, so it links the static library
 bench/cpu-embedding-bench: bench/cpu_embedding_bench.c src/cpu/kernels.h $(STLIB)

@@ -13,6 +13,7 @@
 #include "engine.cuh"
 #include "topk.cuh"
 #include "engine/topk_select.h"
+#include "engine/plan.h"
 
 namespace {
 
@@ -172,13 +173,7 @@ void fill(pass &p)
         for (int64_t i = 0; i < s.n + s.m; i++) {
             const bool cand = i >= s.n;
             const int64_t t = s.off + i;
-            int64_t row = -1;
-            if (cand)
-                row = c.candidate_position;
-            else if (c.position_rule == FL_POS_LEFT_PADDED_SLOT)
-                row = c.max_len - s.n + i;
-            else if (c.position_rule == FL_POS_FROM_RECENT)
-                row = s.n - 1 - i;
+            const int64_t row = cand ? c.candidate_position : fl_plan_history_position(&c, i, s.n);
             h.prow[t] = c.position_rule == FL_POS_NONE ? -1 : (int32_t)row;
         }
         const int64_t tqf = p.tq_full, tql = p.tq_last;

@@ -59,6 +59,14 @@ static const char *configs[] = {
     "\"position\":{\"rule\":\"left_padded_slot\",\"rows\":64},"
     "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":512,\"norm\":\"pre\",\"activation\":\"gelu_erf\"},"
     "\"final_layernorm\":true,\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
+    /* positions counted from the oldest item (from_oldest) with a candidate position, pre-LN sumi */
+    "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":10,"
+    "\"tables\":[{\"name\":\"item\",\"rows\":200,\"dim\":32}],"
+    "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+    "\"position\":{\"rule\":\"from_oldest\",\"rows\":11,\"candidate_position\":10},"
+    "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"pre\",\"activation\":\"gelu_tanh\"},"
+    "\"final_layernorm\":true,"
+    "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[8],\"activation\":\"relu\"}]}}",
 };
 
 /* Random requests for a model: histories of 0..1.5 max_len items (the window truncates),

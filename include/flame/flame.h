@@ -321,7 +321,17 @@ typedef enum flame_option {
      * give the same bits. A choice the CPU lacks fails flame_engine_create with
      * FLAME_ERR_UNSUPPORTED (the message names the choice and what the CPU has). The chosen
      * kernels are logged at debug level ("CPU kernels: ..."). Ignored by GPU engines. */
-    FLAME_OPT_CPU_KERNELS = 13
+    FLAME_OPT_CPU_KERNELS = 13,
+    /* int: bytes of the engine's user-history KV cache (docs/kv-cache.md): every layer's K and
+     * V of the history tokens of requests with kv_cache = 1, kept per user so that scoring the
+     * same user again computes only the candidate tokens (and an extended history only its new
+     * items). Host memory on the CPU engine, 2 * num_blocks * d_model * 4 bytes a token.
+     * 0 (default) = no cache; else 1..2^50, at least one block (FLAME_OPT_KV_CACHE_BLOCK_TOKENS
+     * tokens). The GPU engine has no KV cache in this release: a non-zero value is
+     * FLAME_ERR_UNSUPPORTED at flame_engine_create there. */
+    FLAME_OPT_KV_CACHE_BYTES = 14,
+    /* int: tokens a block of the KV cache holds (its unit of allocation), 1..4096, default 16. */
+    FLAME_OPT_KV_CACHE_BLOCK_TOKENS = 15
 } flame_option;
 
 /*
@@ -457,11 +467,13 @@ typedef struct flame_engine flame_engine;
  *   workspace from the engine's pool, so calls never share buffers, and results do not depend
  *   on concurrency (bitwise identical).
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL model or out, an item cache whose records have
- *   a slot count other than the model's num_side_features: the message gives both);
+ *   a slot count other than the model's num_side_features: the message gives both; a
+ *   FLAME_OPT_KV_CACHE_BYTES budget that holds no block of FLAME_OPT_KV_CACHE_BLOCK_TOKENS
+ *   tokens: the message gives both options and the block's bytes);
  *   FLAME_ERR_NO_DEVICE
  *   ("cuda"/"cuda:N" asked for but this build or machine has no such GPU, or cuBLASLt cannot
  *   be loaded: the message says why); FLAME_ERR_UNSUPPORTED (a GPU engine for a model the CUDA backend cannot run: head
- *   dimension above 128); FLAME_ERR_NOMEM (host memory, or GPU memory /
+ *   dimension above 128; a GPU engine with FLAME_OPT_KV_CACHE_BYTES > 0); FLAME_ERR_NOMEM (host memory, or GPU memory /
  *   FLAME_OPT_DEVICE_MEMORY_BUDGET exceeded: the message gives the bytes needed and the
  *   limit); FLAME_ERR_INTERNAL (a mutex could not be made). On failure *out is NULL.
  */
@@ -514,6 +526,16 @@ typedef struct flame_request {
      * (flame_engine_set_user_cache): the request gives none (history NULL, history_len 0,
      * history_side NULL). 0: the history is the one given. Other values are invalid. */
     int32_t history_from_user_cache;
+    /* With kv_cache = 1, the version of this user's history window: any non-zero value the
+     * caller changes whenever the history (ids or side features) changes. Contract: the
+     * engine trusts it, so a reused version with another history of the same length scores
+     * against the history cached under it. 0 = the engine hashes the window (ids and side
+     * bags, 64 bits) on every call, which detects a changed history by itself. */
+    uint64_t history_version;
+    /* 1: the engine's KV cache (FLAME_OPT_KV_CACHE_BYTES) keeps this user's history K/V under
+     * user_id (docs/kv-cache.md); the scores are those of kv_cache = 0 within float32
+     * rounding. Needs an engine with a KV cache. 0 (default): not cached. */
+    int32_t kv_cache;
 } flame_request;
 
 /*
@@ -547,7 +569,8 @@ typedef struct flame_request {
  *   CSR offsets (flame_bags: offsets[0] != 0, decreasing, or a final offset other than
  *   num_ids), bags given for the history but not the candidates (or the reverse) under the
  *   sumi head, num_side_features other than the model's, history_from_user_cache not 0 or 1,
- *   1 with a history given, 1 on an engine with no user cache, an item id of the user's cached
+ *   1 with a history given, 1 on an engine with no user cache, kv_cache not 0 or 1, kv_cache
+ *   1 on an engine without a KV cache (FLAME_OPT_KV_CACHE_BYTES 0), an item id of the user's cached
  *   history out of range (the message names the request, the user, the position in the
  *   record and the id), more than 2^31 - 1 tokens in one pass (lower FLAME_OPT_MAX_BATCH));
  *   FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks: the message gives
@@ -646,6 +669,20 @@ typedef struct flame_engine_stats {
      * a record in the user cache (hits) or not, or an expired one (misses) */
     uint64_t user_cache_hits;
     uint64_t user_cache_misses;
+    /* the KV cache (FLAME_OPT_KV_CACHE_BYTES; all 0 without one), over requests with
+     * kv_cache = 1: every cached token of the window reused (hits), a cached prefix reused and
+     * the new items computed (extensions), nothing reused (misses); users evicted for room;
+     * bytes of blocks in use now and at most so far, and the budget (whole blocks); history
+     * tokens computed and read from the cache instead (saved) */
+    uint64_t kv_cache_hits;
+    uint64_t kv_cache_misses;
+    uint64_t kv_cache_extensions;
+    uint64_t kv_cache_evictions;
+    uint64_t kv_cache_bytes;
+    uint64_t kv_cache_peak_bytes;
+    uint64_t kv_cache_budget_bytes;
+    uint64_t kv_cache_tokens_computed;
+    uint64_t kv_cache_tokens_saved;
 } flame_engine_stats;
 
 /*

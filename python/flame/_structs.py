@@ -31,7 +31,8 @@ class Request(C.Structure):
                 ("candidates", I64P), ("num_candidates", C.c_size_t),
                 ("history_side", C.POINTER(Bags)), ("candidate_side", C.POINTER(Bags)),
                 ("num_side_features", C.c_size_t),
-                ("history_from_user_cache", C.c_int32)]
+                ("history_from_user_cache", C.c_int32),
+                ("history_version", C.c_uint64), ("kv_cache", C.c_int32)]
 
 
 class EngineStats(C.Structure):
@@ -40,7 +41,12 @@ class EngineStats(C.Structure):
                 ("max_workspace_bytes", C.c_uint64), ("device_bytes", C.c_uint64),
                 ("device_weight_bytes", C.c_uint64), ("graph_captures", C.c_uint64),
                 ("graph_replays", C.c_uint64), ("user_cache_hits", C.c_uint64),
-                ("user_cache_misses", C.c_uint64)]
+                ("user_cache_misses", C.c_uint64),
+                ("kv_cache_hits", C.c_uint64), ("kv_cache_misses", C.c_uint64),
+                ("kv_cache_extensions", C.c_uint64), ("kv_cache_evictions", C.c_uint64),
+                ("kv_cache_bytes", C.c_uint64), ("kv_cache_peak_bytes", C.c_uint64),
+                ("kv_cache_budget_bytes", C.c_uint64), ("kv_cache_tokens_computed", C.c_uint64),
+                ("kv_cache_tokens_saved", C.c_uint64)]
 
 
 class NumaInfo(C.Structure):

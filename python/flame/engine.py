@@ -25,7 +25,8 @@ from .user_cache import UserCache
 # Engine options (flame_option): keyword -> (enum value, Python type).
 OPTIONS = {"device": (1, str), "max_batch": (2, int), "dtype": (4, str),
            "device_memory_budget": (5, int), "cuda_executors": (7, int), "cuda_graphs": (8, int),
-           "cuda_attention": (12, int), "threads": (9, int), "cpu_kernels": (13, str)}
+           "cuda_attention": (12, int), "threads": (9, int), "cpu_kernels": (13, str),
+           "kv_cache_bytes": (14, int), "kv_cache_block_tokens": (15, int)}
 
 # Statistics groups: name -> (C function, struct). Groups whose function the loaded library
 # does not export are left out, so newer handles slot in as one line each; the attached
@@ -47,6 +48,12 @@ class Request:
                     (Engine(user_cache=...)); history and history_side are then None and
                     user_id is required. A user without a record scores an empty history
                     (counted in stats()["engine"]["user_cache_misses"]).
+    kv_cache:       True: the engine's KV cache (Engine(kv_cache_bytes=...)) keeps user_id's
+                    history K/V, so scoring the same user again computes only the candidates
+                    (and a grown history only its new items); scores as with False
+    history_version: with kv_cache, a non-zero version the caller changes whenever the
+                    history changes (trusted: the caller's contract), or 0: the engine hashes
+                    the history window
     """
     history: Any
     candidates: Any
@@ -54,6 +61,8 @@ class Request:
     candidate_side: Optional[Sequence[Any]] = None
     user_id: Optional[int] = None
     from_user_cache: bool = False
+    kv_cache: bool = False
+    history_version: int = 0
 
 
 def _ptr(a: np.ndarray):
@@ -82,6 +91,9 @@ class Engine(Handle):
       cpu_kernels: the CPU engine's GEMM and dot-head kernels, "auto" (default: libflame's own
         in the widest set the CPU has), "avx512", "avx2" or "blas"; a set the CPU lacks raises
         FlameError with status FLAME_ERR_UNSUPPORTED naming it
+      kv_cache_bytes: budget of the user-history KV cache (0 = none, the default; CPU engines);
+        requests with kv_cache=True then reuse their user's cached history K/V
+        (docs/kv-cache.md); kv_cache_block_tokens: tokens a block of it holds (default 16)
     """
 
     _destroy, _what = "flame_engine_destroy", "engine"
@@ -185,12 +197,19 @@ class Engine(Handle):
             keep += [arr, bags]
             sides.append(C.cast(arr, C.POINTER(Bags)))
         uid = 0 if r.user_id is None else _arrays.int64(r.user_id, where + "user_id")
+        if r.kv_cache and r.user_id is None:
+            raise ShapeError(f"{where}kv_cache is set but no user_id is given: whose history is cached?")
+        if isinstance(r.history_version, bool) or not isinstance(r.history_version, (int, np.integer)) or \
+                not 0 <= int(r.history_version) < 2**64:
+            raise ShapeError(f"{where}history_version = {r.history_version!r} must be an int in 0..2**64-1")
         return _Request(C.sizeof(_Request), uid, _ptr(h), h.size, _ptr(c),
-                        c.size, sides[0], sides[1], k, 1 if r.from_user_cache else 0)
+                        c.size, sides[0], sides[1], k, 1 if r.from_user_cache else 0,
+                        int(r.history_version), 1 if r.kv_cache else 0)
 
     def score(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
               candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
-              from_user_cache: bool = False, out: Optional[np.ndarray] = None) -> np.ndarray:
+              from_user_cache: bool = False, kv_cache: bool = False, history_version: int = 0,
+              out: Optional[np.ndarray] = None) -> np.ndarray:
         """Scores one user's candidates.
 
         history: int64 [history_len], oldest first; candidates: int64 [num_candidates].
@@ -200,6 +219,8 @@ class Engine(Handle):
         from_user_cache: the history is user_id's record in the engine's user cache (history
         None): engine.score(None, candidates, user_id=42, from_user_cache=True); a user
         without a record scores an empty history.
+        kv_cache, history_version: the engine's KV cache keeps user_id's history K/V
+        (Request says how; Engine(kv_cache_bytes=...) makes the cache).
         out: optional float32 [num_candidates, num_tasks] C-contiguous array to write into.
         Returns float32 [num_candidates, num_tasks]: sigmoid task scores (sumi head) or dot
         products (dot head, one column).
@@ -207,8 +228,8 @@ class Engine(Handle):
         offsets; the message names them), ClosedError.
         """
         keep: List[Any] = []
-        req = self._request(Request(history, candidates, history_side, candidate_side, user_id, from_user_cache),
-                            keep)
+        req = self._request(Request(history, candidates, history_side, candidate_side, user_id, from_user_cache,
+                                    kv_cache, history_version), keep)
         res = _arrays.scores_out(out, req.num_candidates, self.num_tasks)
         with self._use() as h:
             self._check(lambda: _lib.lib().flame_score(h, C.byref(req), res.ctypes.data_as(F32P), res.size))
@@ -271,7 +292,9 @@ class Engine(Handle):
 
     def stats(self) -> Dict[str, Dict[str, int]]:
         """{group: {counter: value}}: "engine" (calls, requests, workspaces, scratch_bytes,
-        max_workspace_bytes, device and graph counters, user_cache_hits/misses), and the
+        max_workspace_bytes, device and graph counters, user_cache_hits/misses, the KV cache's
+        kv_cache_hits/misses/extensions/evictions/bytes/peak_bytes/budget_bytes/
+        tokens_computed/tokens_saved), and the
         attached caches' own: "item_cache" (ItemCache.stats), "user_cache" (UserCache.stats)."""
         L, out = _lib.lib(), {}
         for group, (fn, cls) in STATS.items():

@@ -58,6 +58,7 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     const bool resolve = engine->item_cache && num_requests;
     if (!st) st = fl_validate_requests_mt(engine->model, reqs, num_requests, &total,
                                           resolve ? FL_CHECK_DEFER_BAGS : FL_CHECK_ALL, engine->gpu ? 1 : engine->threads);
+    if (!st) st = fl_kv_check_requests(engine, reqs, num_requests);
     if (!st && topk && !engine->gpu) st = fl_error(FLAME_ERR_INTERNAL, "device top-k on a CPU engine");
     if (!st && !topk && total > scores_len)
         st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, %zu request(s) need %llu",

@@ -19,6 +19,9 @@ static const int_option int_options[] = {
     {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", 0, 1, offsetof(struct flame_config, cuda_graphs)},
     {FLAME_OPT_CUDA_ATTENTION, "FLAME_OPT_CUDA_ATTENTION", 0, 1, offsetof(struct flame_config, cuda_attention)},
     {FLAME_OPT_THREADS, "FLAME_OPT_THREADS", 0, 256, offsetof(struct flame_config, threads)},
+    {FLAME_OPT_KV_CACHE_BYTES, "FLAME_OPT_KV_CACHE_BYTES", 0, (int64_t)1 << 50, offsetof(struct flame_config, kv_cache_bytes)},
+    {FLAME_OPT_KV_CACHE_BLOCK_TOKENS, "FLAME_OPT_KV_CACHE_BLOCK_TOKENS", 1, 4096,
+     offsetof(struct flame_config, kv_cache_block_tokens)},
 };
 
 void fl_config_defaults(struct flame_config *c)
@@ -30,6 +33,7 @@ void fl_config_defaults(struct flame_config *c)
     c->max_batch = 256;
     c->cuda_executors = 2;
     c->cuda_graphs = 1;
+    c->kv_cache_block_tokens = 16;
 }
 
 fl_dtype_opt fl_config_dtype(const struct flame_config *c)

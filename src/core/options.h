@@ -17,6 +17,8 @@ struct flame_config {
     int64_t cuda_graphs;          /* 1: capture and replay CUDA graphs */
     int64_t cuda_attention;       /* 1: the portable attention kernel on every GPU */
     int64_t threads;              /* CPU threads for the single-user dot head; 0 = the BLAS's count */
+    int64_t kv_cache_bytes;       /* the user-history KV cache's budget, 0 = none */
+    int64_t kv_cache_block_tokens; /* tokens a block of it holds */
     /* the caches the engine reads, borrowed by the config (the engine takes references) */
     struct flame_item_cache *item_cache;
     struct flame_user_cache *user_cache;

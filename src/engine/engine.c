@@ -11,6 +11,7 @@
 #include "engine/cpu_plan.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
+#include "kvcache/kvcache.h"
 
 /* Resolves the device option: -1 for the CPU, else the CUDA ordinal. "auto" falls back to
  * the CPU and says why through the log hook; "cuda"/"cuda:N" fail when unusable. */
@@ -98,6 +99,14 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
         }
     }
     e->model = model;
+    st = fl_kv_engine_init(e);
+    if (st) {
+        fl_cuda_engine_destroy(e->gpu);
+        fl_cpu_plan_destroy(e->cpu);
+        pthread_mutex_destroy(&e->pool_lock);
+        free(e);
+        return st;
+    }
     fl_model_retain(model);
     /* the caches named by the config are the engine's for its life; the config only borrowed them */
     e->item_cache = cfg.item_cache;
@@ -123,6 +132,7 @@ FLAME_API void flame_engine_destroy(flame_engine *engine)
         free(ws);
     }
     pthread_mutex_destroy(&engine->pool_lock);
+    fl_kv_engine_free(engine);
     fl_icache_release(engine->item_cache);
     fl_uc_release(engine->user_cache);
     fl_model_release(engine->model);
@@ -146,6 +156,20 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
         .user_cache_misses = atomic_load(&engine->user_cache_misses),
     };
     if (engine->gpu) fl_cuda_graph_counts(engine->gpu, &v.graph_captures, &v.graph_replays);
+    if (engine->kv) {
+        fl_kv_stats ks;
+        fl_kv_get_stats(engine->kv, &ks);
+        const uint64_t bb = fl_kv_block_bytes(engine->kv);
+        v.kv_cache_hits = ks.hits;
+        v.kv_cache_misses = ks.misses;
+        v.kv_cache_extensions = ks.extensions;
+        v.kv_cache_evictions = ks.evictions;
+        v.kv_cache_bytes = ks.blocks_in_use * bb;
+        v.kv_cache_peak_bytes = ks.peak_blocks_in_use * bb;
+        v.kv_cache_budget_bytes = (uint64_t)fl_kv_num_blocks(engine->kv) * bb;
+        v.kv_cache_tokens_computed = ks.tokens_computed;
+        v.kv_cache_tokens_saved = ks.tokens_saved;
+    }
     return fl_struct_out("flame_engine_stats", stats, &v, sizeof v);
 }
 

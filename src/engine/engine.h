@@ -8,6 +8,7 @@
 
 #include "core/options.h"
 #include "metrics/histogram.h"
+#include "kvcache/kvlayout.h"
 #include "model/model.h"
 
 /* A growable 64-byte aligned arena, private to one call at a time. */
@@ -47,6 +48,11 @@ struct flame_engine {
     /* metrics (flame/metrics.h): per-stage latency of successful calls, indexed by flame_stage */
     fl_histogram stage[FL_ENGINE_STAGES];
     atomic_uint_fast64_t candidates, tokens;
+    /* the user-history KV cache (FLAME_OPT_KV_CACHE_BYTES; NULL: none): its bookkeeping, and
+     * its blocks in host memory (the CPU engine), laid out by kv_lay */
+    struct fl_kv_cache *kv;
+    uint8_t *kv_blocks;
+    fl_kv_layout kv_lay;
 };
 
 
@@ -109,6 +115,22 @@ size_t fl_forward_bytes(const struct flame_engine *e, const flame_request *reqs,
 /* Scores n validated requests in one pass into `scores` (their concatenated blocks). */
 flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
                             float *scores);
+
+/* One request scored against its history alone (engine/forward_kv.c, executing
+ * engine/plan.h): with kv_cache = 1 the rows the engine's KV cache holds are read, the others
+ * computed and stored; candidates run in chunks. */
+flame_status fl_forward_cpu_kv(struct flame_engine *e, fl_workspace *ws, const flame_request *q, float *scores);
+/* Scratch bytes of fl_forward_cpu_kv for q (whatever the cache holds). */
+size_t fl_forward_kv_bytes(const struct flame_engine *e, const flame_request *q);
+/* Checks the kv_cache fields of validated requests against the engine (engine/kv_engine.c). */
+flame_status fl_kv_check_requests(const struct flame_engine *e, const flame_request *reqs, size_t n);
+/* Makes the engine's KV cache from its config (none when the budget is 0). */
+flame_status fl_kv_engine_init(struct flame_engine *e);
+void fl_kv_engine_free(struct flame_engine *e);
+
+/* The embedding view of feature f over a token list (items, side bags), from token `first` on. */
+struct fl_emb_feature fl_feature_view(const fl_model_cfg *c, const struct flame_model *m, int f, const int64_t *items,
+                                      const flame_bags *side, int64_t first);
 
 /* flame_score_batch_topk's outputs: ids/scores [num_requests, k], ranked by column task. */
 typedef struct fl_topk_spec {

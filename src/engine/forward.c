@@ -20,6 +20,7 @@
 #include "cpu/kernels.h"
 #include "engine/cpu_plan.h"
 #include "engine/engine.h"
+#include "engine/plan.h"
 
 typedef struct seq {
     int64_t start; /* first history item used (older ones fall out of the window) */
@@ -175,8 +176,8 @@ static size_t carve(batch *b, fl_workspace *ws)
     return total;
 }
 
-static fl_emb_feature feature_view(const fl_model_cfg *c, const struct flame_model *m, int f, const int64_t *items,
-                                   const flame_bags *side, int64_t first)
+fl_emb_feature fl_feature_view(const fl_model_cfg *c, const struct flame_model *m, int f, const int64_t *items,
+                                const flame_bags *side, int64_t first)
 {
     const fl_feature_cfg *fc = &c->features[f];
     const fl_table_cfg *t = &c->tables[fc->table];
@@ -214,8 +215,8 @@ static void embed_task(void *ctx, int64_t t, int worker)
             if (count == 0) continue;
             int32_t col = 0;
             for (int f = 0; f < c->num_features; f++) {
-                fv[f] = part ? feature_view(c, m, f, q->candidates, q->candidate_side, 0)
-                             : feature_view(c, m, f, q->history, q->history_side, s->start);
+                fv[f] = part ? fl_feature_view(c, m, f, q->candidates, q->candidate_side, 0)
+                             : fl_feature_view(c, m, f, q->history, q->history_side, s->start);
                 fv[f].out_col = c->combine_concat ? col : 0;
                 col += fv[f].dim;
             }
@@ -240,7 +241,7 @@ static void position_task(void *ctx, int64_t t, int worker)
             if (i >= s->n)
                 row = c->candidate_position;
             else
-                row = c->position_rule == FL_POS_LEFT_PADDED_SLOT ? c->max_len - s->n + i : s->n - 1 - i;
+                row = fl_plan_history_position(c, i, s->n);
             if (row < 0) continue;
             const float *p = m->w.position + row * d;
             float *x = b->X + (s->off + i) * d;
@@ -442,8 +443,8 @@ static void head_sumi(batch *b, float *scores)
     }
 }
 
-flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
-                            float *scores)
+static flame_status forward_batch(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
+                                  float *scores)
 {
     const struct flame_model *m = e->model;
     const fl_model_cfg *c = &m->cfg;
@@ -471,10 +472,63 @@ flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flam
     return FLAME_OK;
 }
 
-size_t fl_forward_bytes(const struct flame_engine *e, const flame_request *reqs, size_t n, int64_t *tokens)
+/* Requests with kv_cache = 1 on an engine with a KV cache run alone against their history
+ * (engine/forward_kv.c); the runs of other requests between them run as batches. */
+static bool kv_path(const struct flame_engine *e, const flame_request *q)
+{
+    return e->kv && q->kv_cache == 1;
+}
+
+static size_t batch_bytes(const struct flame_engine *e, const flame_request *reqs, size_t n, int64_t *tokens)
 {
     batch b = {.model = e->model, .reqs = reqs, .n = n, .threads = e->threads};
     plan_layout(&b);
     *tokens = b.T;
     return carve(&b, NULL);
+}
+
+flame_status fl_forward_cpu(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
+                            float *scores)
+{
+    const size_t T = (size_t)e->model->cfg.num_tasks;
+    size_t r = 0;
+    flame_status st = FLAME_OK;
+    while (r < n && !st) {
+        size_t r1 = r;
+        while (r1 < n && !kv_path(e, &reqs[r1])) r1++;
+        if (r1 > r) { /* a run of requests without the cache: one batch */
+            st = forward_batch(e, ws, reqs + r, r1 - r, scores);
+            for (; r < r1; r++) scores += reqs[r].num_candidates * T;
+            continue;
+        }
+        st = fl_forward_cpu_kv(e, ws, &reqs[r], scores);
+        scores += reqs[r].num_candidates * T;
+        r++;
+    }
+    return st;
+}
+
+size_t fl_forward_bytes(const struct flame_engine *e, const flame_request *reqs, size_t n, int64_t *tokens)
+{
+    size_t need = 0;
+    *tokens = 0;
+    for (size_t r = 0; r < n;) {
+        size_t r1 = r, b;
+        int64_t t = 0;
+        while (r1 < n && !kv_path(e, &reqs[r1])) r1++;
+        if (r1 > r) {
+            b = batch_bytes(e, reqs + r, r1 - r, &t);
+            r = r1;
+        } else {
+            b = fl_forward_kv_bytes(e, &reqs[r]);
+            int64_t start;
+            int32_t nh;
+            fl_plan_window(&e->model->cfg, reqs[r].history_len, &start, &nh);
+            t = nh + (e->model->cfg.head == FLAME_HEAD_SUMI ? (int64_t)reqs[r].num_candidates : 0);
+            r++;
+        }
+        if (b > need) need = b;
+        *tokens += t;
+    }
+    return need;
 }

@@ -164,9 +164,9 @@ static flame_status parse_position(const cJSON *root, fl_model_cfg *c)
     c->candidate_position = -1;
     if (!p) return FLAME_OK;
     if (!cJSON_IsObject(p)) return BAD("'position' must be an object");
-    static const char *const rules[] = {"none", "left_padded_slot", "from_recent"};
+    static const char *const rules[] = {"none", "left_padded_slot", "from_recent", "from_oldest"};
     int rule = 0;
-    TRY(get_enum(p, "position.", "rule", rules, 3, true, &rule));
+    TRY(get_enum(p, "position.", "rule", rules, 4, true, &rule));
     c->position_rule = (fl_position_rule)rule;
     if (rule == FL_POS_NONE) return FLAME_OK;
     int64_t rows = 0;

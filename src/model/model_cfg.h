@@ -18,7 +18,12 @@ extern "C" {
 
 typedef enum fl_pooling { FL_POOL_SUM = 0, FL_POOL_MEAN = 1 } fl_pooling;
 typedef enum fl_activation { FL_ACT_NONE = 0, FL_ACT_GELU_ERF, FL_ACT_GELU_TANH, FL_ACT_RELU } fl_activation;
-typedef enum fl_position_rule { FL_POS_NONE = 0, FL_POS_LEFT_PADDED_SLOT, FL_POS_FROM_RECENT } fl_position_rule;
+typedef enum fl_position_rule {
+    FL_POS_NONE = 0,
+    FL_POS_LEFT_PADDED_SLOT,
+    FL_POS_FROM_RECENT,
+    FL_POS_FROM_OLDEST /* row i for history item i of the window, 0 = oldest */
+} fl_position_rule;
 
 typedef struct fl_table_cfg {
     char name[FL_NAME_MAX];

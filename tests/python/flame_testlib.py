@@ -68,6 +68,8 @@ CASES = {
         blocks={"count": 3, "norm": "pre", "activation": "gelu_erf", "num_heads": 4}, final_layernorm=True,
         input_layernorm=False, max_len=4, position={"rule": "left_padded_slot", "rows": 5, "candidate_position": -1}),
     "no_blocks_dot": config(blocks={"count": 0}, final_layernorm=True),
+    "post_sumi_from_oldest": config(position={"rule": "from_oldest", "rows": 7, "candidate_position": 6},
+                                    head=SUMI_HEAD),
 }
 
 

@@ -74,7 +74,7 @@ def test_embedding_rules_without_blocks():
     """0 blocks and no LayerNorm: the dot score is <sum of pooled features + position, T[c]>."""
     tables, features = lib.side_features(("sum", "mean"))
     tables = [{**tb, "dim": 16} for tb in tables]
-    for rule, last_row in [("left_padded_slot", 5), ("from_recent", 0)]:
+    for rule, last_row in [("left_padded_slot", 5), ("from_recent", 0), ("from_oldest", 1)]:
         cfg = lib.config(tables=tables, features=features, input_layernorm=False, blocks={"count": 0},
                          position={"rule": rule, "rows": 8, "candidate_position": -1})
         t = {k: v.astype(np.float64) for k, v in reference.random_model(cfg, 5).items()}

@@ -43,6 +43,8 @@ def user_states(cfg, t, histories):
     # a real token in slot s of the L-window is history item i = s - (L - n) of n, so both
     # position rules reduce to a function of s alone
     rule, ml = cfg["position"]["rule"], cfg["max_len"]
+    if rule == "from_oldest":
+        raise NotImplementedError("position rule 'from_oldest' (use flame.tools.reference)")
     if rule != "none":
         s = np.arange(L)
         x = x + t["position.weight"][ml - L + s if rule == "left_padded_slot" else L - 1 - s]

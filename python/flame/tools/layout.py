@@ -112,7 +112,7 @@ def _check(cfg):
     if not cfg["projection"] and embed_dim(cfg) != d:
         raise ValueError(f"config: without projection the embedding width {embed_dim(cfg)} must equal d_model {d}")
     pos = cfg["position"]
-    _choice("position.rule", pos["rule"], ("left_padded_slot", "from_recent", "none"))
+    _choice("position.rule", pos["rule"], ("left_padded_slot", "from_recent", "from_oldest", "none"))
     if pos["rule"] != "none":
         _range("position.rows", pos["rows"], cfg["max_len"], 1 << 20)
         _range("position.candidate_position", pos["candidate_position"], -1, pos["rows"] - 1)

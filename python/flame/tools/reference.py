@@ -156,6 +156,8 @@ def history_position_rows(cfg, n):
         return cfg["max_len"] - n + np.arange(n)
     if rule == "from_recent":
         return n - 1 - np.arange(n)
+    if rule == "from_oldest":
+        return np.arange(n)
     return None
 
 

@@ -1,0 +1,541 @@
+/* The CPU engine's user-history KV cache (docs/kv-cache.md): scores with the cache on (a miss,
+ * a hit, an extended history, after eviction, in micro-batched chunks, in mixed batches, from
+ * many threads at once) equal the scores of the same engine configuration without it, on
+ * fresh random models of every position rule and both heads, and on the Beauty-trained model
+ * when it was converted (build/beauty.flame.safetensors); every refusal with its message. */
+#include <pthread.h>
+
+#include "testutil.h"
+#include "tu_gpu.h"
+#include "tu_models.h"
+#include "cpu/kernels.h"
+
+#define ITEMS 500
+#define MAX_LEN 64
+
+/* a sumi ranker, item ids only: d_model 32, 2 blocks of 4 heads, candidates at row MAX_LEN */
+static void sumi_cfg(char *buf, size_t cap, const char *rule, const char *norm)
+{
+    snprintf(buf, cap,
+             "{\"format\":\"flame\",\"version\":1,\"d_model\":32,\"max_len\":%d,"
+             "\"tables\":[{\"name\":\"item\",\"rows\":%d,\"dim\":32}],"
+             "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+             "\"position\":{\"rule\":\"%s\",\"rows\":%d,\"candidate_position\":%d},\"input_layernorm\":true,"
+             "\"blocks\":{\"count\":2,\"num_heads\":4,\"ffn_dim\":64,\"norm\":\"%s\",\"activation\":\"gelu_tanh\"},"
+             "\"final_layernorm\":true,"
+             "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[16]},{\"name\":\"b\",\"hidden\":[]}]}}",
+             MAX_LEN, ITEMS, rule, MAX_LEN + 1, MAX_LEN, norm);
+}
+
+/* a dot model: d_model 16, 2 post-LN blocks */
+static void dot_cfg(char *buf, size_t cap, const char *rule)
+{
+    snprintf(buf, cap,
+             "{\"format\":\"flame\",\"version\":1,\"d_model\":16,\"max_len\":%d,"
+             "\"tables\":[{\"name\":\"item\",\"rows\":%d,\"dim\":16}],"
+             "\"features\":[{\"name\":\"item\",\"table\":\"item\",\"input\":\"item\"}],"
+             "\"position\":{\"rule\":\"%s\",\"rows\":%d},"
+             "\"blocks\":{\"count\":2,\"num_heads\":2,\"ffn_dim\":32,\"norm\":\"post\",\"activation\":\"gelu_erf\"},"
+             "\"head\":{\"type\":\"dot\",\"table\":\"item\"}}",
+             MAX_LEN, ITEMS, rule, MAX_LEN);
+}
+
+static flame_engine *engine(flame_model *m, int64_t kv_bytes, int64_t block_tokens)
+{
+    flame_config *cfg = NULL;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_KV_CACHE_BYTES, kv_bytes), FLAME_OK);
+    assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_KV_CACHE_BLOCK_TOKENS, block_tokens), FLAME_OK);
+    flame_engine *e = NULL;
+    assert_int_equal(flame_engine_create(m, cfg, &e), FLAME_OK);
+    flame_config_destroy(cfg);
+    return e;
+}
+
+static flame_request req(int64_t user, const int64_t *h, size_t n, const int64_t *c, size_t m, int32_t kv)
+{
+    return (flame_request){.struct_size = sizeof(flame_request), .user_id = user, .history = h, .history_len = n,
+                           .candidates = c, .num_candidates = m, .kv_cache = kv};
+}
+
+static flame_engine_stats stats(flame_engine *e)
+{
+    flame_engine_stats s = {.struct_size = sizeof s};
+    assert_int_equal(flame_engine_get_stats(e, &s), FLAME_OK);
+    return s;
+}
+
+/* scores of r on e into a buffer poisoned with NaN first */
+static float *score(flame_engine *e, const flame_request *r, size_t len)
+{
+    float *s = malloc(len * sizeof(float));
+    for (size_t i = 0; i < len; i++) s[i] = NAN;
+    flame_status st = flame_score(e, r, s, len);
+    if (st) fail_msg("flame_score: %s: %s", flame_status_string(st), flame_last_error());
+    return s;
+}
+
+/* True when the engine's GEMMs run on libflame's own kernels (a CPU with AVX2, not narrowed to
+ * the BLAS): each output row then depends on its own inputs alone, so the cache path gives the
+ * cache-off bits exactly. */
+static bool own_kernels(void)
+{
+    const char *force = getenv("FLAME_CPU_KERNELS");
+    return fl_cpu_isa_detect() != FL_ISA_BASE && !(force && !strcmp(force, "blas"));
+}
+
+/* bitwise with the own kernels; else float32 rounding of the same sums in another order (the
+ * BLAS blocks its GEMMs by the number of rows) */
+static void assert_close(const float *got, const float *want, size_t n)
+{
+    const float tol = own_kernels() ? 0.0f : 2e-5f;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]) || isnan(want[i])) fail_msg("score %zu is NaN (%g vs %g)", i, got[i], want[i]);
+        if (fabsf(got[i] - want[i]) > tol * (1.0f + fabsf(want[i])))
+            fail_msg("score %zu: %.9g with the cache, %.9g without", i, got[i], want[i]);
+    }
+}
+
+static void fill(int64_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) v[i] = tu_below(ITEMS);
+}
+
+/* miss, hit, grown by 1-3 items (an extension where the rule keeps older rows, else a miss),
+ * a changed item in the cached part (a miss by hash): each against the engine without cache */
+static void run_sequence(const char *cfg, bool extendable, int tasks)
+{
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 8);
+    int64_t h[MAX_LEN + 20], c[40];
+    fill(h, MAX_LEN + 20);
+    fill(c, 40);
+    size_t n = 20;
+    uint64_t want_hits = 0, want_ext = 0, want_miss = 0;
+    for (int step = 0; step < 6; step++) {
+        flame_request r0 = req(9, h, n, c, 40, 0), r1 = req(9, h, n, c, 40, 1);
+        float *want = score(off, &r0, 40 * (size_t)tasks), *got = score(on, &r1, 40 * (size_t)tasks);
+        assert_close(got, want, 40 * (size_t)tasks);
+        free(want);
+        free(got);
+        if (step == 0) want_miss++;
+        else if (step == 1 || step == 3) want_hits++;
+        else if (step == 5) want_miss++;
+        else if (extendable) want_ext++;
+        else want_miss++;
+        flame_engine_stats s = stats(on);
+        assert_int_equal(s.kv_cache_hits, want_hits);
+        assert_int_equal(s.kv_cache_extensions, want_ext);
+        assert_int_equal(s.kv_cache_misses, want_miss);
+        if (step == 1) { /* the hit computed no history token of the sumi head, one of the dot head */
+            assert_int_equal(s.kv_cache_tokens_saved, tasks == 1 ? 19 : 20);
+            assert_int_equal(s.kv_cache_tokens_computed, tasks == 1 ? 21 : 20);
+        }
+        /* steps: 0 miss, 1 hit, 2 grown, 3 hit, 4 grown, 5 an item of the cached part changed */
+        if (step == 1 || step == 3) n += 1 + (size_t)tu_below(3);
+        if (step == 4) h[2] = (h[2] + 1) % ITEMS;
+    }
+    flame_engine_stats s = stats(on);
+    assert_true(s.kv_cache_bytes > 0 && s.kv_cache_bytes <= s.kv_cache_budget_bytes);
+    assert_int_equal(stats(off).kv_cache_budget_bytes, 0);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+static void test_sumi_from_oldest(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    run_sequence(cfg, true, 2);
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "post");
+    run_sequence(cfg, true, 2);
+}
+
+static void test_sumi_none(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "none", "pre");
+    run_sequence(cfg, true, 2);
+}
+
+static void test_sumi_rules_that_move_rows(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_recent", "pre");
+    run_sequence(cfg, false, 2);
+    sumi_cfg(cfg, sizeof cfg, "left_padded_slot", "post");
+    run_sequence(cfg, false, 2);
+}
+
+static void test_dot_head(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    dot_cfg(cfg, sizeof cfg, "left_padded_slot");
+    run_sequence(cfg, false, 1);
+    dot_cfg(cfg, sizeof cfg, "from_oldest");
+    run_sequence(cfg, true, 1);
+}
+
+/* side features are part of the hash: the same items with another bag is another history */
+static void test_side_features(void **state)
+{
+    (void)state;
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(TU_SUMI_SIDE_CONFIG(100, 50, 51, gelu_erf), tu_u64(), &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 16);
+    int64_t h[30], c[10];
+    for (int i = 0; i < 30; i++) h[i] = tu_below(100);
+    for (int i = 0; i < 10; i++) c[i] = tu_below(100);
+    static tu_side_bags hb, cb;
+    tu_side_bags_build(&hb, h, 30, NULL);
+    tu_side_bags_build(&cb, c, 10, NULL);
+    for (int round = 0; round < 3; round++) {
+        if (round == 2) hb.ids[0][4] = (hb.ids[0][4] + 1) % 20; /* another artist of token 4 */
+        flame_request r = req(3, h, 30, c, 10, 0);
+        r.history_side = hb.b;
+        r.candidate_side = cb.b;
+        r.num_side_features = 2;
+        float *want = score(off, &r, 20);
+        r.kv_cache = 1;
+        float *got = score(on, &r, 20);
+        assert_close(got, want, 20);
+        free(want);
+        free(got);
+    }
+    flame_engine_stats s = stats(on);
+    assert_int_equal(s.kv_cache_misses, 2);
+    assert_int_equal(s.kv_cache_hits, 1);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+/* A budget of one user's entry: users take turns evicting each other, scores unchanged. */
+static void test_eviction(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    /* 2 layers x K,V x 32 floats = 512 bytes a token; 8-token blocks of 4096 bytes; 40 tokens = 5 blocks */
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 6 * 4096, 8);
+    int64_t h[3][40], c[16];
+    for (int u = 0; u < 3; u++) fill(h[u], 40);
+    fill(c, 16);
+    for (int round = 0; round < 7; round++) {
+        const int u = round % 3;
+        flame_request r = req(u, h[u], 40, c, 16, 0);
+        float *want = score(off, &r, 32);
+        r.kv_cache = 1;
+        float *got = score(on, &r, 32);
+        assert_close(got, want, 32);
+        free(want);
+        free(got);
+    }
+    flame_engine_stats s = stats(on);
+    assert_int_equal(s.kv_cache_misses, 7);
+    assert_int_equal(s.kv_cache_evictions, 6);
+    assert_int_equal(s.kv_cache_budget_bytes, 6 * 4096);
+    assert_int_equal(s.kv_cache_peak_bytes, 5 * 4096);
+    /* a window longer than the whole budget is scored without being stored */
+    flame_engine *tiny = engine(m, 4096, 8);
+    flame_request r = req(1, h[0], 40, c, 16, 1);
+    float *want = score(off, &(flame_request){.struct_size = sizeof r, .history = h[0], .history_len = 40,
+                                              .candidates = c, .num_candidates = 16}, 32);
+    float *got = score(tiny, &r, 32);
+    assert_close(got, want, 32);
+    free(got);
+    got = score(tiny, &r, 32);
+    assert_close(got, want, 32);
+    assert_int_equal(stats(tiny).kv_cache_misses, 2);
+    assert_int_equal(stats(tiny).kv_cache_bytes, 0);
+    free(want);
+    free(got);
+    flame_engine_destroy(tiny);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+/* Thousands of candidates in chunks against one history (a miss, then a hit). */
+static void test_micro_batched(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_recent", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 16);
+    enum { M = 3000 };
+    int64_t h[MAX_LEN], *c = malloc(M * sizeof(int64_t));
+    fill(h, MAX_LEN);
+    fill(c, M);
+    flame_request r = req(5, h, MAX_LEN, c, M, 0);
+    float *want = score(off, &r, 2 * M);
+    r.kv_cache = 1;
+    for (int i = 0; i < 2; i++) {
+        float *got = score(on, &r, 2 * M);
+        assert_close(got, want, 2 * M);
+        free(got);
+    }
+    assert_int_equal(stats(on).kv_cache_hits, 1);
+    free(want);
+    free(c);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+/* A batch mixing cached and uncached requests equals the requests one by one. */
+static void test_mixed_batch(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 16);
+    int64_t h[4][30], c[4][12];
+    flame_request rs[4];
+    for (int i = 0; i < 4; i++) {
+        fill(h[i], 30);
+        fill(c[i], 12);
+        rs[i] = req(i, h[i], 10 + (size_t)i * 5, c[i], 12, i % 2 == 0);
+    }
+    float want[4 * 24], got[4 * 24];
+    for (int i = 0; i < 4; i++) {
+        flame_request r = rs[i];
+        r.kv_cache = 0;
+        assert_int_equal(flame_score(off, &r, want + i * 24, 24), FLAME_OK);
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 4 * 24; i++) got[i] = NAN;
+        assert_int_equal(flame_score_batch(on, rs, 4, got, 4 * 24), FLAME_OK);
+        assert_close(got, want, 4 * 24);
+    }
+    flame_engine_stats s = stats(on);
+    assert_int_equal(s.kv_cache_misses, 2);
+    assert_int_equal(s.kv_cache_hits, 2);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+/* A reused user id with another history is caught by the hash; a caller's version is trusted
+ * (the caller's contract): the same version with another history scores the cached one. */
+static void test_versions(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 16);
+    int64_t a[30], b[30], c[8];
+    fill(a, 30);
+    fill(c, 8);
+    memcpy(b, a, sizeof b);
+    b[7] = (a[7] + 1) % ITEMS;
+    flame_request ra = req(1, a, 30, c, 8, 0), rb = req(1, b, 30, c, 8, 0);
+    float *wa = score(off, &ra, 16), *wb = score(off, &rb, 16);
+    ra.kv_cache = rb.kv_cache = 1;
+    float *g = score(on, &ra, 16); /* hashed: miss */
+    assert_close(g, wa, 16);
+    free(g);
+    g = score(on, &rb, 16); /* the same user, another history of the same length: the hash says miss */
+    assert_close(g, wb, 16);
+    free(g);
+    assert_int_equal(stats(on).kv_cache_misses, 2);
+    ra.history_version = rb.history_version = 77;
+    g = score(on, &ra, 16); /* version 77 stored for history a */
+    assert_close(g, wa, 16);
+    free(g);
+    g = score(on, &rb, 16); /* the caller lies: version 77 again for history b gives a's scores */
+    assert_close(g, wa, 16);
+    free(g);
+    rb.history_version = 78;
+    g = score(on, &rb, 16);
+    assert_close(g, wb, 16);
+    free(g);
+    free(wa);
+    free(wb);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, 1, &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 20, 16);
+    int64_t h[4] = {1, 2, 3, 4}, c[2] = {5, 6};
+    float s[4] = {-7, -7, -7, -7};
+    flame_request r = req(1, h, 4, c, 2, 1);
+    assert_int_equal(flame_score(off, &r, s, 4), FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "request 0: kv_cache = 1 but the engine has no KV cache"));
+    r.kv_cache = 2;
+    assert_int_equal(flame_score(on, &r, s, 4), FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "request 0: kv_cache = 2, must be 0 or 1"));
+    for (int i = 0; i < 4; i++) assert_true(s[i] == -7.0f);
+    flame_config *fc = NULL;
+    assert_int_equal(flame_config_create(&fc), FLAME_OK);
+    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_KV_CACHE_BYTES, -1), FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "FLAME_OPT_KV_CACHE_BYTES = -1 is out of range"));
+    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_KV_CACHE_BLOCK_TOKENS, 0), FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "FLAME_OPT_KV_CACHE_BLOCK_TOKENS = 0 is out of range"));
+    int64_t v = 0;
+    assert_int_equal(flame_config_get_int(fc, FLAME_OPT_KV_CACHE_BLOCK_TOKENS, &v), FLAME_OK);
+    assert_int_equal(v, 16);
+    /* a budget below one block (16 tokens x 512 bytes) */
+    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_KV_CACHE_BYTES, 8191), FLAME_OK);
+    flame_engine *e = (flame_engine *)1;
+    assert_int_equal(flame_engine_create(m, fc, &e), FLAME_ERR_INVALID_ARG);
+    assert_null(e);
+    assert_non_null(strstr(flame_last_error(), "FLAME_OPT_KV_CACHE_BYTES = 8191"));
+    assert_non_null(strstr(flame_last_error(), "holds no block"));
+    flame_config_destroy(fc);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+/* ---- many threads scoring the same users at once */
+
+typedef struct th_arg {
+    flame_engine *e;
+    const int64_t *h, *c;
+    const float *want;
+    int bad;
+} th_arg;
+
+static void *scorer(void *p)
+{
+    th_arg *a = p;
+    for (int i = 0; i < 20; i++) {
+        flame_request r = req(i % 2, a->h + (i % 2) * 40, 40, a->c, 16, 1);
+        float s[32];
+        if (flame_score(a->e, &r, s, 32) != FLAME_OK) a->bad = 1;
+        for (int j = 0; j < 32; j++)
+            if (!(fabsf(s[j] - a->want[(i % 2) * 32 + j]) <= 2e-5f * (1.0f + fabsf(a->want[(i % 2) * 32 + j]))))
+                a->bad = 1;
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 16);
+    int64_t h[80], c[16];
+    fill(h, 80);
+    fill(c, 16);
+    float want[64];
+    for (int u = 0; u < 2; u++) {
+        flame_request r = req(u, h + u * 40, 40, c, 16, 0);
+        assert_int_equal(flame_score(off, &r, want + u * 32, 32), FLAME_OK);
+    }
+    th_arg a[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (th_arg){.e = on, .h = h, .c = c, .want = want};
+        pthread_create(&th[i], NULL, scorer, &a[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) assert_int_equal(a[i].bad, 0);
+    flame_engine_stats s = stats(on);
+    assert_int_equal(s.kv_cache_misses, 2); /* each user's history computed once */
+    assert_int_equal(s.kv_cache_hits, 4 * 20 - 2);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+/* The Beauty-trained model (dot head, left-padded positions): hits equal the cache-off scores. */
+static void test_beauty(void **state)
+{
+    (void)state;
+    flame_model *m = NULL;
+    if (flame_model_load("build/beauty.flame.safetensors", &m) != FLAME_OK) {
+        skip(); /* make test converts it from ../shared/data when present */
+    }
+    flame_model_info info = {.struct_size = sizeof info};
+    assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 24, 16);
+    const size_t M = (size_t)info.num_items;
+    int64_t *c = malloc(M * sizeof(int64_t)), h[40];
+    for (size_t i = 0; i < M; i++) c[i] = (int64_t)i;
+    float *want = malloc(M * sizeof(float));
+    for (int user = 0; user < 3; user++) {
+        for (int i = 0; i < 40; i++) h[i] = 1 + tu_below(info.num_items - 1);
+        flame_request r = req(user, h, 10 + (size_t)user * 15, c, M, 0);
+        assert_int_equal(flame_score(off, &r, want, M), FLAME_OK);
+        r.kv_cache = 1;
+        for (int k = 0; k < 2; k++) {
+            float *got = score(on, &r, M);
+            assert_close(got, want, M);
+            free(got);
+        }
+    }
+    assert_int_equal(stats(on).kv_cache_hits, 3);
+    free(want);
+    free(c);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
+/* The GPU engine has no KV cache in this release: it says so at creation. */
+static void test_gpu_refuses_budget(void **state)
+{
+    (void)state;
+    TU_NEED_GPU();
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, 1, &m), FLAME_OK);
+    flame_config *fc = NULL;
+    assert_int_equal(flame_config_create(&fc), FLAME_OK);
+    assert_int_equal(flame_config_set_string(fc, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
+    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_KV_CACHE_BYTES, 1 << 20), FLAME_OK);
+    flame_engine *e = NULL;
+    assert_int_equal(flame_engine_create(m, fc, &e), FLAME_ERR_UNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(flame_last_error(), "the GPU engine has no KV cache"));
+    flame_config_destroy(fc);
+    flame_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sumi_from_oldest),
+        cmocka_unit_test(test_sumi_none),
+        cmocka_unit_test(test_sumi_rules_that_move_rows),
+        cmocka_unit_test(test_dot_head),
+        cmocka_unit_test(test_side_features),
+        cmocka_unit_test(test_eviction),
+        cmocka_unit_test(test_micro_batched),
+        cmocka_unit_test(test_mixed_batch),
+        cmocka_unit_test(test_versions),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_beauty),
+        cmocka_unit_test(test_gpu_refuses_budget),
+    };
+    return cmocka_run_group_tests(tests, tu_gpu_setup, NULL);
+}
