@@ -297,9 +297,9 @@ static void head_dot(const kv_pass *k, float *scores)
     }
     const bool contiguous = fl_cpu_ids_contiguous(k->q->candidates, (size_t)mc);
     if (!contiguous)
-        fl_cpu_dot_rows_mt(h, d, table, k->q->candidates, 0, mc, scores, 1, k->threads);
+        fl_cpu_dot_rows_mt(k->e->cpu->dot_isa, h, d, table, k->q->candidates, 0, mc, scores, 1, k->threads);
     else if (k->e->cpu->own_gemv)
-        fl_cpu_dot_rows_mt(h, d, table, NULL, k->q->candidates[0], mc, scores, 1, k->threads);
+        fl_cpu_dot_rows_mt(k->e->cpu->dot_isa, h, d, table, NULL, k->q->candidates[0], mc, scores, 1, k->threads);
     else
         cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)mc, d, 1.0f, table + k->q->candidates[0] * d, d, h, 1, 0.0f,
                     scores, 1);
