@@ -289,7 +289,7 @@ def main(argv=None):
     with open(os.path.join(ROOT, "bench", "ref_gr_config.json")) as f:
         ref_cfg = json.load(f)
     peak_tflops = (peak or {}).get("bf16_tflops")  # the MFU denominator: the bf16 matrix peak
-    res.append(entry("gpu_matmul_peak_fp16_tflops", peak_tflops, "TFLOP/s", None, None))
+    res.append(entry("gpu_matmul_peak_fp16_tflops", (peak or {}).get("fp16_tflops"), "TFLOP/s", None, None))
     res.append(entry("gpu_matmul_peak_bf16_tflops", (peak or {}).get("bf16_tflops"), "TFLOP/s", None, None))
 
     def mfu(shape, us):
