@@ -11,8 +11,9 @@
 // tokens of the pass; each block assembles the sequence's K/V in a contiguous workspace (the
 // cached rows gathered from the device blocks, the computed ones copied from the QKV GEMM's
 // output), stores the computed history rows in the entry's blocks when this call writes
-// them, and runs attention with the queries starting at row `cached`. Such a pass is never
-// captured as a CUDA graph and takes the 16-query attention tiles (docs/kv-cache.md).
+// them, and runs attention with the queries starting at row `cached`. Such a pass takes the
+// 16-query attention tiles; its CUDA graph's signature holds the cached prefix and the rows
+// read and stored (docs/kv-cache.md).
 #include <string.h>
 #include <time.h>
 
@@ -521,6 +522,10 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
     sig.insert(sig.end(), p.side_total, p.side_total + p.g->cfg.num_side);
     sig.insert(sig.end(), p.single, p.single + p.g->cfg.num_side);
     sig.insert(sig.end(), {p.sel_run, p.tq_full, p.tq_last});
+    // a KV cache pass: the cached prefix and the rows read and stored fix its launches and the
+    // offsets of its index arrays; the block table itself is data of the upload, which the
+    // graph's copy reads afresh from the staging buffer on every replay
+    sig.insert(sig.end(), {(int64_t)p.kv, (int64_t)p.cached, p.KT, p.kv_read, p.kv_write});
     for (size_t r = 0; r < p.n; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
     for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
 }
@@ -686,7 +691,7 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
     if (times) times->tokens_us = host_us() - t0; // the host's planning and staging
     bool done = false;
     FL_CUDA_TRY(cudaEventRecord(x->ev[0], x->stream));
-    if (g->use_graphs && !p.kv) FL_TRY(run_graph<T>(g, p, b, idx_bytes, &done)); // (a KV cache pass: never)
+    if (g->use_graphs) FL_TRY(run_graph<T>(g, p, b, idx_bytes, &done));
     if (!done) { // uncaptured: the upload has its own event
         p.after_upload = x->ev[1];
         flame_status st = enqueue<T>(g, p, b, idx_bytes);
