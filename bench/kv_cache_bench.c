@@ -244,8 +244,8 @@ static void rescore(const char *json, const char *device, const char *dtype, int
     check(flame_engine_get_stats(on, &st), "flame_engine_get_stats");
     if (js)
         printf("{\"bench\":\"rescore\",\"L\":%d,\"M\":128,\"cache_off_us\":%.0f,\"kv_cache_rescore_l%d_m128_us\":%.0f,"
-               "\"ratio\":%.4f,\"miss_us\":%.0f,\"kv_bytes\":%llu,\"reps\":%d}\n",
-               L, a, L, b, b / a, miss, (unsigned long long)st.kv_cache_bytes, reps);
+               "\"ratio\":%.4f,\"miss_us\":%.0f,\"kv_bytes\":%llu,\"reps\":%d,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
+               L, a, L, b, b / a, miss, (unsigned long long)st.kv_cache_bytes, reps, device, dtype);
     else
         printf("rescore L=%d M=128: cache off %.0f us, kv_cache_rescore_l%d_m128_us %.0f (%.3fx of off); the miss "
                "%.0f us; %llu bytes cached\n",
@@ -281,8 +281,9 @@ static void many_candidates(const char *json, const char *device, const char *dt
     const double a = pct(t0, (size_t)reps, 50), b = pct(t1, (size_t)reps, 50), h2 = pct(t2, (size_t)reps, 50);
     if (js)
         printf("{\"bench\":\"m8192\",\"L\":%d,\"M\":%d,\"single_pass_candidates_per_s\":%.0f,"
-               "\"kv_cache_m8192_l1024_candidates_per_s\":%.0f,\"hit_candidates_per_s\":%.0f,\"reps\":%d}\n",
-               L, M, M / a * 1e6, M / b * 1e6, M / h2 * 1e6, reps);
+               "\"kv_cache_m8192_l1024_candidates_per_s\":%.0f,\"hit_candidates_per_s\":%.0f,\"reps\":%d,"
+               "\"device\":\"%s\",\"dtype\":\"%s\"}\n",
+               L, M, M / a * 1e6, M / b * 1e6, M / h2 * 1e6, reps, device, dtype);
     else
         printf("m8192 L=1024: single pass %.0f candidates/s; micro-batched, history computed once "
                "(kv_cache_m8192_l1024_candidates_per_s) %.0f (%.2fx); history cached %.0f (%.2fx)\n",
