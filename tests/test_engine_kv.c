@@ -364,6 +364,20 @@ static void test_mixed_batch(void **state)
     flame_engine_stats s = stats(on);
     assert_int_equal(s.kv_cache_misses, 2);
     assert_int_equal(s.kv_cache_hits, 2);
+    /* the top 5 of each request by task 0 (a hit for the cached ones) are those of its scores */
+    int64_t ids[4 * 5];
+    float top[4 * 5];
+    assert_int_equal(flame_score_batch_topk(on, rs, 4, 5, 0, ids, top, 4 * 5), FLAME_OK);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++) {
+            int pos = -1;
+            for (int k = 0; k < 12 && pos < 0; k++)
+                if (c[i][k] == ids[i * 5 + j]) pos = k;
+            if (pos < 0) fail_msg("request %d: top id %lld is none of its candidates", i, (long long)ids[i * 5 + j]);
+            assert_close(&top[i * 5 + j], &want[i * 24 + pos * 2], 1);
+            if (j > 0 && !(top[i * 5 + j] <= top[i * 5 + j - 1])) fail_msg("request %d: top scores not descending", i);
+        }
+    assert_int_equal(stats(on).kv_cache_hits, 4);
     flame_engine_destroy(off);
     flame_engine_destroy(on);
     flame_model_destroy(m);
