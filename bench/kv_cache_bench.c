@@ -18,7 +18,9 @@
  *             histories extend) with a budget of a quarter of the users' entries: hit ratio,
  *             extensions, tokens saved, P50/P99 per visit against the cache off (each visit scored
  *             by both engines, alternately), bytes per cached token per layer, peak bytes vs budget.
- * Times are the median of --reps calls (wall clock around flame_score). */
+ * Times are the median of --reps calls (wall clock around flame_score). On the GPU
+ * (--device cuda --dtype fp16) the same entries run on the GPU engine, its cache blocks in
+ * device memory, against the GPU engine without the cache. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdbool.h>
@@ -242,8 +244,8 @@ static void rescore(const char *json, const char *device, const char *dtype, int
     check(flame_engine_get_stats(on, &st), "flame_engine_get_stats");
     if (js)
         printf("{\"bench\":\"rescore\",\"L\":%d,\"M\":128,\"cache_off_us\":%.0f,\"kv_cache_rescore_l%d_m128_us\":%.0f,"
-               "\"ratio\":%.4f,\"miss_us\":%.0f,\"kv_bytes\":%llu,\"reps\":%d}\n",
-               L, a, L, b, b / a, miss, (unsigned long long)st.kv_cache_bytes, reps);
+               "\"ratio\":%.4f,\"miss_us\":%.0f,\"kv_bytes\":%llu,\"reps\":%d,\"device\":\"%s\",\"dtype\":\"%s\"}\n",
+               L, a, L, b, b / a, miss, (unsigned long long)st.kv_cache_bytes, reps, device, dtype);
     else
         printf("rescore L=%d M=128: cache off %.0f us, kv_cache_rescore_l%d_m128_us %.0f (%.3fx of off); the miss "
                "%.0f us; %llu bytes cached\n",
@@ -279,8 +281,9 @@ static void many_candidates(const char *json, const char *device, const char *dt
     const double a = pct(t0, (size_t)reps, 50), b = pct(t1, (size_t)reps, 50), h2 = pct(t2, (size_t)reps, 50);
     if (js)
         printf("{\"bench\":\"m8192\",\"L\":%d,\"M\":%d,\"single_pass_candidates_per_s\":%.0f,"
-               "\"kv_cache_m8192_l1024_candidates_per_s\":%.0f,\"hit_candidates_per_s\":%.0f,\"reps\":%d}\n",
-               L, M, M / a * 1e6, M / b * 1e6, M / h2 * 1e6, reps);
+               "\"kv_cache_m8192_l1024_candidates_per_s\":%.0f,\"hit_candidates_per_s\":%.0f,\"reps\":%d,"
+               "\"device\":\"%s\",\"dtype\":\"%s\"}\n",
+               L, M, M / a * 1e6, M / b * 1e6, M / h2 * 1e6, reps, device, dtype);
     else
         printf("m8192 L=1024: single pass %.0f candidates/s; micro-batched, history computed once "
                "(kv_cache_m8192_l1024_candidates_per_s) %.0f (%.2fx); history cached %.0f (%.2fx)\n",
@@ -297,7 +300,9 @@ static void trace(const char *json, const char *device, const char *dtype, int v
 {
     enum { USERS = 400, L = 512, M = 64 };
     bench_model bm = make_model(json, L, "from_oldest", 128, 2, 512);
-    const uint64_t token_bytes = 2ull * (uint64_t)bm.layers * (uint64_t)bm.d * 4; /* fp32 blocks */
+    /* blocks in the compute dtype: float32 on the CPU, the dtype on the GPU */
+    const uint64_t elem = strcmp(device, "cpu") != 0 && strcmp(dtype, "fp32") != 0 ? 2 : 4;
+    const uint64_t token_bytes = 2ull * (uint64_t)bm.layers * (uint64_t)bm.d * elem;
     double cdf[USERS], z = 0;
     for (int u = 0; u < USERS; u++) z += 1.0 / (u + 1.0), cdf[u] = z;
     tokens *hist = xmalloc(USERS * sizeof(tokens));
@@ -344,21 +349,23 @@ static void trace(const char *json, const char *device, const char *dtype, int v
         printf("{\"bench\":\"trace\",\"visits\":%d,\"users\":%d,\"hits\":%llu,\"extensions\":%llu,\"misses\":%llu,"
                "\"evictions\":%llu,\"reuse_ratio\":%.4f,\"tokens_computed\":%llu,\"tokens_saved\":%llu,"
                "\"p50_off_us\":%.0f,\"p99_off_us\":%.0f,\"p50_on_us\":%.0f,\"p99_on_us\":%.0f,"
-               "\"bytes_per_token_per_layer\":%.0f,\"peak_bytes\":%llu,\"budget_bytes\":%llu}\n",
+               "\"bytes_per_token_per_layer\":%.0f,\"peak_bytes\":%llu,\"budget_bytes\":%llu,\"device\":\"%s\","
+               "\"dtype\":\"%s\",\"device_bytes\":%llu}\n",
                visits, USERS, (unsigned long long)st.kv_cache_hits, (unsigned long long)st.kv_cache_extensions,
                (unsigned long long)st.kv_cache_misses, (unsigned long long)st.kv_cache_evictions, reuse,
                (unsigned long long)st.kv_cache_tokens_computed, (unsigned long long)st.kv_cache_tokens_saved, p50off,
                p99off, p50on, p99on, per_token_layer, (unsigned long long)st.kv_cache_peak_bytes,
-               (unsigned long long)st.kv_cache_budget_bytes);
+               (unsigned long long)st.kv_cache_budget_bytes, device, dtype, (unsigned long long)st.device_bytes);
     else
         printf("trace: %d visits of %d Zipf users: %llu hits, %llu extensions, %llu misses (reuse %.3f), %llu "
                "evictions; history tokens computed %llu, saved %llu; per visit P50/P99 %.0f/%.0f us with the cache, "
-               "%.0f/%.0f us without; %.0f bytes a cached token a layer; peak %llu of %llu budget bytes\n",
+               "%.0f/%.0f us without; %.0f bytes a cached token a layer; peak %llu of %llu budget bytes; %llu device "
+               "bytes held (0 on the CPU)\n",
                visits, USERS, (unsigned long long)st.kv_cache_hits, (unsigned long long)st.kv_cache_extensions,
                (unsigned long long)st.kv_cache_misses, reuse, (unsigned long long)st.kv_cache_evictions,
                (unsigned long long)st.kv_cache_tokens_computed, (unsigned long long)st.kv_cache_tokens_saved, p50on,
                p99on, p50off, p99off, per_token_layer, (unsigned long long)st.kv_cache_peak_bytes,
-               (unsigned long long)st.kv_cache_budget_bytes);
+               (unsigned long long)st.kv_cache_budget_bytes, (unsigned long long)st.device_bytes);
     for (int u = 0; u < USERS; u++) tokens_free(&hist[u]);
     free(hist), free(s), free(toff), free(ton);
     tokens_free(&c);

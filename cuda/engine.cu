@@ -10,7 +10,7 @@
 
 flame_status fl_dev_reserve(fl_cuda_engine *g, uint64_t bytes, const char *what)
 {
-    const uint64_t held = g->weight_bytes + g->buffer_bytes + g->workspace_bytes;
+    const uint64_t held = g->weight_bytes + g->buffer_bytes + g->workspace_bytes + g->kv_bytes;
     if (g->budget && held + bytes > g->budget)
         return fl_error(FLAME_ERR_NOMEM, "%s needs %llu bytes of GPU memory; %llu are held and the budget "
                                          "(FLAME_OPT_DEVICE_MEMORY_BUDGET) is %llu",
@@ -326,6 +326,7 @@ extern "C" void fl_cuda_engine_destroy(fl_cuda_engine *g)
     flame_pinned_pool_destroy(g->pinned);
     delete[] g->ex;
     for (size_t i = 0; i < g->num_allocs; i++) cudaFree(g->allocs[i]);
+    if (g->kv_blocks) cudaFree(g->kv_blocks);
     free(g->allocs);
     free(g->blocks);
     fl_slot_pool_destroy(&g->ex_pool);
@@ -333,11 +334,36 @@ extern "C" void fl_cuda_engine_destroy(fl_cuda_engine *g)
     delete g;
 }
 
+extern "C" flame_status fl_cuda_kv_attach(fl_cuda_engine *g, struct fl_kv_cache *kv, const fl_kv_layout *lay)
+{
+    const uint64_t bytes = (uint64_t)fl_kv_num_blocks(kv) * fl_kv_block_bytes(kv);
+    FL_CUDA_TRY(cudaSetDevice(g->device));
+    pthread_mutex_lock(&g->pool_lock);
+    flame_status st = fl_dev_reserve(g, bytes, "the KV cache's blocks (FLAME_OPT_KV_CACHE_BYTES)");
+    if (!st) g->kv_bytes = bytes;
+    pthread_mutex_unlock(&g->pool_lock);
+    FL_TRY(st);
+    void *p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        pthread_mutex_lock(&g->pool_lock);
+        g->kv_bytes = 0;
+        pthread_mutex_unlock(&g->pool_lock);
+        return fl_error(FLAME_ERR_NOMEM, "cudaMalloc of the KV cache's %llu bytes of blocks: %s",
+                        (unsigned long long)bytes, cudaGetErrorString(e));
+    }
+    g->kv_blocks = static_cast<uint8_t *>(p);
+    g->kv_lay = *lay;
+    g->kv = kv;
+    return FLAME_OK;
+}
+
 extern "C" uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g)
 {
     fl_cuda_engine *m = const_cast<fl_cuda_engine *>(g); // buffers grow under pool_lock
     pthread_mutex_lock(&m->pool_lock);
-    const uint64_t bytes = g->weight_bytes + g->buffer_bytes + g->workspace_bytes;
+    const uint64_t bytes = g->weight_bytes + g->buffer_bytes + g->workspace_bytes + g->kv_bytes;
     pthread_mutex_unlock(&m->pool_lock);
     return bytes;
 }

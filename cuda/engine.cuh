@@ -15,6 +15,8 @@
 extern "C" {
 #include "core/slot_pool.h"
 #include "engine/cuda_backend.h"
+#include "kvcache/kvcache.h"
+#include "kvcache/kvlayout.h"
 }
 
 struct fl_dev_linear {
@@ -32,6 +34,10 @@ struct fl_dev_block {
 
 struct fl_seq_plan {
     int64_t start, n, m, off, sel0, nsel, out; // out: first score of the request
+    // KV cache: history rows 0..p0-1 come from the cache (only rows p0..n-1 and the
+    // candidates are tokens of the pass, from `off`); kv: the sequence's first row in the K/V
+    // workspace, which holds all its n + m rows
+    int64_t p0, kv;
 };
 
 // Consecutive dot-head requests scoring one contiguous id range: one GEMM.
@@ -57,6 +63,7 @@ struct fl_cuda_executor {
     size_t staging_bytes = 0;
     std::vector<fl_seq_plan> seqs; // per-call plans, kept to reuse their memory
     std::vector<fl_dot_group> groups;
+    std::vector<uint64_t> kv_prefix; // a KV-cache request's prefix hashes ([n + 1])
     std::vector<int64_t> signature;
     std::vector<fl_graph> graphs;
     std::vector<std::vector<int64_t>> seen; // signatures run once (eagerly), captured when seen again
@@ -102,8 +109,13 @@ struct fl_cuda_engine {
     int num_ex = 0;
     fl_slot_pool ex_pool = {};
     pthread_mutex_t pool_lock;
+    // the user-history KV cache (docs/kv-cache.md): the engine's bookkeeping (src/kvcache),
+    // and its blocks in device memory, one allocation of kv_bytes laid out by kv_lay
+    fl_kv_cache *kv = nullptr;
+    fl_kv_layout kv_lay = {};
+    uint8_t *kv_blocks = nullptr;
     // device memory, under pool_lock once executors exist
-    uint64_t budget = 0, weight_bytes = 0, buffer_bytes = 0, workspace_bytes = 0;
+    uint64_t budget = 0, weight_bytes = 0, buffer_bytes = 0, workspace_bytes = 0, kv_bytes = 0;
 };
 
 // Checks that `bytes` more fit the engine's memory budget (FLAME_ERR_NOMEM naming the numbers).

@@ -5,6 +5,15 @@
 // scores come back in one copy. Token-wise layers run over all requests' tokens at once, and
 // the last block computes queries and everything after attention only for the rows the head
 // reads, as on the CPU (src/engine/forward.c).
+//
+// A request with kv_cache = 1 (engine with a KV cache) runs in a pass of its own, executing
+// src/engine/plan.h as the CPU does: only history rows cached..n-1 and the candidates are
+// tokens of the pass; each block assembles the sequence's K/V in a contiguous workspace (the
+// cached rows gathered from the device blocks, the computed ones copied from the QKV GEMM's
+// output), stores the computed history rows in the entry's blocks when this call writes
+// them, and runs attention with the queries starting at row `cached`. Such a pass takes the
+// 16-query attention tiles; its CUDA graph's signature holds the cached prefix and the rows
+// read and stored (docs/kv-cache.md).
 #include <string.h>
 #include <time.h>
 
@@ -39,6 +48,8 @@ struct indices {
     int32_t *qpos;                   // [S] their positions in their sequence
     fl_attn_tile *tiles_full, *tiles_last;
     int64_t *g_hrow, *g_ids, *g_out; // dot head, gathered candidates
+    int64_t *kv_map;                 // [T] KV cache pass: each token's row in the K/V workspace
+    fl_kv_dev_row *kv_read, *kv_write; // cached rows gathered, computed rows stored
 };
 
 struct pass {
@@ -58,6 +69,12 @@ struct pass {
     indices host{}, dev{};
     // set outside graph capture: recorded after the index upload, for the H2D stage time
     cudaEvent_t after_upload = nullptr;
+    // the KV cache: kv true when this pass (one request) reads or writes it; KT rows of the
+    // K/V workspace; rows gathered from and stored to the blocks
+    bool kv = false, store = false;
+    int32_t cached = 0;
+    int64_t KT = 0, kv_read = 0, kv_write = 0;
+    fl_kv_ticket ticket{};
 };
 
 void plan(pass &p)
@@ -74,29 +91,36 @@ void plan(pass &p)
         s.n = q.history_len < (size_t)c.max_len ? (int64_t)q.history_len : c.max_len;
         s.start = (int64_t)q.history_len - s.n;
         s.m = sumi ? (int64_t)q.num_candidates : 0;
+        s.p0 = p.kv ? p.cached : 0;
+        s.kv = p.KT;
         s.off = p.T;
         s.sel0 = p.S;
         s.nsel = sumi ? s.m : (s.n > 0 && q.num_candidates > 0);
         s.out = p.total_scores;
-        p.T += s.n + s.m;
+        p.T += s.n - s.p0 + s.m;
+        p.KT += s.n + s.m;
+        p.kv_read += s.p0;
+        p.kv_write += p.store ? s.n - s.p0 : 0;
         p.S += s.nsel;
         p.total_scores += (int64_t)q.num_candidates * c.num_tasks;
         for (int slot = 0; slot < c.num_side; slot++) {
-            const int64_t *ho = s.n ? q.history_side[slot].offsets + s.start : nullptr;
+            const int64_t *ho = s.n > s.p0 ? q.history_side[slot].offsets + s.start : nullptr;
             const int64_t *co = s.m ? q.candidate_side[slot].offsets : nullptr;
-            if (ho) p.side_total[slot] += ho[s.n] - ho[0];
+            if (ho) p.side_total[slot] += ho[s.n] - ho[s.p0];
             if (co) p.side_total[slot] += co[s.m];
-            for (int64_t i = 0; p.single[slot] && ho && i < s.n; i++) p.single[slot] = ho[i + 1] - ho[i] == 1;
+            for (int64_t i = s.p0; p.single[slot] && ho && i < s.n; i++) p.single[slot] = ho[i + 1] - ho[i] == 1;
             for (int64_t i = 0; p.single[slot] && co && i < s.m; i++) p.single[slot] = co[i + 1] - co[i] == 1;
         }
         if (!sumi && s.nsel && q.num_candidates) p.gathered += (int64_t)q.num_candidates; // upper bound
     }
     const int32_t esize = g->dtype == FL_COMPUTE_FP32 ? 4 : 2, dh = c.d_model / c.num_heads;
-    // FLAME_OPT_CUDA_ATTENTION = 1: 16-query tiles, i.e. the portable kernel, everywhere
-    p.tq_full = p.g->attention_portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.T, c.num_heads);
-    p.tq_last = p.g->attention_portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.S, c.num_heads);
+    // FLAME_OPT_CUDA_ATTENTION = 1: 16-query tiles, i.e. the portable kernel, everywhere; so
+    // also in a KV cache pass (its K/V workspace is laid out for them)
+    const bool portable = p.g->attention_portable || p.kv;
+    p.tq_full = portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.T, c.num_heads);
+    p.tq_last = portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.S, c.num_heads);
     for (size_t r = 0; r < p.n; r++) {
-        p.tiles_full += ceil_div(x->seqs[r].n + x->seqs[r].m, p.tq_full);
+        p.tiles_full += ceil_div(x->seqs[r].n - x->seqs[r].p0 + x->seqs[r].m, p.tq_full);
         p.tiles_last += ceil_div(x->seqs[r].nsel, p.tq_last);
     }
 }
@@ -130,6 +154,9 @@ size_t carve_indices(pass &p, uint8_t *base, indices &ix)
     ix.g_hrow = cv.take<int64_t>(p.gathered);
     ix.g_ids = cv.take<int64_t>(p.gathered);
     ix.g_out = cv.take<int64_t>(p.gathered);
+    ix.kv_map = cv.take<int64_t>(p.kv ? p.T : 0);
+    ix.kv_read = cv.take<fl_kv_dev_row>(p.kv_read);
+    ix.kv_write = cv.take<fl_kv_dev_row>(p.kv_write);
     return cv.used;
 }
 
@@ -138,6 +165,21 @@ static bool contiguous(const int64_t *ids, size_t n)
     for (size_t i = 1; i < n; i++)
         if (ids[i] != ids[0] + (int64_t)i) return false;
     return true;
+}
+
+// A KV cache pass's rows: each token's row in the K/V workspace, the cached rows the blocks
+// give (0..p0-1) and, when this call writes them, the computed history rows they take (p0..n-1).
+static void fill_kv(pass &p, const fl_seq_plan &s, int64_t &kr, int64_t &kw)
+{
+    const fl_cuda_engine *g = p.g;
+    indices &h = p.host;
+    const int32_t B = g->kv_lay.block_tokens;
+    const int32_t *blocks = p.ticket.blocks;
+    for (int64_t i = 0; i < s.n - s.p0 + s.m; i++) h.kv_map[s.off + i] = s.kv + s.p0 + i;
+    for (int64_t r = 0; r < s.p0; r++)
+        h.kv_read[kr++] = {fl_kv_row_offset(&g->kv_lay, blocks[r / B], 0, 0, (int32_t)(r % B)), s.kv + r};
+    for (int64_t r = s.p0; p.store && r < s.n; r++)
+        h.kv_write[kw++] = {fl_kv_row_offset(&g->kv_lay, blocks[r / B], 0, 0, (int32_t)(r % B)), s.kv + r};
 }
 
 // Fills the staging buffer (host side of `indices`); dot-head GEMM groups go to x->groups.
@@ -150,18 +192,20 @@ void fill(pass &p)
     int64_t side_fill[FL_MAX_FEATURES] = {};
     for (int s = 0; s < c.num_side; s++)
         if (!p.single[s]) h.side_off[s][0] = 0;
-    int64_t tf = 0, tl = 0, ng = 0;
+    int64_t tf = 0, tl = 0, ng = 0, kr = 0, kw = 0;
     x->groups.clear();
     for (size_t r = 0; r < p.n; r++) {
         const flame_request &q = p.reqs[r];
         const fl_seq_plan &s = x->seqs[r];
         // the history window, then the candidates: item ids and each slot's bags are one
         // contiguous run each in the request, so each part is one copy (offsets rebased)
-        memcpy(h.item + s.off, q.history + s.start, (size_t)s.n * sizeof(int64_t));
-        if (s.m) memcpy(h.item + s.off + s.n, q.candidates, (size_t)s.m * sizeof(int64_t));
+        // (history rows from p0: those before it come from the KV cache)
+        const int64_t nh = s.n - s.p0;
+        memcpy(h.item + s.off, q.history + s.start + s.p0, (size_t)nh * sizeof(int64_t));
+        if (s.m) memcpy(h.item + s.off + nh, q.candidates, (size_t)s.m * sizeof(int64_t));
         for (int slot = 0; slot < c.num_side; slot++)
             for (int part = 0; part < 2; part++) {
-                const int64_t count = part ? s.m : s.n, src = part ? 0 : s.start, t0 = s.off + (part ? s.n : 0);
+                const int64_t count = part ? s.m : nh, src = part ? 0 : s.start + s.p0, t0 = s.off + (part ? nh : 0);
                 if (count == 0) continue;
                 const flame_bags &b = part ? q.candidate_side[slot] : q.history_side[slot];
                 const int64_t base = b.offsets[src], len = b.offsets[src + count] - base;
@@ -170,24 +214,26 @@ void fill(pass &p)
                     for (int64_t i = 0; i < count; i++) h.side_off[slot][t0 + i + 1] = side_fill[slot] + b.offsets[src + i + 1] - base;
                 side_fill[slot] += len;
             }
-        for (int64_t i = 0; i < s.n + s.m; i++) {
+        for (int64_t i = s.p0; i < s.n + s.m; i++) {
             const bool cand = i >= s.n;
-            const int64_t t = s.off + i;
+            const int64_t t = s.off + i - s.p0;
             const int64_t row = cand ? c.candidate_position : fl_plan_history_position(&c, i, s.n);
             h.prow[t] = c.position_rule == FL_POS_NONE ? -1 : (int32_t)row;
         }
-        const int64_t tqf = p.tq_full, tql = p.tq_last;
-        for (int64_t q0 = 0; q0 < s.n + s.m; q0 += tqf)
-            h.tiles_full[tf++] = {s.off, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < tqf ? s.n + s.m - q0 : tqf),
-                                  s.off + q0, (int32_t)q0, -1};
+        // K/V rows: the QKV buffer's token rows, or the sequence's rows of the K/V workspace
+        const int64_t tqf = p.tq_full, tql = p.tq_last, kv_row = p.kv ? s.kv : s.off;
+        for (int64_t q0 = s.p0; q0 < s.n + s.m; q0 += tqf)
+            h.tiles_full[tf++] = {kv_row, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < tqf ? s.n + s.m - q0 : tqf),
+                                  s.off + q0 - s.p0, (int32_t)q0, -1};
         for (int64_t i = 0; i < s.nsel; i++) {
             const int64_t pos = c.head == FLAME_HEAD_SUMI ? s.n + i : s.n - 1;
-            h.sel[s.sel0 + i] = s.off + pos;
+            h.sel[s.sel0 + i] = s.off + pos - s.p0;
             h.qpos[s.sel0 + i] = (int32_t)pos;
         }
         for (int64_t i0 = 0; i0 < s.nsel; i0 += tql)
-            h.tiles_last[tl++] = {s.off, (int32_t)s.n, (int32_t)(s.nsel - i0 < tql ? s.nsel - i0 : tql),
+            h.tiles_last[tl++] = {kv_row, (int32_t)s.n, (int32_t)(s.nsel - i0 < tql ? s.nsel - i0 : tql),
                                   s.sel0 + i0, 0, (int32_t)(s.sel0 + i0)};
+        if (p.kv) fill_kv(p, s, kr, kw);
         if (c.head != FLAME_HEAD_DOT || s.nsel == 0 || q.num_candidates == 0) continue;
         const int64_t m = (int64_t)q.num_candidates;
         if (contiguous(q.candidates, (size_t)m)) {
@@ -217,6 +263,7 @@ void fill(pass &p)
 struct buffers {
     float *X, *XS, *scores;
     void *Y, *QKV, *A, *F, *E, *YS, *Q, *H1, *H2, *HS;
+    void *KV; // KV cache pass: [KT, 2d] K then V of every sequence's rows, contiguous per sequence
 };
 
 size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, buffers &b)
@@ -240,6 +287,7 @@ size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, 
     b.H1 = cv.take<uint8_t>(S * widest * esize);
     b.H2 = cv.take<uint8_t>(S * widest * esize);
     b.HS = cv.take<uint8_t>(S * p.g->head_stack_width * esize);
+    b.KV = cv.take<uint8_t>(p.kv ? p.KT * 2 * d * esize : 0);
     return cv.used;
 }
 
@@ -296,7 +344,21 @@ flame_status linear_act(fl_cuda_engine *g, fl_cuda_executor *x, int64_t rows, co
     return FLAME_OK;
 }
 
-template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &blk, bool last)
+// A KV cache pass's K/V workspace for one layer: the cached rows from the blocks, the
+// computed tokens' K and V (columns d..3d of the QKV buffer) at their rows, then the computed
+// history rows into the entry's blocks when this call writes them.
+template <typename T> flame_status kv_assemble(fl_cuda_engine *g, pass &p, buffers &b, int layer)
+{
+    cudaStream_t s = p.x->stream;
+    const int64_t d = g->cfg.d_model, row = d * (int64_t)sizeof(T), B = g->kv_lay.block_tokens;
+    const uint64_t layer_off = (uint64_t)layer * 2 * (uint64_t)B * (uint64_t)row, kv_stride = (uint64_t)B * (uint64_t)row;
+    FL_TRY(fl_cuda_kv_blocks(g->kv_blocks, p.dev.kv_read, p.kv_read, layer_off, kv_stride, b.KV, 2 * row, row, false, s));
+    FL_TRY(fl_cuda_scatter_rows(static_cast<T *>(b.QKV) + d, 3 * row, p.dev.kv_map, p.T, 2 * row, b.KV, 2 * row, s));
+    return fl_cuda_kv_blocks(g->kv_blocks, p.dev.kv_write, p.kv_write, layer_off, kv_stride, b.KV, 2 * row, row, true, s);
+}
+
+template <typename T>
+flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &blk, int layer, bool last)
 {
     fl_cuda_executor *x = p.x;
     const fl_model_cfg &c = g->cfg;
@@ -304,23 +366,28 @@ template <typename T> flame_status block(fl_cuda_engine *g, pass &p, buffers &b,
     const int64_t NT = p.T, R = last ? p.S : NT;
     cudaStream_t s = x->stream;
     T *Y = static_cast<T *>(b.Y), *QKV = static_cast<T *>(b.QKV), *A = static_cast<T *>(b.A);
+    // keys and values: the QKV buffer's token rows, or a KV cache pass's workspace
+    const T *K = p.kv ? static_cast<const T *>(b.KV) : QKV + d, *V = p.kv ? static_cast<const T *>(b.KV) + d : QKV + 2 * d;
+    const int64_t ldkv = p.kv ? 2 * d : 3 * d;
     // the attention input: LN1(X) before a pre-LN block, X itself (in T) before a post-LN one
     FL_TRY(fl_cuda_rows<T>(NT, d, b.X, nullptr, nullptr, blk.ln1_w, blk.ln1_b, c.ln_eps, c.eps_inside_sqrt,
                            c.pre_ln ? FL_ROW_LN_Y : FL_ROW_COPY, Y, d, s));
     if (!last) {
         FL_TRY(fl_gemm(&x->gemm, s, NT, d, 3 * d, Y, d, blk.qkv.w, d, g->ab, blk.qkv.b, QKV, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
-        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_full, p.tiles_full, nullptr, H, dh, QKV, 3 * d, QKV + d, QKV + 2 * d,
-                                    3 * d, A, d, s, p.tq_full));
+        if (p.kv) FL_TRY(kv_assemble<T>(g, p, b, layer));
+        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_full, p.tiles_full, nullptr, H, dh, QKV, 3 * d, K, V, ldkv, A, d, s,
+                                    p.tq_full));
     } else {
         // keys and values for every token (rows d..3d of the fused weight), queries for the selected rows only
         const size_t esz = sizeof(T);
         FL_TRY(fl_gemm(&x->gemm, s, NT, d, 2 * d, Y, d, static_cast<uint8_t *>(blk.qkv.w) + (size_t)d * d * esz, d, g->ab,
                        static_cast<uint8_t *>(blk.qkv.b) + (size_t)d * esz, QKV + d, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
+        if (p.kv) FL_TRY(kv_assemble<T>(g, p, b, layer));
         T *YS = static_cast<T *>(b.YS), *Q = static_cast<T *>(b.Q);
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<T>(Y, d, p.dev.sel, p.S, d, YS, d, s));
         FL_TRY(fl_gemm(&x->gemm, s, p.S, d, d, YS, d, blk.qkv.w, d, g->ab, blk.qkv.b, Q, d, g->ab, 0.0f, FL_EPI_BIAS));
-        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_last, p.tiles_last, p.dev.qpos, H, dh, Q, d, QKV + d, QKV + 2 * d, 3 * d,
-                                    A, d, s, p.tq_last));
+        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_last, p.tiles_last, p.dev.qpos, H, dh, Q, d, K, V, ldkv, A, d, s,
+                                    p.tq_last));
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
     }
     float *X = last ? b.XS : b.X;
@@ -439,7 +506,7 @@ template <typename T> flame_status enqueue(fl_cuda_engine *g, pass &p, buffers &
     }
     const int32_t d = g->cfg.d_model;
     FL_TRY(embed<T>(g, p, b));
-    for (int i = 0; i < g->cfg.num_blocks; i++) FL_TRY(block<T>(g, p, b, g->blocks[i], i == g->cfg.num_blocks - 1));
+    for (int i = 0; i < g->cfg.num_blocks; i++) FL_TRY(block<T>(g, p, b, g->blocks[i], i, i == g->cfg.num_blocks - 1));
     if (g->cfg.num_blocks == 0 && p.sel_run < 0)
         FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, x->stream));
     return head<T>(g, p, b);
@@ -455,6 +522,10 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
     sig.insert(sig.end(), p.side_total, p.side_total + p.g->cfg.num_side);
     sig.insert(sig.end(), p.single, p.single + p.g->cfg.num_side);
     sig.insert(sig.end(), {p.sel_run, p.tq_full, p.tq_last});
+    // a KV cache pass: the cached prefix and the rows read and stored fix its launches and the
+    // offsets of its index arrays; the block table itself is data of the upload, which the
+    // graph's copy reads afresh from the staging buffer on every replay
+    sig.insert(sig.end(), {(int64_t)p.kv, (int64_t)p.cached, p.KT, p.kv_read, p.kv_write});
     for (size_t r = 0; r < p.n; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
     for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
 }
@@ -655,6 +726,64 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
 
 } // namespace
 
+namespace {
+
+bool kv_request(const fl_cuda_engine *g, const flame_request &q)
+{
+    return g->kv && q.kv_cache == 1;
+}
+
+// The KV cache's lookup for a pass of one kv_cache request, as the CPU engine's (hashes of the
+// window when the caller gives no version, or when its version is no hit), then the plan's
+// cached rows and whether this call stores its computed rows. A request without history or
+// candidates has nothing to cache: it runs as a plain pass.
+void kv_begin(fl_cuda_engine *g, pass &p)
+{
+    const fl_model_cfg &c = g->cfg;
+    const flame_request &q = p.reqs[0];
+    fl_kv_plan pl;
+    fl_plan_request(&c, q.history_len, q.num_candidates, 0, &pl);
+    if (pl.n == 0 || q.num_candidates == 0) return;
+    std::vector<uint64_t> &prefix = p.x->kv_prefix;
+    prefix.resize((size_t)pl.n + 1);
+    fl_kv_key key = {q.user_id, q.history_version, pl.n, nullptr, fl_plan_extendable(&c)};
+    fl_kv_bags_view views[FL_MAX_FEATURES];
+    const int num_side = q.history_side ? c.num_side : 0;
+    for (int slot = 0; slot < num_side; slot++) views[slot] = {q.history_side[slot].offsets, q.history_side[slot].ids};
+    if (key.version == 0) {
+        fl_kv_prefix_hashes(q.history, views, num_side, pl.start, pl.n, prefix.data());
+        key.prefix = prefix.data();
+    }
+    if (fl_kv_lookup(g->kv, &key, &p.ticket) == FL_KV_NEED_HASH) { // a caller's version that is no hit
+        fl_kv_prefix_hashes(q.history, views, num_side, pl.start, pl.n, prefix.data());
+        key.prefix = prefix.data();
+        fl_kv_lookup(g->kv, &key, &p.ticket);
+    }
+    fl_plan_request(&c, q.history_len, q.num_candidates, p.ticket.cached, &pl);
+    p.kv = true;
+    p.cached = pl.cached;
+    p.store = p.ticket.writer && fl_kv_reserve(g->kv, &p.ticket);
+}
+
+// After the pass's stream has drained (its final synchronization, or score_pass's on an
+// error): publishes the stored rows, or gives up writing; unpins; counts the tokens.
+void kv_end(fl_cuda_engine *g, pass &p, flame_status st)
+{
+    if (!p.kv) return;
+    const flame_request &q = p.reqs[0];
+    const int32_t n = p.ticket.tokens; // the window's tokens (set by every lookup)
+    if (!st && p.store)
+        fl_kv_publish(g->kv, &p.ticket, q.history_version, p.x->kv_prefix[(size_t)n]);
+    else if (p.ticket.writer)
+        fl_kv_abort(g->kv, &p.ticket);
+    fl_kv_release(g->kv, &p.ticket);
+    if (!st) fl_kv_count_tokens(g->kv, (uint64_t)(n - p.cached), (uint64_t)p.cached);
+}
+
+} // namespace
+
+// Runs the requests in passes: each kv_cache request alone (it holds one entry of the KV cache
+// at a time, as on the CPU, so no two calls wait on each other), the others together.
 static flame_status score_pass(fl_cuda_engine *g, const flame_request *reqs, size_t n, float *scores,
                                fl_cuda_times *times, const topk_out *tk)
 {
@@ -662,16 +791,34 @@ static flame_status score_pass(fl_cuda_engine *g, const flame_request *reqs, siz
     flame_status st = FLAME_OK;
     cudaError_t e = cudaSetDevice(g->device);
     if (e != cudaSuccess) st = fl_error(FLAME_ERR_INTERNAL, "cudaSetDevice(%d): %s", g->device, cudaGetErrorString(e));
-    pass p{g, x, reqs, n};
-    if (!st) {
+    if (times) *times = fl_cuda_times{0, 0, 0, 0, true};
+    float *out = scores;
+    for (size_t r0 = 0, r1; r0 < n && !st; r0 = r1) {
+        r1 = r0 + 1;
+        if (!kv_request(g, reqs[r0]))
+            while (r1 < n && !kv_request(g, reqs[r1])) r1++;
+        pass p{g, x, reqs + r0, r1 - r0};
+        if (kv_request(g, reqs[r0])) kv_begin(g, p);
+        topk_out sub{};
+        if (tk) sub = {tk->k, tk->task, tk->ids + r0 * tk->k, tk->scores + r0 * tk->k};
+        fl_cuda_times ti{};
+        fl_cuda_times *tp = times ? &ti : nullptr;
+        const topk_out *tkp = tk ? &sub : nullptr;
         if (g->dtype == FL_COMPUTE_FP16)
-            st = run<__half>(g, p, scores, times, tk);
+            st = run<__half>(g, p, out, tp, tkp);
         else if (g->dtype == FL_COMPUTE_BF16)
-            st = run<__nv_bfloat16>(g, p, scores, times, tk);
+            st = run<__nv_bfloat16>(g, p, out, tp, tkp);
         else
-            st = run<float>(g, p, scores, times, tk);
+            st = run<float>(g, p, out, tp, tkp);
+        if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
+        kv_end(g, p, st);
+        if (times) {
+            times->tokens_us += ti.tokens_us, times->h2d_us += ti.h2d_us, times->compute_us += ti.compute_us;
+            times->d2h_us += ti.d2h_us;
+            times->h2d_timed = times->h2d_timed && (ti.h2d_timed || p.total_scores == 0);
+        }
+        for (size_t r = r0; out && r < r1; r++) out += reqs[r].num_candidates * (size_t)g->cfg.num_tasks;
     }
-    if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
     fl_slot_release(&g->ex_pool, (int)(x - g->ex));
     return st;
 }

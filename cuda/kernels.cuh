@@ -109,3 +109,20 @@ struct fl_task_tail {
 template <typename T>
 flame_status fl_cuda_task_tails(const fl_task_tail *tails, int32_t count, const T *ys, int64_t ldys, const T *hid,
                                 int64_t ldh, int64_t rows, int32_t num_tasks, float *scores, cudaStream_t s);
+
+// One K/V row of the KV cache's device blocks (src/kvcache/kvlayout.h): `off` is the byte
+// offset of its layer-0 K row in the block storage, `ws` its row in the K/V workspace.
+struct fl_kv_dev_row {
+    uint64_t off;
+    int64_t ws;
+};
+// For each of `count` rows: the K row at blocks + off + layer_off and the V row kv_stride bytes
+// after it, to (to_blocks false) or from (true) the workspace's row ws, whose K takes
+// row_bytes at ws * ld_bytes and whose V follows it.
+flame_status fl_cuda_kv_blocks(uint8_t *blocks, const fl_kv_dev_row *rows, int64_t count, uint64_t layer_off,
+                               uint64_t kv_stride, void *ws, int64_t ld_bytes, int64_t row_bytes, bool to_blocks,
+                               cudaStream_t s);
+// dst row map[i] (ld_dst bytes apart) = src row i (ld_src bytes apart), `bytes` bytes a row
+// (multiples of 2: rows of 2- or 4-byte elements).
+flame_status fl_cuda_scatter_rows(const void *src, int64_t ld_src, const int64_t *map, int64_t count, int64_t bytes,
+                                  void *dst, int64_t ld_dst, cudaStream_t s);

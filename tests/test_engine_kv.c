@@ -1,8 +1,13 @@
-/* The CPU engine's user-history KV cache (docs/kv-cache.md): scores with the cache on (a miss,
- * a hit, an extended history, after eviction, in micro-batched chunks, in mixed batches, from
- * many threads at once) equal the scores of the same engine configuration without it, on
- * fresh random models of every position rule and both heads, and on the Beauty-trained model
- * when it was converted (build/beauty.flame.safetensors); every refusal with its message. */
+/* The user-history KV cache (docs/kv-cache.md): scores with the cache on (a miss, a hit, an
+ * extended history, after eviction, in micro-batched chunks, in mixed batches, from many
+ * threads at once) equal the scores of the same engine configuration without it, on fresh
+ * random models of every position rule and both heads, and on the Beauty-trained model when
+ * it was converted (build/beauty.flame.safetensors); every refusal with its message.
+ *
+ * The same cases run on the GPU engine (blocks in device memory) in fp32 and fp16, each
+ * against the GPU engine without the cache and the CPU engine without it, within the compute
+ * dtype's tolerance (normwise relative error < 1e-5 in fp32, < 1e-2 in fp16, as
+ * tests/test_cuda.c); they skip without a GPU (fail with FLAME_REQUIRE_GPU set). */
 #include <pthread.h>
 
 #include "testutil.h"
@@ -40,16 +45,31 @@ static void dot_cfg(char *buf, size_t cap, const char *rule)
              MAX_LEN, ITEMS, rule, MAX_LEN);
 }
 
-static flame_engine *engine(flame_model *m, int64_t kv_bytes, int64_t block_tokens)
+/* The engines the cases make: NULL device = the CPU; else "cuda" in dtype g_dtype, whose
+ * scores are compared normwise (g_rel) */
+static const char *g_device, *g_dtype;
+static double g_rel;
+
+static flame_engine *engine_on(flame_model *m, int64_t kv_bytes, int64_t block_tokens, const char *device)
 {
     flame_config *cfg = NULL;
     assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    if (device) {
+        assert_int_equal(flame_config_set_string(cfg, FLAME_OPT_DEVICE, device), FLAME_OK);
+        assert_int_equal(flame_config_set_string(cfg, FLAME_OPT_DTYPE, g_dtype), FLAME_OK);
+    }
     assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_KV_CACHE_BYTES, kv_bytes), FLAME_OK);
     assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_KV_CACHE_BLOCK_TOKENS, block_tokens), FLAME_OK);
     flame_engine *e = NULL;
-    assert_int_equal(flame_engine_create(m, cfg, &e), FLAME_OK);
+    flame_status st = flame_engine_create(m, cfg, &e);
+    if (st) fail_msg("flame_engine_create: %s: %s", flame_status_string(st), flame_last_error());
     flame_config_destroy(cfg);
     return e;
+}
+
+static flame_engine *engine(flame_model *m, int64_t kv_bytes, int64_t block_tokens)
+{
+    return engine_on(m, kv_bytes, block_tokens, g_device);
 }
 
 static flame_request req(int64_t user, const int64_t *h, size_t n, const int64_t *c, size_t m, int32_t kv)
@@ -88,6 +108,18 @@ static bool own_kernels(void)
  * BLAS blocks its GEMMs by the number of rows) */
 static void assert_close(const float *got, const float *want, size_t n)
 {
+    if (g_device) { /* the GPU: normwise, as tests/test_cuda.c */
+        double num = 0.0, den = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            if (isnan(got[i]) || isnan(want[i])) fail_msg("score %zu is NaN (%g vs %g)", i, got[i], want[i]);
+            const double d = fabs((double)got[i] - want[i]);
+            if (d > num) num = d;
+            if (fabs(want[i]) > den) den = fabs(want[i]);
+        }
+        const double err = den > 0 ? num / den : num;
+        if (!(err < g_rel)) fail_msg("%s %s: relative error %.3g >= %.3g", g_device, g_dtype, err, g_rel);
+        return;
+    }
     const float tol = own_kernels() ? 0.0f : 2e-5f;
     for (size_t i = 0; i < n; i++) {
         if (isnan(got[i]) || isnan(want[i])) fail_msg("score %zu is NaN (%g vs %g)", i, got[i], want[i]);
@@ -108,6 +140,7 @@ static void run_sequence(const char *cfg, bool extendable, int tasks)
     flame_model *m = NULL;
     assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
     flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 8);
+    flame_engine *cpu = g_device ? engine_on(m, 0, 16, NULL) : NULL; /* the GPU against the CPU too */
     int64_t h[MAX_LEN + 20], c[40];
     fill(h, MAX_LEN + 20);
     fill(c, 40);
@@ -117,6 +150,11 @@ static void run_sequence(const char *cfg, bool extendable, int tasks)
         flame_request r0 = req(9, h, n, c, 40, 0), r1 = req(9, h, n, c, 40, 1);
         float *want = score(off, &r0, 40 * (size_t)tasks), *got = score(on, &r1, 40 * (size_t)tasks);
         assert_close(got, want, 40 * (size_t)tasks);
+        if (cpu) {
+            float *ref = score(cpu, &r0, 40 * (size_t)tasks);
+            assert_close(got, ref, 40 * (size_t)tasks);
+            free(ref);
+        }
         free(want);
         free(got);
         if (step == 0) want_miss++;
@@ -139,6 +177,9 @@ static void run_sequence(const char *cfg, bool extendable, int tasks)
     flame_engine_stats s = stats(on);
     assert_true(s.kv_cache_bytes > 0 && s.kv_cache_bytes <= s.kv_cache_budget_bytes);
     assert_int_equal(stats(off).kv_cache_budget_bytes, 0);
+    if (g_device) /* the device blocks are the engine's device bytes */
+        assert_true(s.device_bytes >= stats(off).device_bytes + s.kv_cache_budget_bytes);
+    flame_engine_destroy(cpu);
     flame_engine_destroy(off);
     flame_engine_destroy(on);
     flame_model_destroy(m);
@@ -323,6 +364,20 @@ static void test_mixed_batch(void **state)
     flame_engine_stats s = stats(on);
     assert_int_equal(s.kv_cache_misses, 2);
     assert_int_equal(s.kv_cache_hits, 2);
+    /* the top 5 of each request by task 0 (a hit for the cached ones) are those of its scores */
+    int64_t ids[4 * 5];
+    float top[4 * 5];
+    assert_int_equal(flame_score_batch_topk(on, rs, 4, 5, 0, ids, top, 4 * 5), FLAME_OK);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++) {
+            int pos = -1;
+            for (int k = 0; k < 12 && pos < 0; k++)
+                if (c[i][k] == ids[i * 5 + j]) pos = k;
+            if (pos < 0) fail_msg("request %d: top id %lld is none of its candidates", i, (long long)ids[i * 5 + j]);
+            assert_close(&top[i * 5 + j], &want[i * 24 + pos * 2], 1);
+            if (j > 0 && !(top[i * 5 + j] <= top[i * 5 + j - 1])) fail_msg("request %d: top scores not descending", i);
+        }
+    assert_int_equal(stats(on).kv_cache_hits, 4);
     flame_engine_destroy(off);
     flame_engine_destroy(on);
     flame_model_destroy(m);
@@ -426,9 +481,15 @@ static void *scorer(void *p)
         flame_request r = req(i % 2, a->h + (i % 2) * 40, 40, a->c, 16, 1);
         float s[32];
         if (flame_score(a->e, &r, s, 32) != FLAME_OK) a->bad = 1;
-        for (int j = 0; j < 32; j++)
-            if (!(fabsf(s[j] - a->want[(i % 2) * 32 + j]) <= 2e-5f * (1.0f + fabsf(a->want[(i % 2) * 32 + j]))))
-                a->bad = 1;
+        const float *w = a->want + (i % 2) * 32;
+        double num = 0.0, den = 0.0;
+        for (int j = 0; j < 32; j++) {
+            if (!g_device && !(fabsf(s[j] - w[j]) <= 2e-5f * (1.0f + fabsf(w[j])))) a->bad = 1;
+            if (isnan(s[j])) a->bad = 1;
+            num = fmax(num, fabs((double)s[j] - w[j]));
+            den = fmax(den, fabs((double)w[j]));
+        }
+        if (g_device && !(num < g_rel * den)) a->bad = 1;
     }
     return NULL;
 }
@@ -499,23 +560,67 @@ static void test_beauty(void **state)
     flame_model_destroy(m);
 }
 
-/* The GPU engine has no KV cache in this release: it says so at creation. */
-static void test_gpu_refuses_budget(void **state)
+/* ---- the GPU engine: the cases above with the blocks in device memory */
+
+/* a failed case leaves the GPU settings behind: the next case starts from the CPU's */
+static int on_cpu(void **state)
+{
+    (void)state;
+    g_device = NULL;
+    return 0;
+}
+
+/* a case of the CPU suite on the GPU engine in one dtype (the dtype's name in the test's) */
+#define GPU_CASE(name, body, dtype, rel)                                                                       \
+    static void name(void **state)                                                                             \
+    {                                                                                                          \
+        TU_NEED_GPU();                                                                                         \
+        g_device = "cuda", g_dtype = dtype, g_rel = rel;                                                       \
+        body(state);                                                                                           \
+        g_device = NULL;                                                                                       \
+    }
+GPU_CASE(gpu_fp32_sumi_from_oldest, test_sumi_from_oldest, "fp32", 1e-5)
+GPU_CASE(gpu_fp16_sumi_from_oldest, test_sumi_from_oldest, "fp16", 1e-2)
+GPU_CASE(gpu_fp16_sumi_none, test_sumi_none, "fp16", 1e-2)
+GPU_CASE(gpu_fp32_sumi_rules_that_move_rows, test_sumi_rules_that_move_rows, "fp32", 1e-5)
+GPU_CASE(gpu_fp32_dot_head, test_dot_head, "fp32", 1e-5)
+GPU_CASE(gpu_fp16_dot_head, test_dot_head, "fp16", 1e-2)
+GPU_CASE(gpu_fp16_side_features, test_side_features, "fp16", 1e-2)
+GPU_CASE(gpu_fp32_eviction, test_eviction, "fp32", 1e-5) /* fp32: its byte counts are of 4-byte elements */
+GPU_CASE(gpu_fp16_micro_batched, test_micro_batched, "fp16", 1e-2)
+GPU_CASE(gpu_fp32_mixed_batch, test_mixed_batch, "fp32", 1e-5)
+GPU_CASE(gpu_fp16_versions, test_versions, "fp16", 1e-2)
+GPU_CASE(gpu_fp32_threads, test_threads, "fp32", 1e-5)
+GPU_CASE(gpu_fp16_beauty, test_beauty, "fp16", 1e-2)
+
+/* The device blocks count in FLAME_OPT_DEVICE_MEMORY_BUDGET: a budget that holds the model
+ * but not the blocks is refused at creation with the numbers; fp16 blocks take 2-byte
+ * elements (2 layers x K,V x 32 x 2 bytes = 256 bytes a token). */
+static void gpu_budget(void **state)
 {
     (void)state;
     TU_NEED_GPU();
+    g_device = "cuda", g_dtype = "fp16";
     char cfg[2048];
     sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
     flame_model *m = NULL;
     assert_int_equal(flame_model_create_random(cfg, 1, &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 256 * 16 * 10, 16);
+    g_device = NULL;
+    assert_int_equal(stats(on).kv_cache_budget_bytes, 256 * 16 * 10);
+    const uint64_t held = stats(off).device_bytes;
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
     flame_config *fc = NULL;
     assert_int_equal(flame_config_create(&fc), FLAME_OK);
     assert_int_equal(flame_config_set_string(fc, FLAME_OPT_DEVICE, "cuda"), FLAME_OK);
-    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_KV_CACHE_BYTES, 1 << 20), FLAME_OK);
-    flame_engine *e = NULL;
-    assert_int_equal(flame_engine_create(m, fc, &e), FLAME_ERR_UNSUPPORTED);
+    assert_int_equal(flame_config_set_string(fc, FLAME_OPT_DTYPE, "fp16"), FLAME_OK);
+    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_DEVICE_MEMORY_BUDGET, (int64_t)held + (1 << 20)), FLAME_OK);
+    assert_int_equal(flame_config_set_int(fc, FLAME_OPT_KV_CACHE_BYTES, 1 << 24), FLAME_OK);
+    flame_engine *e = (flame_engine *)1;
+    assert_int_equal(flame_engine_create(m, fc, &e), FLAME_ERR_NOMEM);
     assert_null(e);
-    assert_non_null(strstr(flame_last_error(), "the GPU engine has no KV cache"));
+    assert_non_null(strstr(flame_last_error(), "the KV cache's blocks"));
     flame_config_destroy(fc);
     flame_model_destroy(m);
 }
@@ -535,7 +640,27 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_beauty),
-        cmocka_unit_test(test_gpu_refuses_budget),
     };
-    return cmocka_run_group_tests(tests, tu_gpu_setup, NULL);
+    const struct CMUnitTest gpu[] = {
+        cmocka_unit_test_setup(gpu_fp32_sumi_from_oldest, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_sumi_from_oldest, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_sumi_none, on_cpu),
+        cmocka_unit_test_setup(gpu_fp32_sumi_rules_that_move_rows, on_cpu),
+        cmocka_unit_test_setup(gpu_fp32_dot_head, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_dot_head, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_side_features, on_cpu),
+        cmocka_unit_test_setup(gpu_fp32_eviction, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_micro_batched, on_cpu),
+        cmocka_unit_test_setup(gpu_fp32_mixed_batch, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_versions, on_cpu),
+        cmocka_unit_test_setup(gpu_fp32_threads, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_beauty, on_cpu),
+        cmocka_unit_test_setup(gpu_budget, on_cpu),
+    };
+    /* TU_GROUP=gpu runs the GPU group alone (e.g. under compute-sanitizer) */
+    const char *only = getenv("TU_GROUP");
+    int failed = 0;
+    if (!only || !strcmp(only, "cpu")) failed += cmocka_run_group_tests_name("cpu", tests, tu_gpu_setup, NULL);
+    if (!only || !strcmp(only, "gpu")) failed += cmocka_run_group_tests_name("gpu", gpu, tu_gpu_setup, NULL);
+    return failed;
 }

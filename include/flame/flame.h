@@ -325,10 +325,12 @@ typedef enum flame_option {
     /* int: bytes of the engine's user-history KV cache (docs/kv-cache.md): every layer's K and
      * V of the history tokens of requests with kv_cache = 1, kept per user so that scoring the
      * same user again computes only the candidate tokens (and an extended history only its new
-     * items). Host memory on the CPU engine, 2 * num_blocks * d_model * 4 bytes a token.
+     * items). Host memory on the CPU engine, 2 * num_blocks * d_model * 4 bytes a token; device
+     * memory on the GPU engine, in the compute dtype (2 * num_blocks * d_model * 2 bytes a
+     * token in fp16/bf16), allocated at flame_engine_create and counted in
+     * FLAME_OPT_DEVICE_MEMORY_BUDGET and the stats' device_bytes.
      * 0 (default) = no cache; else 1..2^50, at least one block (FLAME_OPT_KV_CACHE_BLOCK_TOKENS
-     * tokens). The GPU engine has no KV cache in this release: a non-zero value is
-     * FLAME_ERR_UNSUPPORTED at flame_engine_create there. */
+     * tokens). */
     FLAME_OPT_KV_CACHE_BYTES = 14,
     /* int: tokens a block of the KV cache holds (its unit of allocation), 1..4096, default 16. */
     FLAME_OPT_KV_CACHE_BLOCK_TOKENS = 15
@@ -473,7 +475,7 @@ typedef struct flame_engine flame_engine;
  *   FLAME_ERR_NO_DEVICE
  *   ("cuda"/"cuda:N" asked for but this build or machine has no such GPU, or cuBLASLt cannot
  *   be loaded: the message says why); FLAME_ERR_UNSUPPORTED (a GPU engine for a model the CUDA backend cannot run: head
- *   dimension above 128; a GPU engine with FLAME_OPT_KV_CACHE_BYTES > 0); FLAME_ERR_NOMEM (host memory, or GPU memory /
+ *   dimension above 128); FLAME_ERR_NOMEM (host memory, or GPU memory (the KV cache's blocks included) /
  *   FLAME_OPT_DEVICE_MEMORY_BUDGET exceeded: the message gives the bytes needed and the
  *   limit); FLAME_ERR_INTERNAL (a mutex could not be made). On failure *out is NULL.
  */
@@ -533,8 +535,8 @@ typedef struct flame_request {
      * bags, 64 bits) on every call, which detects a changed history by itself. */
     uint64_t history_version;
     /* 1: the engine's KV cache (FLAME_OPT_KV_CACHE_BYTES) keeps this user's history K/V under
-     * user_id (docs/kv-cache.md); the scores are those of kv_cache = 0 within float32
-     * rounding. Needs an engine with a KV cache. 0 (default): not cached. */
+     * user_id (docs/kv-cache.md); the scores are those of kv_cache = 0 within the compute
+     * dtype's rounding. Needs an engine with a KV cache. 0 (default): not cached. */
     int32_t kv_cache;
 } flame_request;
 
@@ -660,7 +662,7 @@ typedef struct flame_engine_stats {
     uint64_t workspaces;           /* scratch workspaces created (= peak concurrent calls) */
     uint64_t scratch_bytes;        /* bytes held by all workspaces now */
     uint64_t max_workspace_bytes;  /* largest single workspace */
-    uint64_t device_bytes;         /* GPU memory held: weights + activation buffers + GEMM workspace; 0 on the CPU */
+    uint64_t device_bytes;         /* GPU memory held: weights + activation buffers + GEMM workspace + KV cache blocks; 0 on the CPU */
     uint64_t device_weight_bytes;  /* of which weights (in the compute dtype; int8 tables as int8
                                       plus 8 bytes a row) */
     uint64_t graph_captures;       /* GPU passes captured as CUDA graphs (FLAME_OPT_CUDA_GRAPHS) */

@@ -91,7 +91,8 @@ class Engine(Handle):
       cpu_kernels: the CPU engine's GEMM and dot-head kernels, "auto" (default: libflame's own
         in the widest set the CPU has), "avx512", "avx2" or "blas"; a set the CPU lacks raises
         FlameError with status FLAME_ERR_UNSUPPORTED naming it
-      kv_cache_bytes: budget of the user-history KV cache (0 = none, the default; CPU engines);
+      kv_cache_bytes: budget of the user-history KV cache (0 = none, the default; host memory
+        on the CPU, device memory in the compute dtype on a GPU);
         requests with kv_cache=True then reuse their user's cached history K/V
         (docs/kv-cache.md); kv_cache_block_tokens: tokens a block of it holds (default 16)
     """

@@ -4,6 +4,7 @@
 #define FLAME_ENGINE_CUDA_BACKEND_H
 
 #include "core/options.h"
+#include "kvcache/kvlayout.h"
 #include "model/model_cfg.h"
 
 #ifdef __cplusplus
@@ -11,6 +12,7 @@ extern "C" {
 #endif
 
 typedef struct fl_cuda_engine fl_cuda_engine;
+struct fl_kv_cache;
 
 /* Uploads the model's weights to `device` in cfg->dtype (FLAME_ERR_NOMEM with the numbers
  * when they exceed cfg->device_memory_budget), creates the cuBLASLt handle and stream. */
@@ -35,7 +37,12 @@ flame_status fl_cuda_score(fl_cuda_engine *g, const flame_request *reqs, size_t 
  * as src/engine/topk_select.h ranks. */
 flame_status fl_cuda_score_topk(fl_cuda_engine *g, const flame_request *reqs, size_t n, uint32_t k, uint32_t task,
                                 int64_t *ids, float *scores, fl_cuda_times *times);
-/* Device bytes held now: weights, activation buffers, workspace. */
+/* Gives the engine its KV cache: the bookkeeping `kv` (the caller's; it outlives g) and one
+ * device allocation for all its blocks, laid out by lay (elements of the compute dtype),
+ * counted in the device bytes and checked against FLAME_OPT_DEVICE_MEMORY_BUDGET
+ * (FLAME_ERR_NOMEM with the numbers). Before the first score. */
+flame_status fl_cuda_kv_attach(fl_cuda_engine *g, struct fl_kv_cache *kv, const fl_kv_layout *lay);
+/* Device bytes held now: weights, activation buffers, workspace, KV cache blocks. */
 uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g);
 uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g);
 /* CUDA graphs captured and replays made, over all executors. */

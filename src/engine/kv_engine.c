@@ -1,9 +1,11 @@
 /* The engine's side of the KV cache: made from FLAME_OPT_KV_CACHE_BYTES and
- * FLAME_OPT_KV_CACHE_BLOCK_TOKENS at creation (bookkeeping in src/kvcache, blocks in host
- * memory for the CPU engine), the checks of the requests' kv_cache fields, and its stats. */
+ * FLAME_OPT_KV_CACHE_BLOCK_TOKENS at creation (bookkeeping in src/kvcache; blocks in host
+ * memory for the CPU engine, in device memory for the GPU engine, in the compute dtype), the
+ * checks of the requests' kv_cache fields, and its stats. */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "engine/cuda_backend.h"
 #include "engine/engine.h"
 #include "kvcache/kvcache.h"
 
@@ -11,13 +13,11 @@ flame_status fl_kv_engine_init(struct flame_engine *e)
 {
     const struct flame_config *cfg = &e->cfg;
     if (cfg->kv_cache_bytes == 0) return FLAME_OK;
-    if (e->gpu)
-        return fl_error(FLAME_ERR_UNSUPPORTED,
-                        "FLAME_OPT_KV_CACHE_BYTES = %lld: the GPU engine has no KV cache in this build; use 0 there",
-                        (long long)cfg->kv_cache_bytes);
     const fl_model_cfg *c = &e->model->cfg;
+    /* the compute dtype's elements: float32 on the CPU, the configured dtype on the GPU */
+    const int32_t elem = e->gpu && fl_config_dtype(cfg) != FL_COMPUTE_FP32 ? 2 : (int32_t)sizeof(float);
     e->kv_lay = (fl_kv_layout){.layers = c->num_blocks, .d = c->d_model, .block_tokens = (int32_t)cfg->kv_cache_block_tokens,
-                               .elem_bytes = (int32_t)sizeof(float)};
+                               .elem_bytes = elem};
     /* a model without blocks has no K or V: a token still takes one row (never read) */
     fl_kv_layout sizing = e->kv_lay;
     if (sizing.layers == 0) sizing.layers = 1;
@@ -32,6 +32,18 @@ flame_status fl_kv_engine_init(struct flame_engine *e)
                         (long long)cfg->kv_cache_bytes, (long long)cfg->kv_cache_block_tokens, why);
     }
     const uint64_t bytes = (uint64_t)fl_kv_num_blocks(e->kv) * fl_kv_block_bytes(e->kv);
+    if (e->gpu) { /* the blocks live on the device, in the engine's device bytes */
+        st = fl_cuda_kv_attach(e->gpu, e->kv, &e->kv_lay);
+        if (st) {
+            fl_kv_cache_destroy(e->kv);
+            e->kv = NULL;
+            return st;
+        }
+        fl_log(FLAME_LOG_INFO, "KV cache on the device: %d blocks of %d tokens, %llu bytes a token (%d layers, K and V, "
+               "d_model %d, %s)", fl_kv_num_blocks(e->kv), e->kv_lay.block_tokens, (unsigned long long)p.token_bytes,
+               c->num_blocks, c->d_model, cfg->dtype);
+        return FLAME_OK;
+    }
     e->kv_blocks = fl_aligned_alloc((size_t)bytes);
     if (!e->kv_blocks) {
         fl_kv_cache_destroy(e->kv);

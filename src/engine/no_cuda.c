@@ -32,6 +32,12 @@ flame_status fl_cuda_score_topk(fl_cuda_engine *g, const flame_request *reqs, si
     return fl_error(FLAME_ERR_INTERNAL, "no CUDA backend in this build");
 }
 
+flame_status fl_cuda_kv_attach(fl_cuda_engine *g, struct fl_kv_cache *kv, const fl_kv_layout *lay)
+{
+    (void)g, (void)kv, (void)lay;
+    return fl_error(FLAME_ERR_INTERNAL, "no CUDA backend in this build");
+}
+
 uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g)
 {
     return 0;
