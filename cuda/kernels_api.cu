@@ -486,7 +486,11 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
             a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows};
             most = std::max(most, lk.num_ids + (lk.offsets ? batch + 1 : 0));
         }
-        const unsigned blocks = (unsigned)std::min<int64_t>((most + 255) / 256, 1024);
+        // four values a thread at least, and about 4096 blocks in all at most: every block ends
+        // with one atomicAdd on the record's count, so tens of thousands of one-value blocks would
+        // queue on that word
+        const unsigned blocks =
+            (unsigned)std::min<int64_t>((most + 1023) / 1024, std::max(1, 4096 / num_tables));
         tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), 256, 0, s>>>(a, record);
         FL_CUDA_TRY(cudaGetLastError());
     } else {
