@@ -706,7 +706,17 @@ static void test_gpu_attention_rejections(void **state)
     cu[1] = 4;
     static __half host_q[4 * 3 * 256];
     p.qkv = host_q;
-    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "q 0x");
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "qkv 0x");
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "is pageable host memory");
+    // separate Q, K, V: each is checked, and the message names the one at fault
+    p.qkv = nullptr;
+    p.q = x, p.k = host_q, p.v = x + 512;
+    p.ld_q = p.ld_k = p.ld_v = 3 * 256;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "k 0x");
+    p.k = x + 256, p.v = host_q;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "v 0x");
+    p.q = p.k = p.v = nullptr;
+    p.ld_q = p.ld_k = p.ld_v = 0;
     p.qkv = x;
     p.device = 4096;
     assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_NO_DEVICE, "device 4096");
