@@ -92,6 +92,7 @@ BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention ker
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/kernels-api-bench) # the public kernels vs the internal ones (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 BENCHES  += bench/kernels-api-cpu-bench # the public kernels on the CPU vs the engine's kernels called directly
+BENCHES  += bench/tbe-pack-bench # host ids of a GPU embedding bag: validation and staging vs memcpy
 BENCHES  += bench/metrics-bench # the cost of a Prometheus scrape
 BENCHES  += bench/kv-cache-bench # the user-history KV cache vs the cache off (any device)
 
@@ -108,7 +109,7 @@ DEPFLAGS := -MMD -MP
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<)$(findstring src/kernels/tbe_cpu.c,$<),-O3) -c $< -o $@
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<)$(findstring src/kernels/tbe_cpu.c,$<)$(findstring src/kernels/tbe_pack.c,$<),-O3) -c $< -o $@
 
 build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -165,7 +166,7 @@ bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
 # the executor slot pool against a mutex and one condition variable (internal: static library)
 bench/slot-pool-bench: bench/slot_pool_bench.c src/core/slot_pool.h $(STLIB)
-	$(CC) $(PROG_CFLAGS) -Isrc -o $@ $< $(STLIB) $(LDLIBS)
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 # flame_score_batch end to end on any device (bench/run_gpu_bench.py drives it)
 bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ bench/e2e_bench.c bench/e2e_clients.c $(PROG_LDFLAGS) -lcjson
@@ -189,6 +190,8 @@ bench/kernels-api-bench: bench/kernels_api_bench.cu cuda/kernels.cuh cuda/common
 
 # the public CPU kernels against the internal ones: links the static library
 bench/kernels-api-cpu-bench: bench/kernels_api_cpu_bench.c src/cpu/kernels.h include/flame/kernels.h $(STLIB)
+	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
+bench/tbe-pack-bench: bench/tbe_pack_bench.c src/kernels/tbe_pack.h $(STLIB)
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 bench/metrics-bench: bench/metrics_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)

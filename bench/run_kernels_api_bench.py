@@ -4,7 +4,8 @@
 
 Steps (each a subprocess whose raw output goes to DIR):
   1. bench/kernels-api-bench --json: the embedding bag through flame/kernels.h at T26 B4096 P20
-     D128 fp16 (ids from the host, and device-resident ids), the internal kernel, the device's
+     D128 fp16 (ids from the host, checked and staged by the calling thread and by 8 threads,
+     and device-resident ids), the internal kernel, the device's
      copy bandwidth, SUMI attention at B8 L1024 M512 H8 dh64 fp16, the host cost of a batch-1
      call of each;
   2. bench/torch_embedding.py: one F.embedding_bag call over the 26 tables concatenated, ids on
@@ -50,7 +51,10 @@ def entries(api, temb, tatt):
         entry("api_sumi_attn_b8_l1024_m512_h8_dh64_us", api.get("api_sumi_attn_b8_l1024_m512_h8_dh64_us"), "us",
               f"fastest PyTorch SDPA peer ({fastest}; two calls without the self term)" if fastest else "PyTorch SDPA",
               tatt.get("fastest_us")),
+        entry(f"api_tbe_{CASE}_8_threads_gbps", api.get(f"api_tbe_{CASE}_8_threads_gbps"), "GB/s",
+              "F.embedding_bag over concatenated tables (ids on the device)", tgbps),
         entry(f"api_tbe_{CASE}_host_us", api.get(f"api_tbe_{CASE}_host_us"), "us", None, None),
+        entry(f"api_tbe_{CASE}_8_threads_host_us", api.get(f"api_tbe_{CASE}_8_threads_host_us"), "us", None, None),
         entry(f"api_tbe_{CASE}_device_ids_host_us", api.get(f"api_tbe_{CASE}_device_ids_host_us"), "us", None, None),
         entry("api_tbe_batch1_host_us", api.get("api_tbe_batch1_host_us"), "us", None, None),
         entry("api_sumi_attn_batch1_host_us", api.get("api_sumi_attn_batch1_host_us"), "us", None, None),

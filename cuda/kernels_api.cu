@@ -3,11 +3,17 @@
 // and attention dispatcher on the caller's stream.
 //
 // No call here waits for a stream or the device. Host index data reaches the device as
-//   host arrays -> page-locked staging block (memcpy) -> cudaMemcpyAsync -> stream-ordered
-//   device allocation (cudaMallocAsync) -> kernels -> cudaFreeAsync,
-// all on the caller's stream. A staging block is reused once an event recorded after its copy
-// has completed (cudaEventQuery, which never waits); while every block is still in flight a new
-// one is made, up to MAX_BLOCKS or MAX_POOL_BYTES, beyond which the oldest is waited for
+//   host arrays -> page-locked staging block (written in place: the attention plan, or the
+//   embedding bag's ids packed as they are validated) -> cudaMemcpyAsync -> the block's device
+//   twin -> kernels,
+// all on the caller's stream. A staging block is a page-locked host buffer and a device buffer
+// of the same size, both made once (the device one with cudaMallocAsync on the stream that first
+// needs it) and never freed while the process runs, so a call allocates nothing (a per-call
+// cudaMallocAsync from the default pool, whose release threshold of 0 hands its memory back at
+// every synchronization, would map it again on the next call). A block is reused once an event
+// recorded after the last kernel that reads it has completed (cudaEventQuery, which never
+// waits); while every block is still in flight a new one is made, up to MAX_BLOCKS or
+// MAX_POOL_BYTES (host bytes; the device twins as many), beyond which the oldest is waited for
 // (back-pressure on a caller that enqueues faster than its stream runs).
 #include <algorithm>
 #include <mutex>
@@ -19,6 +25,7 @@
 
 extern "C" {
 #include "kernels/kernels_gpu.h"
+#include "kernels/tbe_pack.h"
 }
 
 namespace {
@@ -49,6 +56,7 @@ struct device_scope {
 struct stage_block {
     int device;
     void *host;
+    void *dev; // the device twin, made on first use (stage_to_device)
     size_t cap;
     cudaEvent_t done;
     uint64_t used; // release order, for waiting on the oldest
@@ -106,7 +114,7 @@ flame_status stage_acquire(int device, size_t bytes, stage_block **out)
     pool_count++;
     pool_bytes += cap;
     lk.unlock();
-    stage_block *b = new (std::nothrow) stage_block{device, nullptr, cap, nullptr, 0};
+    stage_block *b = new (std::nothrow) stage_block{device, nullptr, nullptr, cap, nullptr, 0};
     cudaError_t e = b ? cudaHostAlloc(&b->host, cap, cudaHostAllocPortable) : cudaErrorMemoryAllocation;
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming);
     if (e != cudaSuccess) {
@@ -122,7 +130,8 @@ flame_status stage_acquire(int device, size_t bytes, stage_block **out)
     return FLAME_OK;
 }
 
-// Hands a block back after its copy was enqueued on `s`.
+// Hands a block back after everything that reads it (its copy, the kernels reading its device
+// twin) was enqueued on `s`.
 void stage_release(stage_block *b, cudaStream_t s)
 {
     if (cudaEventRecord(b->done, s) != cudaSuccess) { // cannot tell when the copy ends: wait for it
@@ -135,39 +144,33 @@ void stage_release(stage_block *b, cudaStream_t s)
     pool_free.push_back(b);
 }
 
-// Pieces of host data gathered into one staging block and one device allocation.
-struct piece {
-    const void *src;
-    size_t bytes;
-    size_t at; // offset in the block, 16-byte aligned
-};
-
-// Copies the pieces to a fresh stream-ordered device allocation (*dev, freed by the caller with
-// cudaFreeAsync on s); piece i lands at *dev + pieces[i].at.
-flame_status stage_to_device(int device, std::vector<piece> &pieces, cudaStream_t s, uint8_t **dev)
+// Hands back a block nothing was enqueued for (its event still marks its previous use).
+void stage_giveback(stage_block *b)
 {
-    size_t total = 0;
-    for (piece &p : pieces) {
-        p.at = total;
-        total += (p.bytes + 15) & ~(size_t)15;
-    }
-    *dev = nullptr;
-    if (total == 0) total = 16;
-    stage_block *b;
-    FL_TRY(stage_acquire(device, total, &b));
-    for (const piece &p : pieces)
-        if (p.bytes) memcpy(static_cast<uint8_t *>(b->host) + p.at, p.src, p.bytes);
-    void *d = nullptr;
-    cudaError_t e = cudaMallocAsync(&d, total, s);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(d, b->host, total, cudaMemcpyHostToDevice, s);
-    stage_release(b, s);
+    std::lock_guard<std::mutex> g(pool_mu);
+    pool_free.push_back(b);
+}
+
+// The block's device twin (made once, on s) holds a copy of its first `bytes`, enqueued on s.
+// On failure the block is given back.
+flame_status stage_to_device(stage_block *b, size_t bytes, cudaStream_t s)
+{
+    cudaError_t e = cudaSuccess;
+    if (!b->dev) e = cudaMallocAsync(&b->dev, b->cap, s);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        if (d) cudaFreeAsync(d, s);
+        b->dev = nullptr;
+        stage_giveback(b);
         return fl_error(e == cudaErrorMemoryAllocation ? FLAME_ERR_NOMEM : FLAME_ERR_INTERNAL,
-                        "copying %zu bytes of indices to device %d: %s", total, device, cudaGetErrorString(e));
+                        "staging: %zu bytes on device %d: %s", b->cap, b->device, cudaGetErrorString(e));
     }
-    *dev = static_cast<uint8_t *>(d);
+    e = cudaMemcpyAsync(b->dev, b->host, bytes, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        stage_release(b, s);
+        return fl_error(FLAME_ERR_INTERNAL, "copying %zu bytes of indices to device %d: %s", bytes, b->device,
+                        cudaGetErrorString(e));
+    }
     return FLAME_OK;
 }
 
@@ -187,19 +190,25 @@ flame_status not_capturing(cudaStream_t s)
 // FLAME_OK when p is memory kernels on `device` may read or write: device memory of that device,
 // managed memory, or page-locked host memory; a pageable host pointer (or another device's) would
 // fault in the kernel and poison the caller's CUDA context, so it is refused here.
-flame_status device_pointer(int device, const void *p, const char *what)
+// `table` >= 0: the name is "table <table> <what>" (formatted only for a message).
+flame_status device_pointer(int device, const void *p, const char *what, int table = -1)
 {
     cudaPointerAttributes a{};
     const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    const bool foreign = e == cudaSuccess && a.type == cudaMemoryTypeDevice && a.device != device;
+    if (e == cudaSuccess && a.type != cudaMemoryTypeUnregistered && !foreign) return FLAME_OK;
+    char name[64];
+    if (table >= 0)
+        snprintf(name, sizeof name, "table %d %s", table, what);
+    else
+        snprintf(name, sizeof name, "%s", what);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is not memory CUDA knows (%s)", what, p, cudaGetErrorString(e));
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is not memory CUDA knows (%s)", name, p, cudaGetErrorString(e));
     }
     if (a.type == cudaMemoryTypeUnregistered)
-        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is pageable host memory, not memory of device %d", what, p, device);
-    if (a.type == cudaMemoryTypeDevice && a.device != device)
-        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is memory of device %d, not of device %d", what, p, a.device, device);
-    return FLAME_OK;
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is pageable host memory, not memory of device %d", name, p, device);
+    return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is memory of device %d, not of device %d", name, p, a.device, device);
 }
 
 // ---- device indices: validation on the stream before the lookup
@@ -225,45 +234,16 @@ __device__ __forceinline__ unsigned long long bad_key(int table, int phase, int6
            ((unsigned long long)position << 1) | (unsigned long long)sub;
 }
 
-// blockIdx.y = table; threads stride over offsets[0..batch] (phase 0) and ids/weights (phase 1)
-// and lower rec->key to the smallest bad position's key. An earlier forward's error, once
-// described, stays: the record keeps the first error until it is read.
-__global__ void __launch_bounds__(256) tbe_check_kernel(const tbe_check_args a, fl_tbe_index_record *rec)
+// One thread of the last block: describes the record's key (the table, the bag, the value)
+// unless an earlier forward's key is described already.
+__device__ __forceinline__ void tbe_describe(const tbe_check_args &a, fl_tbe_index_record *rec)
 {
-    if (rec->detail_key != NO_KEY) return;
-    const int t = (int)blockIdx.y;
-    const tbe_check_table &c = a.t[t];
-    const int64_t noff = c.offsets ? a.batch + 1 : 0, n = noff + c.num_ids;
-    unsigned long long mine = NO_KEY;
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n && mine == NO_KEY;
-         j += (int64_t)gridDim.x * blockDim.x) {
-        if (j < noff) {
-            const int64_t o = c.offsets[j];
-            const bool bad = (j == 0 ? o != 0 : (o < c.offsets[j - 1] || o > c.num_ids)) ||
-                             (j == a.batch && o != c.num_ids);
-            if (bad) mine = bad_key(t, 0, j, 0);
-        } else {
-            const int64_t i = j - noff, id = c.ids[i];
-            if (id < 0 || id >= c.rows)
-                mine = bad_key(t, 1, i, 0);
-            else if (c.weights && !isfinite(c.weights[i]))
-                mine = bad_key(t, 1, i, 1);
-        }
-    }
-    // a thread stops at its first bad value: later positions of its stride have larger keys
-    if (mine != NO_KEY) atomicMin(reinterpret_cast<unsigned long long *>(&rec->key), mine);
-}
-
-// One thread: describes the record's key (the table, the bag, the value) unless an earlier
-// forward's key is described already.
-__global__ void tbe_describe_kernel(const tbe_check_args a, fl_tbe_index_record *rec)
-{
-    const unsigned long long key = rec->key;
+    const unsigned long long key = *reinterpret_cast<volatile unsigned long long *>(&rec->key);
     if (key == NO_KEY || rec->detail_key != NO_KEY) return;
     const int t = (int)(key >> 56), phase = (int)((key >> 55) & 1), sub = (int)(key & 1);
     const int64_t pos = (int64_t)((key >> 1) & ((1ull << 54) - 1));
     // a key outside this launch's arrays is another launch's (forwards on unordered streams, which
-    // the header asks callers not to do): left to that launch's describing kernel, never read here
+    // the header asks callers not to do): left to that launch's last block, never read here
     if (t >= a.num_tables) return;
     const tbe_check_table &c = a.t[t];
     if (phase == 0 ? (!c.offsets || pos > a.batch) : pos >= c.num_ids) return;
@@ -307,6 +287,47 @@ __global__ void tbe_describe_kernel(const tbe_check_args a, fl_tbe_index_record 
     rec->detail_key = key;
 }
 
+// blockIdx.y = table; threads stride over offsets[0..batch] (phase 0) and ids/weights (phase 1)
+// and lower rec->key to the smallest bad position's key. An earlier forward's error, once
+// described, stays: the record keeps the first error until it is read. The last block to finish
+// (counted in rec->blocks_done, set back to 0 by it) describes the key, so the lookup launched
+// next finds the record complete without a third launch.
+__global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ tbe_check_args a, fl_tbe_index_record *rec)
+{
+    const bool described = *reinterpret_cast<volatile unsigned long long *>(&rec->detail_key) != NO_KEY;
+    const int t = (int)blockIdx.y;
+    const tbe_check_table &c = a.t[t];
+    const int64_t noff = c.offsets ? a.batch + 1 : 0, n = described ? 0 : noff + c.num_ids;
+    unsigned long long mine = NO_KEY;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n && mine == NO_KEY;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        if (j < noff) {
+            const int64_t o = c.offsets[j];
+            const bool bad = (j == 0 ? o != 0 : (o < c.offsets[j - 1] || o > c.num_ids)) ||
+                             (j == a.batch && o != c.num_ids);
+            if (bad) mine = bad_key(t, 0, j, 0);
+        } else {
+            const int64_t i = j - noff, id = c.ids[i];
+            if (id < 0 || id >= c.rows)
+                mine = bad_key(t, 1, i, 0);
+            else if (c.weights && !isfinite(c.weights[i]))
+                mine = bad_key(t, 1, i, 1);
+        }
+    }
+    // a thread stops at its first bad value: later positions of its stride have larger keys
+    if (mine != NO_KEY) {
+        atomicMin(reinterpret_cast<unsigned long long *>(&rec->key), mine);
+        __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(&rec->blocks_done, 1u) != gridDim.x * gridDim.y - 1) return;
+    __threadfence(); // every block's atomicMin is visible from here
+    rec->blocks_done = 0;
+    if (!described) tbe_describe(a, rec);
+}
+
 template <typename T, typename OutT>
 flame_status tbe_launch(const fl_dev_features &fs, int64_t batch, void *out, int64_t ld, cudaStream_t s)
 {
@@ -326,14 +347,16 @@ flame_status tbe_out(const fl_dev_features &fs, int64_t batch, void *out, int64_
 template <typename T>
 flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, bool none_mask, int32_t heads,
                        int32_t dh, const void *qv, int64_t ldq, const void *kv, const void *vv, int64_t ldkv,
-                       void *outv, int64_t ldo, int device, cudaStream_t s)
+                       void *outv, int64_t ldo, bool fused, int device, cudaStream_t s)
 {
     const T *q = static_cast<const T *>(qv), *k = static_cast<const T *>(kv), *v = static_cast<const T *>(vv);
     T *out = static_cast<T *>(outv);
     FL_TRY(not_capturing(s));
-    FL_TRY(device_pointer(device, q, "q"));
-    FL_TRY(device_pointer(device, k, "k"));
-    FL_TRY(device_pointer(device, v, "v"));
+    FL_TRY(device_pointer(device, q, fused ? "qkv" : "q"));
+    if (!fused) { // (fused: K and V are columns of the same array)
+        FL_TRY(device_pointer(device, k, "k"));
+        FL_TRY(device_pointer(device, v, "v"));
+    }
     FL_TRY(device_pointer(device, out, "out"));
     int32_t tq = fl_cuda_attention_tile_queries((int32_t)sizeof(T), dh, rows, heads);
     if constexpr (!std::is_same<T, float>::value) // (the Hopper kernel takes fp16/bf16 only)
@@ -341,34 +364,38 @@ flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, 
     if (none_mask && rows > INT32_MAX)
         return fl_error(FLAME_ERR_UNSUPPORTED, "attention: the NONE mask on a GPU takes up to 2^31-1 rows, not %lld",
                         (long long)rows);
-    std::vector<fl_attn_tile> tiles;
-    std::vector<int32_t> qpos(none_mask ? (size_t)rows : 0);
+    int64_t num_tiles = 0;
+    for (int64_t i = 0; i < num_seqs; i++) num_tiles += ((int64_t)seqs[i].len + tq - 1) / tq;
+    if (num_tiles == 0) return FLAME_OK;
+    // the plan is written straight into a staging block: the tiles, then (NONE) each row's
+    // query position
+    const size_t qpos_at = ((size_t)num_tiles * sizeof(fl_attn_tile) + 15) & ~(size_t)15;
+    const size_t total = qpos_at + (none_mask ? (size_t)rows * sizeof(int32_t) : 0);
+    stage_block *b;
+    FL_TRY(stage_acquire(device, total, &b));
+    fl_attn_tile *tiles = static_cast<fl_attn_tile *>(b->host);
+    int32_t *qpos = reinterpret_cast<int32_t *>(static_cast<uint8_t *>(b->host) + qpos_at);
+    int64_t n = 0;
     for (int64_t i = 0; i < num_seqs; i++) {
         const fl_attn_seq &sq = seqs[i];
         for (int64_t q0 = 0; q0 < sq.len; q0 += tq) {
             const int32_t nq = (int32_t)(sq.len - q0 < tq ? sq.len - q0 : tq);
-            tiles.push_back({sq.row, sq.n_hist, nq, sq.row + q0, (int32_t)q0,
-                             none_mask ? (int32_t)(sq.row + q0) : -1});
+            tiles[n++] = {sq.row, sq.n_hist, nq, sq.row + q0, (int32_t)q0, none_mask ? (int32_t)(sq.row + q0) : -1};
         }
-        if (none_mask) std::fill(qpos.begin() + sq.row, qpos.begin() + sq.row + sq.len, sq.len - 1);
+        if (none_mask) std::fill(qpos + sq.row, qpos + sq.row + sq.len, sq.len - 1);
     }
-    if (tiles.empty()) return FLAME_OK;
     if (tq == FL_ATTN_QT_WG) // the 128-query kernel runs tiles in list order: the longest first
-        std::stable_sort(tiles.begin(), tiles.end(), [](const fl_attn_tile &a, const fl_attn_tile &b) {
+        std::stable_sort(tiles, tiles + num_tiles, [](const fl_attn_tile &a, const fl_attn_tile &b) {
             const int64_t ka = a.qpos_idx < 0 ? std::min<int64_t>(a.pos0 + a.nq, a.n_hist) : a.n_hist;
             const int64_t kb = b.qpos_idx < 0 ? std::min<int64_t>(b.pos0 + b.nq, b.n_hist) : b.n_hist;
             return ka > kb;
         });
-    std::vector<piece> pieces = {{tiles.data(), tiles.size() * sizeof(fl_attn_tile), 0},
-                                 {qpos.data(), qpos.size() * sizeof(int32_t), 0}};
-    uint8_t *dev;
-    FL_TRY(stage_to_device(device, pieces, s, &dev));
-    const flame_status st = fl_cuda_attention<T>(reinterpret_cast<const fl_attn_tile *>(dev + pieces[0].at),
-                                                 (int64_t)tiles.size(),
-                                                 none_mask ? reinterpret_cast<const int32_t *>(dev + pieces[1].at)
-                                                           : nullptr,
+    FL_TRY(stage_to_device(b, total, s));
+    const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
+    const flame_status st = fl_cuda_attention<T>(reinterpret_cast<const fl_attn_tile *>(dev), num_tiles,
+                                                 none_mask ? reinterpret_cast<const int32_t *>(dev + qpos_at) : nullptr,
                                                  heads, dh, q, ldq, k, v, ldkv, out, ldo, s, tq);
-    cudaFreeAsync(dev, s);
+    stage_release(b, s); // after the kernels that read its device twin
     return st;
 }
 
@@ -437,15 +464,15 @@ extern "C" flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void
 // Both index modes (record NULL: host indices, staged; else device indices, validated on s).
 static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                 int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
-                                flame_dtype out_dtype, void *stream, fl_tbe_index_record *record)
+                                flame_dtype out_dtype, void *stream, fl_tbe_index_record *record, int threads)
 {
     SCOPE(device);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     FL_TRY(not_capturing(s));
     FL_TRY(device_pointer(device, out, "out"));
     const bool on_device = record != nullptr;
-    std::vector<piece> pieces;
-    uint8_t *dev = nullptr;
+    size_t at[3 * FL_TBE_MAX_TABLES] = {}; // host indices: where table t's ids, offsets, weights are staged
+    stage_block *b = nullptr;
     if (on_device) {
         tbe_check_args a{};
         a.batch = batch;
@@ -453,28 +480,46 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
         int64_t most = 0;
         for (int t = 0; t < num_tables; t++) {
             const fl_tbe_lookup &lk = lookups[t];
-            char what[48];
-            snprintf(what, sizeof what, "table %d ids", t);
-            if (lk.num_ids > 0) FL_TRY(device_pointer(device, lk.ids, what));
-            snprintf(what, sizeof what, "table %d offsets", t);
-            if (lk.offsets) FL_TRY(device_pointer(device, lk.offsets, what));
-            snprintf(what, sizeof what, "table %d weights", t);
-            if (lk.weights && lk.num_ids > 0) FL_TRY(device_pointer(device, lk.weights, what));
+            if (lk.num_ids > 0) FL_TRY(device_pointer(device, lk.ids, "ids", t));
+            if (lk.offsets) FL_TRY(device_pointer(device, lk.offsets, "offsets", t));
+            if (lk.weights && lk.num_ids > 0) FL_TRY(device_pointer(device, lk.weights, "weights", t));
             a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows};
             most = std::max(most, lk.num_ids + (lk.offsets ? batch + 1 : 0));
         }
-        const unsigned blocks = (unsigned)std::min<int64_t>((most + 255) / 256, 1024);
+        // four values a thread at least, and about 4096 blocks in all at most: every block ends
+        // with one atomicAdd on the record's count, so tens of thousands of one-value blocks would
+        // queue on that word
+        const unsigned blocks =
+            (unsigned)std::min<int64_t>((most + 1023) / 1024, std::max(1, 4096 / num_tables));
         tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), 256, 0, s>>>(a, record);
-        tbe_describe_kernel<<<1, 1, 0, s>>>(a, record);
         FL_CUDA_TRY(cudaGetLastError());
     } else {
+        // the lengths first (num_ids >= 0 sizes the block), then the values as they are packed
+        for (int t = 0; t < num_tables; t++) {
+            if (lookups[t].num_ids < 0) // reported in the order of the host checks
+                return fl_tbe_check_pack(tables, lookups, num_tables, batch, nullptr, nullptr, threads);
+            if (lookups[t].num_ids > (INT64_C(1) << 47))
+                return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is outside 0..2^47", t,
+                                (long long)lookups[t].num_ids);
+        }
+        size_t total = 0;
         for (int t = 0; t < num_tables; t++) {
             const fl_tbe_lookup &lk = lookups[t];
-            pieces.push_back({lk.ids, (size_t)lk.num_ids * sizeof(int64_t), 0});
-            pieces.push_back({lk.offsets, lk.offsets ? (size_t)(batch + 1) * sizeof(int64_t) : 0, 0});
-            pieces.push_back({lk.weights, lk.weights ? (size_t)lk.num_ids * sizeof(float) : 0, 0});
+            const size_t bytes[3] = {(size_t)lk.num_ids * sizeof(int64_t),
+                                     lk.offsets ? (size_t)(batch + 1) * sizeof(int64_t) : 0,
+                                     lk.weights ? (size_t)lk.num_ids * sizeof(float) : 0};
+            for (int k = 0; k < 3; k++) {
+                at[3 * t + k] = total;
+                total += (bytes[k] + 15) & ~(size_t)15;
+            }
         }
-        FL_TRY(stage_to_device(device, pieces, s, &dev));
+        FL_TRY(stage_acquire(device, total ? total : 16, &b));
+        const flame_status st = fl_tbe_check_pack(tables, lookups, num_tables, batch, b->host, at, threads);
+        if (st) {
+            stage_giveback(b);
+            return st;
+        }
+        FL_TRY(stage_to_device(b, total, s));
     }
     fl_dev_features fs{};
     fs.skip_unless_clear = on_device ? reinterpret_cast<const unsigned long long *>(&record->key) : nullptr;
@@ -494,9 +539,10 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
             f.offsets = lookups[t].offsets;
             f.weights = lookups[t].weights;
         } else {
-            f.ids = reinterpret_cast<const int64_t *>(dev + pieces[3 * t].at);
-            f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + pieces[3 * t + 1].at) : nullptr;
-            f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + pieces[3 * t + 2].at) : nullptr;
+            const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
+            f.ids = reinterpret_cast<const int64_t *>(dev + at[3 * t]);
+            f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + at[3 * t + 1]) : nullptr;
+            f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + at[3 * t + 2]) : nullptr;
         }
         f.qparams = tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr;
         if (tb.dtype != FLAME_DTYPE_INT8) float_dtype = tb.dtype;
@@ -507,16 +553,16 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
     case FLAME_DTYPE_BF16: st = tbe_out<__nv_bfloat16>(fs, batch, out, ld_out, out_dtype, s); break;
     default: st = tbe_out<float>(fs, batch, out, ld_out, out_dtype, s); break;
     }
-    if (dev) cudaFreeAsync(dev, s);
+    if (b) stage_release(b, s); // after the lookup that reads its device twin
     return st;
 }
 
 extern "C" flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                            int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out,
-                                           int64_t ld_out, flame_dtype out_dtype, void *stream)
+                                           int64_t ld_out, flame_dtype out_dtype, void *stream, int threads)
 {
     return tbe_forward(device, tables, num_tables, sum_combine, width, lookups, batch, out, ld_out, out_dtype, stream,
-                       nullptr);
+                       nullptr, threads);
 }
 
 extern "C" flame_status fl_gpu_tbe_forward_device(int device, const fl_tbe_table *tables, int num_tables,
@@ -525,7 +571,7 @@ extern "C" flame_status fl_gpu_tbe_forward_device(int device, const fl_tbe_table
                                                   void *stream, fl_tbe_index_record *record)
 {
     return tbe_forward(device, tables, num_tables, sum_combine, width, lookups, batch, out, ld_out, out_dtype, stream,
-                       record);
+                       record, 1);
 }
 
 extern "C" flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record **record,
@@ -536,6 +582,8 @@ extern "C" flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record
     void *d = nullptr, *h = nullptr;
     fl_tbe_index_record clear;
     memset(&clear, 0xff, sizeof clear); // key = detail_key = ~0: nothing found
+    clear.blocks_done = 0;
+    clear.pad = 0;
     cudaError_t e = cudaMalloc(&d, sizeof(fl_tbe_index_record));
     // from pageable memory, so the copy is complete when it returns, before any stream uses it
     if (e == cudaSuccess) e = cudaMemcpy(d, &clear, sizeof clear, cudaMemcpyHostToDevice);
@@ -565,7 +613,9 @@ extern "C" flame_status fl_gpu_tbe_record_read(int device, fl_tbe_index_record *
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     FL_TRY(not_capturing(s));
     FL_CUDA_TRY(cudaMemcpyAsync(mirror, record, sizeof *record, cudaMemcpyDeviceToHost, s));
-    FL_CUDA_TRY(cudaMemsetAsync(record, 0xff, sizeof *record, s));
+    FL_CUDA_TRY(cudaMemsetAsync(record, 0xff, offsetof(fl_tbe_index_record, blocks_done), s));
+    // (0 already after every ordered launch; reset too after unordered ones, which may mix counts)
+    FL_CUDA_TRY(cudaMemsetAsync(&record->blocks_done, 0, sizeof record->blocks_done, s));
     FL_CUDA_TRY(cudaStreamSynchronize(s));
     return FLAME_OK;
 }
@@ -573,17 +623,19 @@ extern "C" flame_status fl_gpu_tbe_record_read(int device, fl_tbe_index_record *
 extern "C" flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl_attn_seq *seqs, int64_t num_seqs,
                                          int64_t rows, bool none_mask, int32_t heads, int32_t dh, const void *q,
                                          int64_t ldq, const void *k, const void *v, int64_t ldkv, void *out,
-                                         int64_t ldo, void *stream)
+                                         int64_t ldo, bool fused, void *stream)
 {
     SCOPE(device);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (dtype) {
     case FLAME_DTYPE_F16:
-        return attention<__half>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, device, s);
+        return attention<__half>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, fused,
+                                 device, s);
     case FLAME_DTYPE_BF16:
         return attention<__nv_bfloat16>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo,
-                                        device, s);
+                                        fused, device, s);
     default:
-        return attention<float>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, device, s);
+        return attention<float>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, fused,
+                                device, s);
     }
 }

@@ -464,6 +464,112 @@ static void test_gpu_tbe_device_index_rejections(void **state)
     CK(cudaStreamDestroy(s));
 }
 
+// Batches large enough for many validation blocks a table (device ids) and many 16384-id
+// staging chunks over several threads (host ids): both modes against the float64 reference, a
+// run of valid device-id forwards that must each leave the record clear (the last block of
+// each validation launch describes and resets its count), and a bad value in a late block or
+// chunk, with an earlier one in another block or chunk winning.
+static void test_gpu_tbe_large_batches(void **state)
+{
+    TU_NEED_GPU();
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const int nt = 3;
+    const int64_t batch = 20000;
+    tuk_table t[nt];
+    tuk_lookup l[nt];
+    flame_embedding_table d[nt];
+    for (int f = 0; f < nt; f++) {
+        tuk_table_fill(&t[f], FLAME_DTYPE_F32, 1000 + 700 * f, 4 + 4 * f, FLAME_POOLING_SUM);
+        tuk_lookup_fill(&l[f], &t[f], batch, false, f == 1, 16); // ~160,000 ids: ~10 chunks, ~600 blocks
+        d[f] = tuk_desc(&t[f]);
+    }
+    flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, d, (size_t)nt, 0};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    const int32_t width = 4 + 8 + 12;
+    const int n = (int)(batch * width);
+    std::vector<double> want((size_t)n);
+    tuk_tbe_reference(t, l, nt, false, batch, width, want.data());
+    float *out;
+    CK(cudaMalloc(&out, (size_t)n * sizeof(float)));
+    std::vector<float> got((size_t)n);
+    // host ids, validated and staged by 1 and 4 threads
+    flame_embedding_bag_input hin[nt];
+    for (int f = 0; f < nt; f++) hin[f] = tuk_input(&l[f]);
+    for (int threads : {1, 4}) {
+        CK(cudaMemsetAsync(out, 0xff, (size_t)n * sizeof(float), s));
+        flame_embedding_bag_batch q = {sizeof q, batch, hin, (size_t)nt, out, 0, FLAME_DTYPE_F32, s, threads, 0};
+        if (flame_embedding_bag_forward(bag, &q)) fail_msg("host ids, %d threads: %s", threads, flame_last_error());
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(got.data(), out, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+        assert_rel_err_below(got.data(), want.data(), (size_t)n, 1e-5);
+    }
+    // device ids: five valid forwards in a row, each checked
+    int64_t *dids[nt], *doff[nt];
+    float *dw = dev_copy(l[1].weights, (size_t)l[1].num_ids);
+    flame_embedding_bag_input din[nt];
+    for (int f = 0; f < nt; f++) {
+        dids[f] = dev_copy(l[f].ids, (size_t)l[f].num_ids);
+        doff[f] = dev_copy(l[f].offsets, (size_t)batch + 1);
+        din[f] = {sizeof din[f], dids[f], doff[f], l[f].num_ids, f == 1 ? dw : nullptr};
+    }
+    flame_embedding_bag_batch qd = {sizeof qd, batch, din, (size_t)nt, out, 0, FLAME_DTYPE_F32, s, 0, 1};
+    for (int r = 0; r < 5; r++) {
+        CK(cudaMemsetAsync(out, 0xff, (size_t)n * sizeof(float), s));
+        assert_int_equal(flame_embedding_bag_forward(bag, &qd), FLAME_OK);
+        if (flame_embedding_bag_index_status(bag, s)) fail_msg("device ids, forward %d: %s", r, flame_last_error());
+        CK(cudaMemcpy(got.data(), out, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+        assert_rel_err_below(got.data(), want.data(), (size_t)n, 1e-5);
+    }
+    // a bad id near the end of table 2 (a late block, the last chunk), then an earlier one in
+    // table 2's first block / chunk, then a bad weight of table 1 (an earlier table) wins
+    const int64_t late = l[2].num_ids - 3, early = 100, wpos = l[1].num_ids / 2;
+    struct step {
+        int table;
+        int64_t at, value;
+        bool weight;
+    } steps[] = {{2, late, -5, false}, {2, early, 4000, false}, {1, wpos, 0, true}};
+    char msg[3][128];
+    for (int k = 0; k < 3; k++) {
+        const step &c = steps[k];
+        const tuk_lookup &lk = l[c.table];
+        int64_t bag_i = 0;
+        while (lk.offsets[bag_i + 1] <= c.at) bag_i++;
+        if (c.weight) {
+            lk.weights[c.at] = INFINITY;
+            poke(dw + c.at, &lk.weights[c.at], sizeof(float));
+            snprintf(msg[k], sizeof msg[k], "table %d bag %lld: weights[%lld] = inf is not finite", c.table,
+                     (long long)bag_i, (long long)c.at);
+        } else {
+            lk.ids[c.at] = c.value;
+            poke(dids[c.table] + c.at, &c.value, sizeof c.value);
+            snprintf(msg[k], sizeof msg[k], "table %d bag %lld: ids[%lld] = %lld is outside 0..%lld", c.table,
+                     (long long)bag_i, (long long)c.at, (long long)c.value, (long long)(t[c.table].rows - 1));
+        }
+        CK(cudaMemsetAsync(out, 0xff, (size_t)n * sizeof(float), s));
+        assert_int_equal(flame_embedding_bag_forward(bag, &qd), FLAME_OK);
+        assert_status_msg(flame_embedding_bag_index_status(bag, s), FLAME_ERR_INVALID_ARG, msg[k]);
+        assert_untouched(out, n);
+        for (int threads : {1, 4}) {
+            flame_embedding_bag_batch q = {sizeof q, batch, hin, (size_t)nt, out, 0, FLAME_DTYPE_F32, s, threads, 0};
+            assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, msg[k]);
+        }
+        CK(cudaStreamSynchronize(s));
+        assert_untouched(out, n);
+    }
+    flame_embedding_bag_destroy(bag);
+    for (int f = 0; f < nt; f++) {
+        CK(cudaFree(dids[f]));
+        CK(cudaFree(doff[f]));
+        tuk_table_free(&t[f]);
+        tuk_lookup_free(&l[f]);
+    }
+    CK(cudaFree(dw));
+    CK(cudaFree(out));
+    CK(cudaStreamDestroy(s));
+}
+
 /* ---- attention */
 
 template <typename T>
@@ -600,7 +706,17 @@ static void test_gpu_attention_rejections(void **state)
     cu[1] = 4;
     static __half host_q[4 * 3 * 256];
     p.qkv = host_q;
-    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "q 0x");
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "qkv 0x");
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "is pageable host memory");
+    // separate Q, K, V: each is checked, and the message names the one at fault
+    p.qkv = nullptr;
+    p.q = x, p.k = host_q, p.v = x + 512;
+    p.ld_q = p.ld_k = p.ld_v = 3 * 256;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "k 0x");
+    p.k = x + 256, p.v = host_q;
+    assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_INVALID_ARG, "v 0x");
+    p.q = p.k = p.v = nullptr;
+    p.ld_q = p.ld_k = p.ld_v = 0;
     p.qkv = x;
     p.device = 4096;
     assert_status_msg(flame_sumi_attention(&p), FLAME_ERR_NO_DEVICE, "device 4096");
@@ -623,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_gpu_tbe_update_and_rejections),
         cmocka_unit_test(test_gpu_tbe_device_indices),
         cmocka_unit_test(test_gpu_tbe_device_index_rejections),
+        cmocka_unit_test(test_gpu_tbe_large_batches),
         cmocka_unit_test(test_gpu_attention_against_reference),
         cmocka_unit_test(test_gpu_attention_rejections),
     };

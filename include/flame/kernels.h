@@ -173,7 +173,9 @@ typedef struct flame_embedding_bag_batch {
     void *cuda_stream;                      /* GPU: the cudaStream_t to enqueue on (NULL: the legacy
                                              * default stream); CPU: ignored */
     int32_t threads;                        /* CPU: threads (the caller and libflame's pool, at most
-                                             * 256 run), 0 = 1, 1..1024; GPU: ignored */
+                                             * 256 run), 0 = 1, 1..1024; GPU with host indices:
+                                             * the threads that validate them and pack them into
+                                             * the staging block; GPU device_indices: unused */
     int64_t device_indices;                 /* 0 (default): ids, offsets and weights are host memory,
                                              * validated before the call returns. 1 (GPU handles):
                                              * they are memory of the handle's device, read on
@@ -267,7 +269,9 @@ FLAME_API flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag,
  *   and this call must run one after the other on the device: on one stream (this call then
  *   reports the forwards enqueued before it), or ordered across streams by the caller
  *   (cudaStreamWaitEvent). Unordered ones still read nothing outside their own arrays, but the
- *   error reported may then be another forward's, or land in the next report. Calls from
+ *   error reported may then be another forward's, land in the next report, or be reported as
+ *   FLAME_ERR_INTERNAL "undescribed" (their validation launches share one count of finished
+ *   blocks; this call resets it). Calls from
  *   several threads are safe (a lock serializes the reads of the record).
  * Returns: FLAME_OK when no bad value was recorded (always on a CPU handle, whose forwards
  *   report at once); FLAME_ERR_INVALID_ARG with the message of a host-index forward (the table,

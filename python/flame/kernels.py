@@ -186,7 +186,8 @@ class EmbeddingBag(Handle):
       into them).
     device: None (default: cuda:N when the tables are CUDA tensors, else the CPU), "cpu",
       "cuda", "cuda:N" or N.
-    threads: the threads of each CPU call, the caller and libflame's pool (its default).
+    threads: the threads of each CPU call, the caller and libflame's pool (its default); on a
+      GPU, the threads that validate and stage host index arrays (device ids need none).
     Thread-safety: calls from several threads are safe; update_rows excludes running lookups on
       the CPU and is ordered by the stream on a GPU.
     """
@@ -332,7 +333,8 @@ class EmbeddingBag(Handle):
             raise errors.InvalidArgumentError("ids, offsets and weights must all be host arrays or all CUDA tensors "
                                               "of the handle's device")
         if self.device is not None:
-            return self._forward_gpu(ids, offs, ws, out, odt, stream, check, use_torch, all(on_dev) and bool(given))
+            return self._forward_gpu(ids, offs, ws, out, odt, stream, check, use_torch, all(on_dev) and bool(given),
+                                     self.threads if threads is None else int(threads))
         if odt != F32:
             raise errors.InvalidArgumentError(f"out_dtype {out_dtype!r}: the CPU writes float32")
         inputs, batch, keep = self._host_inputs(ids, offs, ws)
@@ -383,7 +385,7 @@ class EmbeddingBag(Handle):
             x.weights = _ptr(w, F32P)
         return inputs, batch, keep
 
-    def _forward_gpu(self, ids, offs, ws, out, odt, stream, check, use_torch, device_indices):
+    def _forward_gpu(self, ids, offs, ws, out, odt, stream, check, use_torch, device_indices, threads):
         n, dev = self.num_tables, self.device
         sh = _stream_handle(dev, stream)
         with _Cuda(dev, sh) as cu:
@@ -441,6 +443,7 @@ class EmbeddingBag(Handle):
             q.batch, q.inputs, q.num_inputs = batch, inputs, n
             q.out, q.ld_out, q.out_dtype = vout.ptr, ld, odt
             q.cuda_stream, q.device_indices = _c_stream(sh), 1 if device_indices else 0
+            q.threads = threads
             with self._use() as h:
                 _lib.check(_lib.lib().flame_embedding_bag_forward(h, C.byref(q)))
                 if device_indices and check:

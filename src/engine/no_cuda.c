@@ -95,14 +95,15 @@ flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void *host, siz
 
 flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                 int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
-                                flame_dtype out_dtype, void *stream)
+                                flame_dtype out_dtype, void *stream, int threads)
 {
     return fl_gpu_kernels_device(device);
 }
 
 flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl_attn_seq *seqs, int64_t num_seqs,
                               int64_t rows, bool none_mask, int32_t heads, int32_t dh, const void *q, int64_t ldq,
-                              const void *k, const void *v, int64_t ldkv, void *out, int64_t ldo, void *stream)
+                              const void *k, const void *v, int64_t ldkv, void *out, int64_t ldo, bool fused,
+                              void *stream)
 {
     return fl_gpu_kernels_device(device);
 }

@@ -190,7 +190,7 @@ flame_status flame_sumi_attention(const flame_attention_params *params)
                            p.threads ? p.threads : 1);
     else
         st = fl_gpu_attention(p.device, p.dtype, seqs, p.num_seqs, p.rows, none, p.heads, p.head_dim, q, ldq, k, v, ldk,
-                              p.out, p.ld_out, p.cuda_stream);
+                              p.out, p.ld_out, p.qkv != NULL, p.cuda_stream);
     free(seqs);
     return st;
 }

@@ -11,6 +11,7 @@
 #include "kernels/half.h"
 #include "kernels/kernels_gpu.h"
 #include "kernels/tbe_cpu.h"
+#include "kernels/tbe_pack.h"
 
 #define MAX_ROWS (INT64_C(1) << 40)
 #define MAX_DIM 16384
@@ -271,49 +272,6 @@ static flame_status check_device_lookup(int t, const fl_tbe_lookup *lk, int64_t 
     return FLAME_OK;
 }
 
-/* Every offset, id and weight of table t's lookups, before anything is written. */
-static flame_status check_lookup(int t, const fl_tbe_table *tab, const fl_tbe_lookup *lk, int64_t batch)
-{
-    if (lk->num_ids < 0)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is negative", t,
-                        (long long)lk->num_ids);
-    if (lk->num_ids > 0 && !lk->ids)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: ids is NULL with num_ids %lld", t,
-                        (long long)lk->num_ids);
-    if (!lk->offsets) {
-        if (lk->num_ids != batch)
-            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld without offsets (one id per "
-                            "bag) must equal batch %lld", t, (long long)lk->num_ids, (long long)batch);
-    } else {
-        if (lk->offsets[0] != 0)
-            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag 0: offsets[0] = %lld, not 0", t,
-                            (long long)lk->offsets[0]);
-        for (int64_t b = 0; b < batch; b++)
-            if (lk->offsets[b + 1] < lk->offsets[b] || lk->offsets[b + 1] > lk->num_ids)
-                return fl_error(FLAME_ERR_INVALID_ARG,
-                                "embedding bag: table %d bag %lld: offsets[%lld] = %lld is outside offsets[%lld] = "
-                                "%lld .. num_ids = %lld",
-                                t, (long long)b, (long long)(b + 1), (long long)lk->offsets[b + 1], (long long)b,
-                                (long long)lk->offsets[b], (long long)lk->num_ids);
-        if (lk->offsets[batch] != lk->num_ids)
-            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: offsets[batch = %lld] = %lld but num_ids = "
-                            "%lld", t, (long long)batch, (long long)lk->offsets[batch], (long long)lk->num_ids);
-    }
-    for (int64_t b = 0; b < batch; b++) {
-        const int64_t i0 = lk->offsets ? lk->offsets[b] : b, i1 = lk->offsets ? lk->offsets[b + 1] : b + 1;
-        for (int64_t i = i0; i < i1; i++) {
-            if (lk->ids[i] < 0 || lk->ids[i] >= tab->rows)
-                return fl_error(FLAME_ERR_INVALID_ARG,
-                                "embedding bag: table %d bag %lld: ids[%lld] = %lld is outside 0..%lld", t, (long long)b,
-                                (long long)i, (long long)lk->ids[i], (long long)(tab->rows - 1));
-            if (lk->weights && !isfinite(lk->weights[i]))
-                return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: weights[%lld] = %g is not "
-                                "finite", t, (long long)b, (long long)i, (double)lk->weights[i]);
-        }
-    }
-    return FLAME_OK;
-}
-
 flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_embedding_bag_batch *batch)
 {
     fl_clear_error();
@@ -354,9 +312,13 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         flame_embedding_bag_input in = {0};
         if ((st = fl_struct_in("flame_embedding_bag_input", &in, sizeof in, src))) return st;
         lk[t] = (fl_tbe_lookup){in.ids, in.offsets, in.num_ids, in.weights};
-        st = on_device ? check_device_lookup(t, &lk[t], q.batch) : check_lookup(t, &bag->t[t], &lk[t], q.batch);
-        if (st) return st;
+        if (on_device && (st = check_device_lookup(t, &lk[t], q.batch))) return st;
     }
+    const int threads = q.threads ? q.threads : 1;
+    /* host indices: checked here, except where a GPU forward checks them as it stages them */
+    if (!on_device && (cpu || q.batch == 0 || !q.out) &&
+        (st = fl_tbe_check_pack(bag->t, lk, bag->num_tables, q.batch, NULL, NULL, threads)))
+        return st;
     if (q.batch == 0) return FLAME_OK; /* nothing to write or launch */
     if (!q.out) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out is NULL with batch %lld", (long long)q.batch);
     if (on_device)
@@ -364,9 +326,9 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
                                          q.batch, q.out, ld, q.out_dtype, q.cuda_stream, bag->record);
     if (!cpu)
         return fl_gpu_tbe_forward(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk, q.batch,
-                                  q.out, ld, q.out_dtype, q.cuda_stream);
+                                  q.out, ld, q.out_dtype, q.cuda_stream, threads);
     pthread_rwlock_rdlock(&bag->lock);
-    fl_tbe_cpu_forward(bag->t, bag->num_tables, lk, q.batch, q.out, ld, bag->width, q.threads ? q.threads : 1);
+    fl_tbe_cpu_forward(bag->t, bag->num_tables, lk, q.batch, q.out, ld, bag->width, threads);
     pthread_rwlock_unlock(&bag->lock);
     return FLAME_OK;
 }
@@ -408,7 +370,7 @@ flame_status flame_embedding_bag_index_status(flame_embedding_bag *bag, void *cu
     pthread_mutex_unlock(&bag->record_lock);
     if (st) return st;
     if (r.key == UINT64_MAX) return FLAME_OK;
-    if (r.detail_key != r.key) /* the describing kernel runs right after the validation one */
+    if (r.detail_key != r.key) /* the validation launch describes its key before it ends */
         return fl_error(FLAME_ERR_INTERNAL, "embedding bag: index record key %llx undescribed",
                         (unsigned long long)r.key);
     return index_error(bag, &r);

@@ -37,8 +37,8 @@ typedef struct fl_tbe_lookup {
  * validation kernel of device_indices forwards. key orders the bad values as the host checks
  * meet them: (table << 56) | (phase << 55) | (position << 1) | sub, phase 0 for offsets[position],
  * 1 for ids[position] (sub 0) and weights[position] (sub 1); UINT64_MAX: nothing found. The
- * validation kernel lowers key with atomicMin; a one-thread kernel after it describes the
- * smallest key in the fields below (detail_key says which key they describe). */
+ * validation kernel lowers key with atomicMin; its last block to finish describes the smallest
+ * key in the fields below (detail_key says which key they describe). */
 typedef struct fl_tbe_index_record {
     uint64_t key;
     uint64_t detail_key;
@@ -48,6 +48,10 @@ typedef struct fl_tbe_index_record {
     int64_t prev;    /* OFFSET_ORDER: offsets[bag] */
     int64_t num_ids; /* the table's num_ids */
     double weight;   /* WEIGHT: the weight */
+    /* blocks of the running validation launch that are done (the last one describes the key
+     * and sets it back to 0); not cleared with the fields above */
+    uint32_t blocks_done;
+    uint32_t pad;
 } fl_tbe_index_record;
 
 enum {
@@ -74,11 +78,13 @@ void fl_gpu_kernels_free(int device, void *dev);
  * memory may be reused on return). */
 flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void *host, size_t bytes, void *stream);
 
-/* The embedding bag on device tables: ids/offsets/weights are host arrays (validated), copied
- * in on `stream`, then one launch of the engine's kernel per float dtype group. */
+/* The embedding bag on device tables: ids/offsets/weights are host arrays (lengths not yet
+ * checked), validated and packed into page-locked staging by `threads` threads
+ * (fl_tbe_check_pack; a bad value enqueues nothing), copied in on `stream`, then one launch of
+ * the engine's kernel. */
 flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                 int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
-                                flame_dtype out_dtype, void *stream);
+                                flame_dtype out_dtype, void *stream, int threads);
 
 /* The same with ids/offsets/weights in device memory (lengths validated): checked on `stream`
  * by a validation kernel that lowers record->key, and the lookup writes nothing while
@@ -106,10 +112,13 @@ typedef struct fl_attn_seq {
 } fl_attn_seq;
 
 /* SUMI attention on the device through the engine's dispatcher (fl_cuda_attention);
- * none_mask: every query sees all len keys. */
+ * none_mask: every query sees all len keys; fused: q, k and v are column blocks of one array
+ * (checked as one device pointer). The tile plan is written into page-locked staging and
+ * copied in on `stream`; nothing is allocated per call. */
 flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl_attn_seq *seqs, int64_t num_seqs,
                               int64_t rows, bool none_mask, int32_t heads, int32_t dh, const void *q, int64_t ldq,
-                              const void *k, const void *v, int64_t ldkv, void *out, int64_t ldo, void *stream);
+                              const void *k, const void *v, int64_t ldkv, void *out, int64_t ldo, bool fused,
+                              void *stream);
 
 #ifdef __cplusplus
 }
