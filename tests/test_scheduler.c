@@ -540,6 +540,7 @@ static bool workers_held(void) { return self.held == self.want_held; }
 static bool mid_entered(void) { return self.mid_entered; }
 static bool destroying(void) { return self.destroying; }
 static bool destroyed_and_freed(void) { return self.destroyed && self.freed; }
+static bool scheduler_freed(void) { return self.freed; }
 
 static void hold_done(void *user, flame_status st, const char *message)
 {
@@ -654,13 +655,17 @@ static void test_destroy_scheduler_and_engine_in_a_callback_during_isolation(voi
     assert_int_equal(flame_engine_create(f->sumi, NULL, &iso.e), FLAME_OK);
     const flame_batch_profile p[] = {{4, 64}};
     iso.s = make_sched(iso.e, p, 1, 5000000, 1, 0); /* the four form one batch */
+    pthread_mutex_lock(&self.mu);
+    self.freed = false;
+    pthread_mutex_unlock(&self.mu);
+    fl_sched_set_freed_hook(iso.s, freed_hook, NULL);
     for (int i = 0; i < 4; i++) make_req(&q[i], 5, 8, true);
     q[3].hist[0] = 9999; /* bad: the batch is isolated */
     for (int i = 0; i < 4; i++)
         assert_int_equal(flame_scheduler_submit(iso.s, &q[i].r, q[i].scores, MAXC * 2, destroy_all_in_done, &q[i]),
                          FLAME_OK);
     for (int i = 0; i < 4; i++) wait_done(&q[i]);
-    usleep(20000);
+    if (!self_wait(scheduler_freed)) fail_msg("the worker never freed the scheduler"); /* then it is through */
     for (int i = 0; i < 3; i++) {
         assert_int_equal(q[i].status, FLAME_OK);
         direct(f->se, &q[i]);
