@@ -89,7 +89,7 @@ int main(int argc, char **argv)
         fe[f] = (fl_emb_feature){tab + (size_t)f * R * D, R, D, FL_KPOOL_SUM, off, ids + (size_t)f * B * P, f * D, NULL, NULL};
         in[f] = (flame_embedding_bag_input){sizeof in[f], ids + (size_t)f * B * P, off, (int64_t)B * P, NULL};
     }
-    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, t, T, 1};
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, t, T, 1, 0};
     flame_embedding_bag *bag;
     CHECK(flame_embedding_bag_create(&p, &bag));
     float *o1 = malloc((size_t)B * T * D * sizeof(float)), *o2 = malloc((size_t)B * T * D * sizeof(float));

@@ -18,7 +18,7 @@ static flame_embedding_bag *make_bag(const tuk_table *t, int nt, bool sum, flame
     flame_embedding_table d[8];
     for (int f = 0; f < nt; f++) d[f] = tuk_desc(&t[f]);
     flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, sum ? FLAME_COMBINE_SUM : FLAME_COMBINE_CONCAT, d,
-                                    (size_t)nt, 0};
+                                    (size_t)nt, 0, 0};
     flame_embedding_bag *b = NULL;
     *st = flame_embedding_bag_create(&p, &b);
     return b;
@@ -109,7 +109,7 @@ static void test_tbe_borrow(void **state)
     tuk_table t;
     tuk_table_fill(&t, FLAME_DTYPE_F32, 4, 3, FLAME_POOLING_SUM);
     flame_embedding_table d = tuk_desc(&t);
-    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1};
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0};
     flame_embedding_bag *bag;
     assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
     ((float *)t.data)[2 * 3 + 1] = 42.0f;
@@ -339,7 +339,7 @@ static void test_tbe_create_rejections(void **state)
     tuk_table_fill(&t[0], FLAME_DTYPE_F32, 10, 4, FLAME_POOLING_SUM);
     tuk_table_fill(&t[1], FLAME_DTYPE_INT8, 20, 3, FLAME_POOLING_MEAN);
     flame_embedding_table d[2] = {tuk_desc(&t[0]), tuk_desc(&t[1])};
-    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, d, 2, 0};
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, d, 2, 0, 0};
     flame_embedding_bag *bag = (flame_embedding_bag *)&p; /* set to NULL on failure */
 #define REJECT(status, needle)                                                                                   \
     do {                                                                                                         \
@@ -611,7 +611,7 @@ static void test_gpu_calls_without_gpu(void **state)
     tuk_table t;
     tuk_table_fill(&t, FLAME_DTYPE_F32, 4, 4, FLAME_POOLING_SUM);
     flame_embedding_table d = tuk_desc(&t);
-    flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, &d, 1, 0};
+    flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, &d, 1, 0, 0};
     flame_embedding_bag *bag;
     assert_int_equal(flame_embedding_bag_create(&p, &bag), want);
     assert_null(bag);

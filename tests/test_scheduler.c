@@ -493,43 +493,136 @@ static void test_destroy_drains_the_queue(void **state)
 
 /* done callbacks that destroy their own scheduler (as a host language's garbage collector
  * may, from there) or wait on it: every queued request still completes exactly once, the
- * wait is refused instead of hanging. */
-typedef struct self_ctx {
+ * wait is refused instead of hanging. The interleaving is fixed rather than left to timing:
+ * every worker is held in a gate callback until all requests are queued, so the destroy meets
+ * a known queue; with two workers the other one is held inside a callback of its own batch
+ * until the destroy has begun (it then finishes that batch and drains the queue), or, with
+ * nothing queued, goes to sleep. The test ends when the worker has freed the scheduler (the
+ * freed hook), not after a sleep. (Left to timing, a loaded machine could complete every
+ * request before the test armed the destroy, so that no destroy happened at all.) */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int held, want_held;       /* workers held in hold_done; how many the test waits for */
+    bool open;                 /* the gates */
+    req *destroyer;            /* the request whose done destroys s */
+    req *mid;                  /* the other worker's request, held until the destroy begins (or NULL) */
+    bool mid_entered, destroying, destroyed, freed, timed_out;
     flame_scheduler *s;
-    req *q;
-    atomic_int submitted_all, destroyed, score_status;
-} self_ctx;
-static self_ctx ctx;
+    flame_status score_status; /* flame_scheduler_score from the destroying callback */
+    flame_status stats_status;
+    uint64_t queued_at_destroy;
+} self = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* Waits until holds() (read under self.mu), at most 30 s: false then (a failure, not a hang). */
+static bool self_wait(bool (*holds)(void))
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
+    pthread_mutex_lock(&self.mu);
+    int e = 0;
+    while (!holds() && e == 0) e = pthread_cond_timedwait(&self.cv, &self.mu, &until);
+    const bool ok = holds();
+    if (!ok) self.timed_out = true;
+    pthread_mutex_unlock(&self.mu);
+    return ok;
+}
+static void self_set(bool *flag)
+{
+    pthread_mutex_lock(&self.mu);
+    *flag = true;
+    pthread_cond_broadcast(&self.cv);
+    pthread_mutex_unlock(&self.mu);
+}
+static bool gates_open(void) { return self.open; }
+static bool workers_held(void) { return self.held == self.want_held; }
+static bool mid_entered(void) { return self.mid_entered; }
+static bool destroying(void) { return self.destroying; }
+static bool destroyed_and_freed(void) { return self.destroyed && self.freed; }
+static bool scheduler_freed(void) { return self.freed; }
+
+static void hold_done(void *user, flame_status st, const char *message)
+{
+    on_done(user, st, message);
+    pthread_mutex_lock(&self.mu);
+    self.held++;
+    pthread_cond_broadcast(&self.cv);
+    pthread_mutex_unlock(&self.mu);
+    self_wait(gates_open);
+}
 
 static void destroy_in_done(void *user, flame_status st, const char *message)
 {
     on_done(user, st, message);
-    /* not while the test thread still submits: destroy must not overlap other calls */
-    if (atomic_load(&ctx.submitted_all) && !atomic_exchange(&ctx.destroyed, 1)) {
-        flame_status w = flame_scheduler_score(ctx.s, &ctx.q->r, ctx.q->scores, MAXC * 2);
-        atomic_store(&ctx.score_status, (int)w);
-        flame_scheduler_destroy(ctx.s);
+    if (user == self.mid) { /* the other worker, mid-batch: stays here until the destroy has begun */
+        self_set(&self.mid_entered);
+        self_wait(destroying);
+        return;
     }
+    if (user != self.destroyer) return;
+    if (self.mid) self_wait(mid_entered); /* (it can only be on the other worker: this one is here) */
+    flame_scheduler_stats stats = {.struct_size = sizeof stats};
+    self.stats_status = flame_scheduler_get_stats(self.s, &stats); /* (no cmocka asserts off the test thread) */
+    self.queued_at_destroy = stats.queued;
+    self_set(&self.destroying);
+    self.score_status = flame_scheduler_score(self.s, &self.destroyer->r, self.destroyer->scores, MAXC * 2);
+    flame_scheduler_destroy(self.s);
+    self_set(&self.destroyed);
+}
+
+static void freed_hook(void *user)
+{
+    (void)user;
+    self_set(&self.freed);
 }
 
 static void test_destroy_from_a_done_callback(void **state)
 {
     fixture *f = *state;
     enum { N = 12 };
-    static req q[N];
-    for (uint32_t workers = 1; workers <= 2; workers++) {
+    static req q[N], g[2];
+    /* workers, requests queued behind the gates, parts queued when the destroy begins: with one
+     * worker all but the destroying batch {q0, q1}; with two also less the other worker's {q2, q3} */
+    static const struct { uint32_t workers; int n, queued; } cases[] = {{1, N, N - 2}, {2, N, N - 4}, {2, 1, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const uint32_t workers = cases[c].workers;
+        const int n = cases[c].n;
         const flame_batch_profile p[] = {{2, 64}};
-        ctx = (self_ctx){.s = make_sched(f->se, p, 1, 0, workers, 0), .q = &q[0]};
-        for (int i = 0; i < N; i++) make_req(&q[i], 4, 1 + (size_t)tu_below(64), true);
-        for (int i = 0; i < N; i++)
-            assert_int_equal(flame_scheduler_submit(ctx.s, &q[i].r, q[i].scores, MAXC * 2, destroy_in_done, &q[i]),
+        flame_scheduler *s = make_sched(f->se, p, 1, 0, workers, 0);
+        fl_sched_set_freed_hook(s, freed_hook, NULL);
+        pthread_mutex_lock(&self.mu);
+        self.held = self.want_held = 0;
+        self.open = self.mid_entered = self.destroying = self.destroyed = self.freed = self.timed_out = false;
+        self.s = s, self.destroyer = &q[0], self.mid = workers == 2 && n >= 4 ? &q[2] : NULL;
+        self.score_status = self.stats_status = FLAME_OK, self.queued_at_destroy = UINT64_MAX;
+        pthread_mutex_unlock(&self.mu);
+        for (uint32_t w = 0; w < workers; w++) { /* a gate request a worker: each goes alone (max_wait 0) */
+            make_req(&g[w], 3, 5, true);
+            pthread_mutex_lock(&self.mu);
+            self.want_held = (int)w + 1;
+            pthread_mutex_unlock(&self.mu);
+            assert_int_equal(flame_scheduler_submit(s, &g[w].r, g[w].scores, MAXC * 2, hold_done, &g[w]), FLAME_OK);
+            if (!self_wait(workers_held)) fail_msg("worker %u never entered its gate callback", w);
+        }
+        for (int i = 0; i < n; i++) {
+            make_req(&q[i], 4, 1 + (size_t)tu_below(64), true);
+            assert_int_equal(flame_scheduler_submit(s, &q[i].r, q[i].scores, MAXC * 2, destroy_in_done, &q[i]),
                              FLAME_OK);
-        atomic_store(&ctx.submitted_all, 1); /* ~1 ms a batch: most requests are still queued */
-        for (int i = 0; i < N; i++) wait_done(&q[i]);
-        assert_int_equal(atomic_load(&ctx.destroyed), 1);
-        usleep(20000); /* the worker frees the scheduler on its way out (ASan would see a use after that) */
-        assert_int_equal(atomic_load(&ctx.score_status), FLAME_ERR_INVALID_ARG);
-        for (int i = 0; i < N; i++) {
+        }
+        assert_int_equal(stats_of(s).queued, n); /* every worker is held: nothing taken yet */
+        self_set(&self.open);
+        if (!self_wait(destroyed_and_freed))
+            fail_msg("%u worker(s), %d request(s): destroyed %d, freed %d", workers, n, self.destroyed, self.freed);
+        assert_false(self.timed_out);
+        assert_int_equal(self.stats_status, FLAME_OK);
+        assert_int_equal(self.queued_at_destroy, cases[c].queued);
+        assert_int_equal(self.score_status, FLAME_ERR_INVALID_ARG);
+        for (uint32_t w = 0; w < workers; w++) {
+            assert_int_equal(atomic_load(&g[w].calls), 1);
+            assert_int_equal(g[w].status, FLAME_OK);
+        }
+        for (int i = 0; i < n; i++) { /* freed: every callback has run, exactly once */
             assert_int_equal(atomic_load(&q[i].calls), 1);
             assert_int_equal(q[i].status, FLAME_OK);
             direct(f->se, &q[i]);
@@ -562,13 +655,17 @@ static void test_destroy_scheduler_and_engine_in_a_callback_during_isolation(voi
     assert_int_equal(flame_engine_create(f->sumi, NULL, &iso.e), FLAME_OK);
     const flame_batch_profile p[] = {{4, 64}};
     iso.s = make_sched(iso.e, p, 1, 5000000, 1, 0); /* the four form one batch */
+    pthread_mutex_lock(&self.mu);
+    self.freed = false;
+    pthread_mutex_unlock(&self.mu);
+    fl_sched_set_freed_hook(iso.s, freed_hook, NULL);
     for (int i = 0; i < 4; i++) make_req(&q[i], 5, 8, true);
     q[3].hist[0] = 9999; /* bad: the batch is isolated */
     for (int i = 0; i < 4; i++)
         assert_int_equal(flame_scheduler_submit(iso.s, &q[i].r, q[i].scores, MAXC * 2, destroy_all_in_done, &q[i]),
                          FLAME_OK);
     for (int i = 0; i < 4; i++) wait_done(&q[i]);
-    usleep(20000);
+    if (!self_wait(scheduler_freed)) fail_msg("the worker never freed the scheduler"); /* then it is through */
     for (int i = 0; i < 3; i++) {
         assert_int_equal(q[i].status, FLAME_OK);
         direct(f->se, &q[i]);

@@ -17,6 +17,15 @@
  *     newer header): fields this library does not know are not read on input and left
  *     untouched on output. struct_size must be at least sizeof(size_t) and at most 4096;
  *     anything else is FLAME_ERR_INVALID_ARG ("struct_size outside 8..4096" below).
+ *   - No trailing padding: sizeof of every public struct is where its last field ends, so a
+ *     field appended later always grows struct_size (appended into trailing padding it would
+ *     not, and an older caller's uninitialised padding would be read as the new field). Where
+ *     alignment would pad the end, the header names those bytes reserved0: leave it 0 (a
+ *     zeroed or designated-initialised struct does). The library refuses any other value with
+ *     FLAME_ERR_INVALID_ARG naming the field, does not read it in a struct shorter than the
+ *     header that named it (an older header, where those bytes were padding), and writes 0
+ *     there in the structs it fills. Holes inside a struct stay unnamed (appends never land
+ *     there; naming them would shift positional initialisers). docs/abi.md.
  *
  * Model format: docs/model-format.md. Architecture: SASRec (Kang & McAuley, ICDM 2018) /
  * BERT-style transformer encoders, and GR rankers in the style of HSTU (Zhai et al., ICML 2024,
@@ -538,6 +547,8 @@ typedef struct flame_request {
      * user_id (docs/kv-cache.md); the scores are those of kv_cache = 0 within the compute
      * dtype's rounding. Needs an engine with a KV cache. 0 (default): not cached. */
     int32_t kv_cache;
+    uint32_t reserved0;             /* 0: what would be trailing padding (the no-padding rule at the
+                                     * top of this header) */
 } flame_request;
 
 /*
@@ -566,7 +577,8 @@ typedef struct flame_request {
  * Thread-safety: thread-safe, concurrently with any other scoring call on the same engine
  *   (flame_engine_create).
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL engine or request, struct_size outside
- *   8..4096, NULL scores or ids with a non-zero length, more than 2^24 candidates, an item or
+ *   8..4096, a non-zero reserved0 (the message names it), NULL scores or ids with a non-zero
+ *   length, more than 2^24 candidates, an item or
  *   side-feature id < 0 or >= its table's rows (the message names token, feature and id), bad
  *   CSR offsets (flame_bags: offsets[0] != 0, decreasing, or a final offset other than
  *   num_ids), bags given for the history but not the candidates (or the reverse) under the

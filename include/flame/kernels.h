@@ -100,6 +100,7 @@ typedef struct flame_embedding_bag_params {
                                           * must outlive the handle: host memory on the CPU, device
                                           * memory of `device` on a GPU (16-byte aligned rows read
                                           * fastest) */
+    uint32_t reserved0;                  /* 0: what would be trailing padding (flame.h, "No padding") */
 } flame_embedding_bag_params;
 
 /*
@@ -111,7 +112,8 @@ typedef struct flame_embedding_bag_params {
  *   out      receives the handle; NULL on failure.
  * Thread-safety: any thread; the handle is then used as described at each call.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL params/out/tables/data, struct_size outside
- *   8..4096 or tables[0].struct_size not a multiple of 8, num_tables outside 1..64, rows or dim
+ *   8..4096 or tables[0].struct_size not a multiple of 8, a non-zero reserved0, num_tables
+ *   outside 1..64, rows or dim
  *   out of range, an unknown dtype, pooling, combine or device, qparams missing for an INT8
  *   table or given for another, a non-finite scale or bias, dims that differ under SUMI
  *   combine, a borrowed GPU table not in memory of the device: the message names the table and
@@ -322,6 +324,7 @@ typedef struct flame_attention_params {
     int32_t threads;              /* CPU: threads over the sequences (the caller and libflame's
                                    * pool, at most 256 run; one sequence takes one thread, no BLAS
                                    * call), 0 = 1, 1..1024; GPU: ignored */
+    uint32_t reserved0;           /* 0: what would be trailing padding (flame.h, "No padding") */
 } flame_attention_params;
 
 /*
@@ -338,7 +341,8 @@ typedef struct flame_attention_params {
  *   F16/BF16 head dims 64 and 128 with 16-byte aligned rows on compute capability 9.0 and
  *   enough work, else tensor-core mma.sync (head dims multiple of 16), else CUDA cores.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL params/out/Q/K/V with rows > 0, struct_size
- *   outside 8..4096, an unknown mask, dtype or device, heads, head_dim, num_seqs, threads or a
+ *   outside 8..4096, a non-zero reserved0, an unknown mask, dtype or device, heads, head_dim,
+ *   num_seqs, threads or a
  *   stride out of range, qkv given together with q/k/v, cumulative counts that do not start at 0,
  *   decrease, or total other than rows, a sequence longer than 2^31-1, on a GPU a Q, K, V or out
  *   that is not memory of the device: the message names the sequence or array and the value;

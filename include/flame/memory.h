@@ -33,6 +33,7 @@ typedef struct flame_numa_info {
     flame_numa_mode mode;
     int32_t num_nodes;      /* node numbers are 0..num_nodes-1 (1 in the fallbacks) */
     int32_t current_node;   /* node of the CPU the calling thread runs on now (0 in the fallbacks) */
+    uint32_t reserved0;     /* written as 0: what would be trailing padding (flame.h, "No padding") */
 } flame_numa_info;
 
 /*
@@ -180,6 +181,7 @@ typedef struct flame_pinned_pool_stats {
     uint64_t pin_failures;     /* registrations that failed (those buffers are pageable) */
     uint64_t releases;         /* buffers unmapped because the cache was full */
     int32_t pinning;           /* 1 if this pool registers buffers, 0 if pageable only */
+    uint32_t reserved0;        /* written as 0: what would be trailing padding (flame.h, "No padding") */
 } flame_pinned_pool_stats;
 
 /*

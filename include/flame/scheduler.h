@@ -150,7 +150,8 @@ FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
  * Thread-safety: thread-safe.
  * Returns: FLAME_OK (done will run exactly once); FLAME_ERR_INVALID_ARG (NULL scheduler,
  *   request or done, NULL scores or candidates with num_candidates > 0, struct_size outside
- *   8..4096, num_side_features other than the model's, more candidates than 2^24, broken
+ *   8..4096, a non-zero reserved0 of the request, num_side_features other than the model's,
+ *   more candidates than 2^24, broken
  *   candidate bags of a request to be split, more parts than max_queue);
  *   FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks); FLAME_ERR_UNAVAILABLE
  *   (max_queue parts are waiting, or the scheduler is being destroyed: shed load);

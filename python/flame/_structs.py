@@ -2,7 +2,9 @@
 
 Every struct starts with struct_size, which the library reads to know which fields the
 caller has; `new(cls)` sets it, so appending fields here (when flame.h appends them) keeps
-older libraries working.
+older libraries working. The reserved0 fields (flame.h, "No trailing padding": the bytes alignment
+would leave as trailing padding) are mirrored too, so the layouts match byte for byte; ctypes zeroes them, as
+the library requires.
 """
 import ctypes as C
 
@@ -32,7 +34,7 @@ class Request(C.Structure):
                 ("history_side", C.POINTER(Bags)), ("candidate_side", C.POINTER(Bags)),
                 ("num_side_features", C.c_size_t),
                 ("history_from_user_cache", C.c_int32),
-                ("history_version", C.c_uint64), ("kv_cache", C.c_int32)]
+                ("history_version", C.c_uint64), ("kv_cache", C.c_int32), ("reserved0", C.c_uint32)]
 
 
 class EngineStats(C.Structure):
@@ -51,7 +53,7 @@ class EngineStats(C.Structure):
 
 class NumaInfo(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("mode", C.c_int), ("num_nodes", C.c_int32),
-                ("current_node", C.c_int32)]
+                ("current_node", C.c_int32), ("reserved0", C.c_uint32)]
 
 
 class PinnedPoolParams(C.Structure):
@@ -63,7 +65,7 @@ class PinnedPoolStats(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("bytes_reserved", C.c_uint64), ("bytes_in_use", C.c_uint64),
                 ("bytes_requested", C.c_uint64), ("bytes_pinned", C.c_uint64), ("bytes_pageable", C.c_uint64),
                 ("hits", C.c_uint64), ("misses", C.c_uint64), ("pin_failures", C.c_uint64),
-                ("releases", C.c_uint64), ("pinning", C.c_int32)]
+                ("releases", C.c_uint64), ("pinning", C.c_int32), ("reserved0", C.c_uint32)]
 
 
 class UserCacheParams(C.Structure):
@@ -148,8 +150,10 @@ class SchedulerStats(C.Structure):
 
 
 def as_dict(s: C.Structure) -> dict:
-    """The fields after struct_size, as plain Python values."""
-    return {name: getattr(s, name) for name, _ in s._fields_ if name != "struct_size"}
+    """The fields after struct_size, as plain Python values (not the reserved ones: they fill
+    what would be trailing padding and are always 0)."""
+    return {name: getattr(s, name) for name, _ in s._fields_
+            if name != "struct_size" and not name.startswith("reserved")}
 
 
 LOG_FN = C.CFUNCTYPE(None, C.c_int, C.c_char_p, C.c_void_p)
@@ -169,7 +173,8 @@ class EmbeddingTable(C.Structure):
 
 class EmbeddingBagParams(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("device", C.c_int32), ("combine", C.c_int),
-                ("tables", C.POINTER(EmbeddingTable)), ("num_tables", C.c_size_t), ("borrow", C.c_int32)]
+                ("tables", C.POINTER(EmbeddingTable)), ("num_tables", C.c_size_t), ("borrow", C.c_int32),
+                ("reserved0", C.c_uint32)]
 
 
 class EmbeddingBagInput(C.Structure):
@@ -189,4 +194,4 @@ class AttentionParams(C.Structure):
                 ("cu_candidates", I64P), ("rows", C.c_int64), ("qkv", C.c_void_p), ("ld_qkv", C.c_int64),
                 ("q", C.c_void_p), ("k", C.c_void_p), ("v", C.c_void_p), ("ld_q", C.c_int64), ("ld_k", C.c_int64),
                 ("ld_v", C.c_int64), ("out", C.c_void_p), ("ld_out", C.c_int64), ("cuda_stream", C.c_void_p),
-                ("threads", C.c_int32)]
+                ("threads", C.c_int32), ("reserved0", C.c_uint32)]

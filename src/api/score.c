@@ -1,5 +1,7 @@
 /* flame_score / flame_score_batch: argument checks, validation of every request, then the
  * forward pass in slices of at most FLAME_OPT_MAX_BATCH requests. */
+#include <stdio.h>
+
 #include "core/abi.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
@@ -40,6 +42,12 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     if (!engine) return fl_error(FLAME_ERR_INVALID_ARG, "engine is NULL");
     if (num_requests && !requests) return fl_error(FLAME_ERR_INVALID_ARG, "requests is NULL with num_requests %zu",
                                                    num_requests);
+    for (size_t r = 0; r < num_requests; r++) /* read in place: the reserved fields are checked here */
+        if (fl_struct_reserved("flame_request", sizeof(flame_request), (const char *)requests + r * stride, stride)) {
+            char detail[256];
+            snprintf(detail, sizeof detail, "%s", flame_last_error());
+            return fl_error(FLAME_ERR_INVALID_ARG, "request %zu: %s", r, detail);
+        }
     fl_workspace *ws = NULL;
     const flame_request *reqs = requests;
     flame_status st = FLAME_OK;

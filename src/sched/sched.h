@@ -94,6 +94,8 @@ typedef struct fl_worker {
 
 /* The clock of deadlines and waits (injectable for the tests: fl_sched_set_clock). */
 typedef uint64_t (*fl_clock_fn)(void *user);
+/* Internal test hook (fl_sched_set_freed_hook): told when the scheduler's memory is freed. */
+typedef void (*fl_sched_freed_fn)(void *user);
 
 struct flame_scheduler {
     struct flame_engine *engine;
@@ -107,6 +109,8 @@ struct flame_scheduler {
     bool freed_by_worker;      /* destroyed from one of its workers: that worker frees it on its way out */
     fl_clock_fn clock;
     void *clock_user;
+    fl_sched_freed_fn freed_hook; /* tests only (fl_sched_set_freed_hook); NULL otherwise */
+    void *freed_user;
     pthread_mutex_t mu;        /* guards the levels, the ids, next_deadline, `stopping`, the
                                 * workers' sleep state and the job pool */
     fl_worker *workers;        /* [num_workers]; each sleeps on its own condition variable */
@@ -154,6 +158,11 @@ static inline uint64_t fl_sched_clock(const flame_scheduler *s)
 /* Tests: replaces the clock (before any submit) and wakes the workers after moving it. */
 void fl_sched_set_clock(flame_scheduler *s, fl_clock_fn fn, void *user);
 void fl_sched_kick(flame_scheduler *s);
+/* Tests only, not part of the API: fn(user) runs once s is freed, on the thread that freed it
+ * (the destroying one, or after a destroy from a done callback the worker that ran it, on its
+ * way out), so a test can wait for the end of a scheduler's life instead of sleeping. Set it
+ * before the first submit. */
+void fl_sched_set_freed_hook(flame_scheduler *s, fl_sched_freed_fn fn, void *user);
 
 uint64_t fl_sched_now_us(void);
 

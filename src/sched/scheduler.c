@@ -71,6 +71,14 @@ void fl_sched_set_clock(flame_scheduler *s, fl_clock_fn fn, void *user)
     pthread_mutex_unlock(&s->mu);
 }
 
+void fl_sched_set_freed_hook(flame_scheduler *s, fl_sched_freed_fn fn, void *user)
+{
+    pthread_mutex_lock(&s->mu);
+    s->freed_hook = fn;
+    s->freed_user = user;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Wakes every sleeping worker (lock held). */
 static void wake_all(flame_scheduler *s)
 {
@@ -424,7 +432,10 @@ static void free_scheduler(flame_scheduler *s)
         free(j);
     }
     pthread_mutex_destroy(&s->mu);
+    const fl_sched_freed_fn hook = s->freed_hook;
+    void *user = s->freed_user;
     free(s);
+    if (hook) hook(user);
 }
 
 static void stop_workers(flame_scheduler *s)
