@@ -115,7 +115,9 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
  *   own done callbacks (e.g. by a host language's garbage collector): it then returns once
  *   every queued request is scored and no batch will use the engine any more; the remaining
  *   callbacks of the calling worker's batch still run, and that worker frees the scheduler
- *   when it is through.
+ *   when it is through. Call it once per scheduler: a second call, from another thread or
+ *   another done callback (two workers' callbacks each destroying it would wait for each
+ *   other), is undefined, as freeing memory twice is.
  * Returns: nothing.
  */
 FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
