@@ -55,6 +55,10 @@ static void test_params_refused(void **state)
     p.block_tokens = 0;
     assert_int_equal(fl_kv_cache_create(&p, &c), FLAME_ERR_INVALID_ARG);
     assert_non_null(strstr(flame_last_error(), "block_tokens = 0"));
+    p.block_tokens = 4;
+    p.budget_bytes = (uint64_t)64 << 31; /* 2^31 blocks of 64 bytes */
+    assert_int_equal(fl_kv_cache_create(&p, &c), FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "more than 2^31 - 1"));
     assert_null(c);
 }
 
@@ -180,6 +184,22 @@ static void test_lru_and_pins(void **state)
     fl_kv_get_stats(c, &s);
     assert_int_equal(s.store_skipped, 1);
     assert_int_equal(s.blocks_in_use, 6);
+    /* a reserve that cannot succeed evicts nothing: with 1 and 2 pinned, user 4 unpinned (2 blocks)
+     * and a user needing 6 blocks, evicting 4 would still leave too few */
+    fl_kv_release(c, &t4b);
+    int64_t h24[24];
+    for (int i = 0; i < 24; i++) h24[i] = 100 + i;
+    uint64_t pre24[25];
+    hashes(h24, 24, pre24);
+    fl_kv_ticket t6;
+    assert_int_equal(look(c, 6, 0, pre24, 24, true, &t6), FL_KV_MISS);
+    assert_false(fl_kv_reserve(c, &t6));
+    fl_kv_abort(c, &t6);
+    fl_kv_release(c, &t6);
+    fl_kv_get_stats(c, &s);
+    assert_int_equal(s.evictions, 2); /* user 4 kept */
+    assert_int_equal(s.store_skipped, 2);
+    assert_int_equal(look(c, 4, 0, pre, 8, true, &t4b), FL_KV_HIT);
     fl_kv_release(c, &t1);
     fl_kv_release(c, &t2);
     fl_kv_release(c, &t4b);

@@ -593,7 +593,9 @@ typedef struct flame_request {
  *   FLAME_ERR_IO (its shared object was truncated by another process); on a GPU,
  *   FLAME_ERR_UNSUPPORTED (cuBLASLt has no algorithm for a GEMM shape) and FLAME_ERR_INTERNAL
  *   (a CUDA call failed: the message names it; the scores of the passes before it, of
- *   FLAME_OPT_MAX_BATCH requests each, may then be written).
+ *   FLAME_OPT_MAX_BATCH requests each, may then be written). A GPU engine scores each
+ *   kv_cache = 1 request in a pass of its own, so there FLAME_ERR_NOMEM (the device buffers
+ *   could not grow for a later pass) may also leave the earlier passes' scores written.
  * Math: docs/model-format.md: embedding bags -> position -> transformer blocks with the
  *   causal or SUMI mask (FLAME, arXiv:2509.22681; HSTU, arXiv:2402.17152) -> dot or sumi
  *   head. On the CPU float32 throughout, GEMMs through CBLAS; on the GPU in the engine's

@@ -56,7 +56,11 @@ flame_status fl_kv_cache_create(const fl_kv_params *p, fl_kv_cache **out)
         return fl_error(FLAME_ERR_INVALID_ARG,
                         "KV cache budget of %llu bytes holds no block of %d tokens (%llu bytes a block)",
                         (unsigned long long)p->budget_bytes, p->block_tokens, (unsigned long long)block_bytes);
-    if (nb > INT32_MAX) nb = INT32_MAX;
+    if (nb > INT32_MAX) /* block indices are 32-bit: a larger budget would be silently capped */
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "KV cache budget of %llu bytes is %llu blocks of %d tokens, more than 2^31 - 1: give larger "
+                        "blocks or a smaller budget",
+                        (unsigned long long)p->budget_bytes, (unsigned long long)nb, p->block_tokens);
     fl_kv_cache *c = calloc(1, sizeof *c);
     if (!c) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating the KV cache");
     c->p = *p;
@@ -255,6 +259,13 @@ bool fl_kv_reserve(fl_kv_cache *c, fl_kv_ticket *t)
     const int32_t need = (t->tokens + c->p.block_tokens - 1) / c->p.block_tokens;
     pthread_mutex_lock(&c->mu);
     bool ok = need <= c->max_blocks && need <= c->num_blocks; /* an entry longer than the budget is never stored */
+    if (ok && c->nfree < need - e->nblocks) { /* evict only when that frees enough: a reserve that fails
+                                                * anyway must not drop other users' entries */
+        int64_t evictable = c->nfree;
+        for (fl_kv_entry *v = c->lru_tail; v && evictable < need - e->nblocks; v = v->lprev)
+            if (v != e && v->pins == 0 && !v->writing) evictable += v->nblocks;
+        ok = evictable >= need - e->nblocks;
+    }
     /* evict from the least recently used end until the blocks are free */
     for (fl_kv_entry *v = c->lru_tail, *prev; ok && c->nfree < need - e->nblocks && v; v = prev) {
         prev = v->lprev;
