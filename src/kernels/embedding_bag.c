@@ -333,32 +333,6 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
     return FLAME_OK;
 }
 
-/* The message of a host-index forward for the bad value a record describes. */
-static flame_status index_error(const flame_embedding_bag *bag, const fl_tbe_index_record *r)
-{
-    const long long bg = (long long)r->bag, ix = (long long)r->index, v = (long long)r->value;
-    const long long n = (long long)r->num_ids;
-    const int t = r->table;
-    switch (r->kind) {
-    case FL_TBE_BAD_OFFSET_START:
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag 0: offsets[0] = %lld, not 0", t, v);
-    case FL_TBE_BAD_OFFSET_ORDER:
-        return fl_error(FLAME_ERR_INVALID_ARG,
-                        "embedding bag: table %d bag %lld: offsets[%lld] = %lld is outside offsets[%lld] = %lld .. "
-                        "num_ids = %lld", t, bg, ix, v, bg, (long long)r->prev, n);
-    case FL_TBE_BAD_OFFSET_END:
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: offsets[batch = %lld] = %lld but num_ids = "
-                        "%lld", t, ix, v, n);
-    case FL_TBE_BAD_ID:
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: ids[%lld] = %lld is outside 0..%lld",
-                        t, bg, ix, v, t >= 0 && t < bag->num_tables ? (long long)(bag->t[t].rows - 1) : -1LL);
-    case FL_TBE_BAD_WEIGHT:
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: weights[%lld] = %g is not finite", t,
-                        bg, ix, r->weight);
-    }
-    return fl_error(FLAME_ERR_INTERNAL, "embedding bag: index record of kind %d", r->kind);
-}
-
 flame_status flame_embedding_bag_index_status(flame_embedding_bag *bag, void *cuda_stream)
 {
     fl_clear_error();
@@ -373,7 +347,7 @@ flame_status flame_embedding_bag_index_status(flame_embedding_bag *bag, void *cu
     if (r.detail_key != r.key) /* the validation launch describes its key before it ends */
         return fl_error(FLAME_ERR_INTERNAL, "embedding bag: index record key %llx undescribed",
                         (unsigned long long)r.key);
-    return index_error(bag, &r);
+    return fl_tbe_index_error(&r, r.table >= 0 && r.table < bag->num_tables ? bag->t[r.table].rows : 0);
 }
 
 flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t table, int64_t first_row,

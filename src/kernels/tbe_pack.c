@@ -13,6 +13,31 @@
 #define CHUNK 16384 /* ids a task (128 KiB of ids: one pass stays in the core's cache) */
 
 /* The lengths and offsets of table t's lookups. */
+flame_status fl_tbe_index_error(const fl_tbe_index_record *r, int64_t rows)
+{
+    const long long bg = (long long)r->bag, ix = (long long)r->index, v = (long long)r->value;
+    const long long n = (long long)r->num_ids;
+    const int t = r->table;
+    switch (r->kind) {
+    case FL_TBE_BAD_OFFSET_START:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag 0: offsets[0] = %lld, not 0", t, v);
+    case FL_TBE_BAD_OFFSET_ORDER:
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "embedding bag: table %d bag %lld: offsets[%lld] = %lld is outside offsets[%lld] = %lld .. "
+                        "num_ids = %lld", t, bg, ix, v, bg, (long long)r->prev, n);
+    case FL_TBE_BAD_OFFSET_END:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: offsets[batch = %lld] = %lld but num_ids = "
+                        "%lld", t, ix, v, n);
+    case FL_TBE_BAD_ID:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: ids[%lld] = %lld is outside 0..%lld",
+                        t, bg, ix, v, (long long)(rows - 1));
+    case FL_TBE_BAD_WEIGHT:
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: weights[%lld] = %g is not finite", t,
+                        bg, ix, r->weight);
+    }
+    return fl_error(FLAME_ERR_INTERNAL, "embedding bag: index record of kind %d", r->kind);
+}
+
 static flame_status check_offsets(int t, const fl_tbe_lookup *lk, int64_t batch)
 {
     if (lk->num_ids < 0)
@@ -27,19 +52,27 @@ static flame_status check_offsets(int t, const fl_tbe_lookup *lk, int64_t batch)
                             "bag) must equal batch %lld", t, (long long)lk->num_ids, (long long)batch);
         return FLAME_OK;
     }
-    if (lk->offsets[0] != 0)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag 0: offsets[0] = %lld, not 0", t,
-                        (long long)lk->offsets[0]);
+    fl_tbe_index_record r = {.table = t, .num_ids = lk->num_ids};
+    if (lk->offsets[0] != 0) {
+        r.kind = FL_TBE_BAD_OFFSET_START;
+        r.value = lk->offsets[0];
+        return fl_tbe_index_error(&r, 0);
+    }
     for (int64_t b = 0; b < batch; b++)
-        if (lk->offsets[b + 1] < lk->offsets[b] || lk->offsets[b + 1] > lk->num_ids)
-            return fl_error(FLAME_ERR_INVALID_ARG,
-                            "embedding bag: table %d bag %lld: offsets[%lld] = %lld is outside offsets[%lld] = "
-                            "%lld .. num_ids = %lld",
-                            t, (long long)b, (long long)(b + 1), (long long)lk->offsets[b + 1], (long long)b,
-                            (long long)lk->offsets[b], (long long)lk->num_ids);
-    if (lk->offsets[batch] != lk->num_ids)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: offsets[batch = %lld] = %lld but num_ids = "
-                        "%lld", t, (long long)batch, (long long)lk->offsets[batch], (long long)lk->num_ids);
+        if (lk->offsets[b + 1] < lk->offsets[b] || lk->offsets[b + 1] > lk->num_ids) {
+            r.kind = FL_TBE_BAD_OFFSET_ORDER;
+            r.bag = b;
+            r.index = b + 1;
+            r.value = lk->offsets[b + 1];
+            r.prev = lk->offsets[b];
+            return fl_tbe_index_error(&r, 0);
+        }
+    if (lk->offsets[batch] != lk->num_ids) {
+        r.kind = FL_TBE_BAD_OFFSET_END;
+        r.index = batch;
+        r.value = lk->offsets[batch];
+        return fl_tbe_index_error(&r, 0);
+    }
     return FLAME_OK;
 }
 
@@ -59,11 +92,12 @@ static flame_status value_error(int t, const fl_tbe_table *tab, const fl_tbe_loo
         }
         bag = lo;
     }
+    fl_tbe_index_record r = {.kind = sub == 0 ? FL_TBE_BAD_ID : FL_TBE_BAD_WEIGHT, .table = t, .bag = bag, .index = i};
     if (sub == 0)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: ids[%lld] = %lld is outside 0..%lld",
-                        t, (long long)bag, (long long)i, (long long)lk->ids[i], (long long)(tab->rows - 1));
-    return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d bag %lld: weights[%lld] = %g is not finite", t,
-                    (long long)bag, (long long)i, (double)lk->weights[i]);
+        r.value = lk->ids[i];
+    else
+        r.weight = (double)lk->weights[i];
+    return fl_tbe_index_error(&r, tab->rows);
 }
 
 typedef struct pack_job {

@@ -19,6 +19,11 @@ extern "C" {
 flame_status fl_tbe_check_pack(const fl_tbe_table *tables, const fl_tbe_lookup *lookups, int num_tables,
                                int64_t batch, void *dst, const size_t *at, int threads);
 
+/* FLAME_ERR_INVALID_ARG with the message for the bad value r describes (its kind, table, bag,
+ * index and value; rows: that table's rows): one wording for the host checks above and the
+ * device record of device_indices forwards. */
+flame_status fl_tbe_index_error(const fl_tbe_index_record *r, int64_t rows);
+
 #ifdef __cplusplus
 }
 #endif
