@@ -17,46 +17,15 @@ Each peer's output is checked against a float32 reference on two sequences. Time
 """
 import argparse
 import json
-import math
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from torch_attention import reference, rel, timed  # the attention benchmark's peers' helpers (same dir)
+
 B, L, M, H, DH = 8, 1024, 512, 8, 64
-
-
-def timed(fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(10):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 100.0)  # us per call
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def reference(q, k, v, self_term):
-    S = q.shape[2]
-    i = torch.arange(S, device=q.device)[:, None]
-    j = torch.arange(S, device=q.device)[None, :]
-    allowed = torch.where(i < L, j <= i, (j < L) | ((j == i) & self_term))
-    s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(DH)
-    p = torch.softmax(s.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0)
-    return p @ v.float()
-
-
-def rel(a, b):
-    a, b = a.float(), b.float()
-    return math.inf if torch.isnan(a).any() else ((a - b).abs().max() / b.abs().max()).item()
 
 
 def main():
@@ -68,7 +37,7 @@ def main():
     g = torch.Generator(device=dev).manual_seed(3)
     q, k, v = (torch.randn(B, H, L + M, DH, device=dev, generator=g).half() for _ in range(3))
     qh, kh, vh, qc = (x.contiguous() for x in (q[:, :, :L], k[:, :, :L], v[:, :, :L], q[:, :, L:]))
-    ref_noself, ref_full = reference(q[:2], k[:2], v[:2], False), reference(q[:2], k[:2], v[:2], True)
+    ref_noself, ref_full = reference(q[:2], k[:2], v[:2], L, False), reference(q[:2], k[:2], v[:2], L, True)
     peers, ok = {}, True
 
     def two_calls():
@@ -80,7 +49,7 @@ def main():
             with sdpa_kernel(backend):
                 oh, oc = two_calls()
                 e = rel(torch.cat([oh, oc], 2)[:2], ref_noself)
-                us = timed(two_calls, args.reps)
+                us, _ = timed(two_calls, args.reps)
         except RuntimeError as ex:
             print(f"# {name}: {str(ex).splitlines()[0]}", file=sys.stderr)
             continue
@@ -98,7 +67,7 @@ def main():
         try:
             e = rel(fn()[:2], ref_full)
             if e <= 1e-2:
-                peers["flex"] = round(timed(fn, args.reps), 2)
+                peers["flex"] = round(timed(fn, args.reps)[0], 2)
             else:
                 ok = False
                 print(f"# flex: relative error {e:.3g}", file=sys.stderr)
