@@ -18,6 +18,7 @@
 
 #include "core/pool.h"
 #include "cpu/kernels.h"
+#include "engine/cpu_heads.h"
 #include "engine/cpu_plan.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
@@ -60,11 +61,7 @@ static int parts_for(int64_t work, int64_t min_per_part, int threads)
 static void linear(const batch *b, const fl_linear *l, const float *packed, int64_t rows, const float *x, int64_t ldx,
                    float beta, fl_act_kind act, float *y, int64_t ldy)
 {
-    if (packed)
-        fl_cpu_gemm_packed_mt(b->plan->isa, rows, l->out, l->in, x, ldx, packed, l->b, beta != 0.0f, act, y, ldy,
-                              b->threads);
-    else
-        fl_cpu_linear(rows, l->in, l->out, x, ldx, l->w, l->b, beta, act, y, ldy);
+    fl_cpu_plan_linear(b->plan, l, packed, rows, x, ldx, beta, act, y, ldy, b->threads);
 }
 
 typedef struct ln_job {
@@ -382,30 +379,16 @@ static void head_dot(batch *b, float *scores)
             continue;
         }
         const float *h = b->XS + s->sel0 * d;
-        if (table_q8) {
-            fl_cpu_dot_rows_q8_mt(h, d, table_q8, m->w.qparams[m->cfg.dot_table], q->candidates, 0, mcand, out, 1,
-                                  b->threads);
-            out += mcand;
-            r++;
-            continue;
-        }
-        int64_t c0 = contiguous_start(q->candidates, (size_t)mcand);
-        if (c0 < 0) {
-            fl_cpu_dot_rows_mt(b->plan->dot_isa, h, d, table, q->candidates, 0, mcand, out, 1, b->threads);
-            out += mcand;
-            r++;
-            continue;
-        }
+        /* int8 tables gather every row; a contiguous range may be shared with the next users */
+        const int64_t c0 = table_q8 ? -1 : contiguous_start(q->candidates, (size_t)mcand);
         size_t g = 1;
-        while (r + g < b->n && b->reqs[r + g].num_candidates == (size_t)mcand && b->seqs[r + g].nsel == 1 &&
+        while (c0 >= 0 && r + g < b->n && b->reqs[r + g].num_candidates == (size_t)mcand && b->seqs[r + g].nsel == 1 &&
                b->reqs[r + g].candidates[0] == c0 &&
                (b->reqs[r + g].candidates == q->candidates || /* the same array: scanned already */
                 contiguous_start(b->reqs[r + g].candidates, (size_t)mcand) == c0))
             g++;
-        if (g == 1 && b->plan->own_gemv)
-            fl_cpu_dot_rows_mt(b->plan->dot_isa, h, d, table, NULL, c0, mcand, out, 1, b->threads);
-        else if (g == 1)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)mcand, d, 1.0f, table + c0 * d, d, h, 1, 0.0f, out, 1);
+        if (g == 1)
+            fl_cpu_dot_user(m, b->plan, h, q->candidates, mcand, c0, out, b->threads);
         else if (b->plan->isa != FL_ISA_BASE) /* the users' states against the table slice, packed as it streams */
             fl_cpu_gemm_nt_mt(b->plan->isa, (int64_t)g, mcand, d, h, d, table + c0 * d, d, out, mcand, b->pack,
                               b->threads);
@@ -421,26 +404,7 @@ static void head_dot(batch *b, float *scores)
  * single column straight into the strided score matrix [candidates x tasks]. */
 static void head_sumi(batch *b, float *scores)
 {
-    const struct flame_model *m = b->model;
-    const fl_model_cfg *c = &m->cfg;
-    const int64_t S = b->S, T = c->num_tasks;
-    for (int t = 0; t < c->num_tasks; t++) {
-        const fl_task_cfg *tc = &c->tasks[t];
-        const float *in = b->XS;
-        int64_t ld_in = c->d_model;
-        float *bufs[2] = {b->F, b->tmp};
-        for (int l = 0; l < tc->num_layers; l++) {
-            const fl_linear *lin = &m->w.tasks[t].layers[l];
-            bool final = l == tc->num_layers - 1;
-            float *dst = final ? scores + t : bufs[l & 1];
-            int64_t ld_out = final ? T : lin->out;
-            linear(b, lin, b->plan->tasks[t][l], S, in, ld_in, 0.0f, final ? FL_KACT_NONE : act_of(tc->activation), dst,
-                   ld_out);
-            in = dst;
-            ld_in = ld_out;
-        }
-        fl_cpu_sigmoid(scores + t, S, T);
-    }
+    fl_cpu_sumi_heads(b->model, b->plan, b->S, b->XS, scores, b->F, b->tmp, b->threads);
 }
 
 static flame_status forward_batch(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,

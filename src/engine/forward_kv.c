@@ -15,6 +15,7 @@
 
 #include "core/pool.h"
 #include "cpu/kernels.h"
+#include "engine/cpu_heads.h"
 #include "engine/cpu_plan.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
@@ -92,12 +93,7 @@ size_t fl_forward_kv_bytes(const struct flame_engine *e, const flame_request *q)
 static void linear(const kv_pass *k, const fl_linear *l, const float *packed, int64_t rows, const float *x,
                    int64_t ldx, float beta, fl_act_kind act, float *y, int64_t ldy)
 {
-    if (rows <= 0) return;
-    if (packed)
-        fl_cpu_gemm_packed_mt(k->e->cpu->isa, rows, l->out, l->in, x, ldx, packed, l->b, beta != 0.0f, act, y, ldy,
-                              k->threads);
-    else
-        fl_cpu_linear(rows, l->in, l->out, x, ldx, l->w, l->b, beta, act, y, ldy);
+    fl_cpu_plan_linear(k->e->cpu, l, packed, rows, x, ldx, beta, act, y, ldy, k->threads);
 }
 
 static void layernorm(const kv_pass *k, int64_t rows, const float *x, const float *res, const fl_layernorm *ln,
@@ -260,23 +256,7 @@ static void head_sumi(const kv_pass *k, float *scores)
         const int32_t cn = k->p.m - c0 < k->p.chunk ? k->p.m - c0 : k->p.chunk;
         float *X = k->Xc + (int64_t)c0 * d;
         if (c->final_layernorm) layernorm(k, cn, X, NULL, &m->w.final_ln, X);
-        for (int t = 0; t < c->num_tasks; t++) {
-            const fl_task_cfg *tc = &c->tasks[t];
-            const float *in = X;
-            int64_t ld_in = d;
-            float *bufs[2] = {k->F, k->tmp};
-            for (int l = 0; l < tc->num_layers; l++) {
-                const fl_linear *lin = &m->w.tasks[t].layers[l];
-                const bool final = l == tc->num_layers - 1;
-                float *dst = final ? scores + (int64_t)c0 * T + t : bufs[l & 1];
-                const int64_t ld_out = final ? T : lin->out;
-                linear(k, lin, k->e->cpu->tasks[t][l], cn, in, ld_in, 0.0f,
-                       final ? FL_KACT_NONE : (fl_act_kind)tc->activation, dst, ld_out);
-                in = dst;
-                ld_in = ld_out;
-            }
-            fl_cpu_sigmoid(scores + (int64_t)c0 * T + t, cn, T);
-        }
+        fl_cpu_sumi_heads(m, k->e->cpu, cn, X, scores + (int64_t)c0 * T, k->F, k->tmp, k->threads);
     }
 }
 
@@ -286,23 +266,11 @@ static void head_dot(const kv_pass *k, float *scores)
     const struct flame_model *m = k->m;
     const int32_t d = k->c->d_model;
     const int64_t mc = (int64_t)k->q->num_candidates;
-    const float *table = m->w.tables[k->c->dot_table];
-    const int8_t *table_q8 = m->w.tables_q8[k->c->dot_table];
     float *h = k->Xh + (int64_t)(k->p.n - 1 - k->p.cached) * d;
     if (k->c->final_layernorm) layernorm(k, 1, h, NULL, &m->w.final_ln, h);
-    if (table_q8) {
-        fl_cpu_dot_rows_q8_mt(h, d, table_q8, m->w.qparams[k->c->dot_table], k->q->candidates, 0, mc, scores, 1,
-                              k->threads);
-        return;
-    }
-    const bool contiguous = fl_cpu_ids_contiguous(k->q->candidates, (size_t)mc);
-    if (!contiguous)
-        fl_cpu_dot_rows_mt(k->e->cpu->dot_isa, h, d, table, k->q->candidates, 0, mc, scores, 1, k->threads);
-    else if (k->e->cpu->own_gemv)
-        fl_cpu_dot_rows_mt(k->e->cpu->dot_isa, h, d, table, NULL, k->q->candidates[0], mc, scores, 1, k->threads);
-    else
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)mc, d, 1.0f, table + k->q->candidates[0] * d, d, h, 1, 0.0f,
-                    scores, 1);
+    if (mc == 0) return;
+    const int64_t c0 = fl_cpu_ids_contiguous(k->q->candidates, (size_t)mc) ? k->q->candidates[0] : -1;
+    fl_cpu_dot_user(m, k->e->cpu, h, k->q->candidates, mc, c0, scores, k->threads);
 }
 
 /* ---- the cache: lookup before the pass, publish or abort after */
