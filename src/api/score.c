@@ -3,13 +3,12 @@
 #include <stdio.h>
 
 #include "core/abi.h"
-#include "engine/cuda_backend.h"
 #include "engine/engine.h"
 
 /* Statistics of a call that succeeded: counters, and its stage times (flame/metrics.h). */
 typedef struct call_times {
     uint64_t start, features, tokens, h2d, compute, d2h;
-    bool resolved, gpu, h2d_timed;
+    bool resolved, device_copies, h2d_timed;
 } call_times;
 
 static void count(flame_engine *engine, const flame_request *reqs, size_t num_requests, uint64_t uc_hits,
@@ -25,16 +24,16 @@ static void count(flame_engine *engine, const flame_request *reqs, size_t num_re
     if (tokens) {
         fl_hist_add(&engine->stage[FLAME_STAGE_TOKENS], t->tokens);
         fl_hist_add(&engine->stage[FLAME_STAGE_COMPUTE], t->compute);
-        if (t->gpu && t->h2d_timed) fl_hist_add(&engine->stage[FLAME_STAGE_H2D], t->h2d);
-        if (t->gpu) fl_hist_add(&engine->stage[FLAME_STAGE_D2H], t->d2h);
+        if (t->device_copies && t->h2d_timed) fl_hist_add(&engine->stage[FLAME_STAGE_H2D], t->h2d);
+        if (t->device_copies) fl_hist_add(&engine->stage[FLAME_STAGE_D2H], t->d2h);
     }
     fl_hist_add(&engine->stage[FLAME_STAGE_TOTAL], fl_now_us() - t->start);
     if (uc_hits) atomic_fetch_add(&engine->user_cache_hits, uc_hits);
     if (uc_misses) atomic_fetch_add(&engine->user_cache_misses, uc_misses);
 }
 
-/* `stride`: bytes between the caller's requests (their struct's size). `topk` (GPU engines
- * only; NULL otherwise): each request's k best candidates into topk->ids/scores instead of
+/* `stride`: bytes between the caller's requests (their struct's size). `topk` (backends with
+ * a score_topk only; NULL otherwise): each request's k best candidates into topk->ids/scores instead of
  * every score into `scores`. */
 static flame_status score(flame_engine *engine, const flame_request *requests, size_t num_requests, size_t stride,
                           float *scores, size_t scores_len, const fl_topk_spec *topk)
@@ -52,7 +51,8 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     const flame_request *reqs = requests;
     flame_status st = FLAME_OK;
     uint64_t uc_hits = 0, uc_misses = 0;
-    call_times t = {.start = fl_now_us(), .gpu = engine->gpu != NULL};
+    const fl_backend_ops *ops = engine->ops;
+    call_times t = {.start = fl_now_us(), .device_copies = ops->device_copies};
     if (fl_requests_need_prepare(requests, num_requests, stride)) { /* older layouts, user-cache histories */
         ws = fl_workspace_acquire(engine);
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
@@ -65,9 +65,11 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
     uint64_t total = 0;
     const bool resolve = engine->item_cache && num_requests;
     if (!st) st = fl_validate_requests_mt(engine->model, reqs, num_requests, &total,
-                                          resolve ? FL_CHECK_DEFER_BAGS : FL_CHECK_ALL, engine->gpu ? 1 : engine->threads);
+                                          resolve ? FL_CHECK_DEFER_BAGS : FL_CHECK_ALL,
+                                          ops->threaded_checks ? engine->threads : 1);
     if (!st) st = fl_kv_check_requests(engine, reqs, num_requests);
-    if (!st && topk && !engine->gpu) st = fl_error(FLAME_ERR_INTERNAL, "device top-k on a CPU engine");
+    if (!st && topk && !ops->score_topk)
+        st = fl_error(FLAME_ERR_INTERNAL, "device top-k on a %s engine, which has none", ops->name);
     if (!st && !topk && total > scores_len)
         st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, %zu request(s) need %llu",
                       scores_len, num_requests, (unsigned long long)total);
@@ -106,27 +108,18 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
         if (b > need) need = b;
         all_tokens += (uint64_t)tokens;
     }
-    /* all memory up front: no half-written scores (a GPU engine keeps its buffers on the device) */
-    if (!engine->gpu) st = fl_workspace_reserve(engine, ws, need);
+    /* all memory up front: no half-written scores (a device backend keeps its buffers on the device) */
+    if (ops->host_scratch) st = fl_workspace_reserve(engine, ws, need);
     float *out = scores;
     t.h2d_timed = true;
     for (size_t r0 = 0; r0 < num_requests && !st; r0 += slice) {
         size_t n = num_requests - r0 < slice ? num_requests - r0 : slice;
-        if (engine->gpu) { /* the backend times its own stages (host planning, CUDA events) */
-            fl_cuda_times ct = {0};
-            st = topk ? fl_cuda_score_topk(engine->gpu, reqs + r0, n, topk->k, topk->task, topk->ids + r0 * topk->k,
-                                           topk->scores + r0 * topk->k, &ct)
-                      : fl_cuda_score(engine->gpu, reqs + r0, n, out, &ct);
-            t.tokens += ct.tokens_us, t.h2d += ct.h2d_us, t.compute += ct.compute_us, t.d2h += ct.d2h_us;
-            t.h2d_timed &= ct.h2d_timed;
-        } else { /* compute: the pass less its token assembly */
-            const uint64_t t0 = fl_now_us();
-            ws->tokens_us = 0;
-            st = fl_forward_cpu(engine, ws, reqs + r0, n, out);
-            const uint64_t pass = fl_now_us() - t0;
-            t.tokens += ws->tokens_us;
-            t.compute += pass > ws->tokens_us ? pass - ws->tokens_us : 0;
-        }
+        fl_pass_times pt = {0};
+        st = topk ? ops->score_topk(engine, reqs + r0, n, topk->k, topk->task, topk->ids + r0 * topk->k,
+                                    topk->scores + r0 * topk->k, &pt)
+                  : ops->score(engine, ws, reqs + r0, n, out, &pt);
+        t.tokens += pt.tokens_us, t.h2d += pt.h2d_us, t.compute += pt.compute_us, t.d2h += pt.d2h_us;
+        t.h2d_timed &= pt.h2d_timed;
         for (size_t r = r0; r < r0 + n && !topk; r++) out += reqs[r].num_candidates * (size_t)tasks;
     }
     fl_workspace_release(engine, ws);
@@ -164,7 +157,7 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
     return score(engine, request, 1, request->struct_size, scores, scores_len, NULL);
 }
 
-flame_status fl_score_topk_gpu(flame_engine *engine, const flame_request *requests, size_t num_requests, size_t stride,
+flame_status fl_score_topk_device(flame_engine *engine, const flame_request *requests, size_t num_requests, size_t stride,
                                const fl_topk_spec *topk)
 {
     return score(engine, requests, num_requests, stride, NULL, 0, topk);

@@ -1,6 +1,6 @@
-/* flame_score_batch_topk: full-sort retrieval. On a GPU engine the scores stay on the device,
- * which selects each request's k best (cuda/topk.cu) and sends back only those. Elsewhere the
- * requests are scored by flame_score_batch into scratch memory (nothing of the caller's is
+/* flame_score_batch_topk: full-sort retrieval. On a backend with device top-k (the GPU's:
+ * engine/backend.h score_topk) the scores stay on the device, which selects each request's k
+ * best (cuda/topk.cu) and sends back only those. Elsewhere the requests are scored by flame_score_batch into scratch memory (nothing of the caller's is
  * written until every request has scored), then each request's candidates are ranked by one
  * task's score with a size-k heap: O(m log k) per request of m candidates. */
 #include <math.h>
@@ -43,7 +43,7 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
     /* the scratch holds every score; its size comes from the requests as the library reads
      * them (the struct_size rule), and flame_score_batch validates them all */
     size_t total = 0;
-    bool device = engine->gpu != NULL; /* the device kernel counts candidates in 32 bits */
+    bool device = engine->ops->score_topk != NULL; /* the device kernel counts candidates in 32 bits */
     for (size_t r = 0; r < num_requests; r++) {
         flame_request q;
         memset(&q, 0, sizeof q);
@@ -56,7 +56,7 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
     }
     if (device && total) {
         const fl_topk_spec spec = {k, task, ids, scores};
-        return fl_score_topk_gpu(engine, requests, num_requests, stride, &spec);
+        return fl_score_topk_device(engine, requests, num_requests, stride, &spec);
     }
     float *sc = malloc((total ? total : 1) * sizeof *sc);
     fl_ranked *heap = malloc((size_t)k * sizeof *heap);

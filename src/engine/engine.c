@@ -1,4 +1,4 @@
-/* Engine lifetime, device choice and statistics. */
+/* Engine lifetime, device choice (the backend, engine/backend.h) and statistics. */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,9 +7,6 @@
 #include "core/abi.h"
 #include "ucache/user_cache.h"
 #include "core/device.h"
-#include "cpu/kernels.h"
-#include "engine/cpu_plan.h"
-#include "engine/cuda_backend.h"
 #include "engine/engine.h"
 #include "kvcache/kvcache.h"
 
@@ -69,40 +66,23 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     flame_status st = check_item_cache(model, cfg.item_cache);
     if (!st) st = choose_device(&cfg, &ordinal);
     if (st) return st;
-    if (ordinal < 0 && strcmp(cfg.dtype, "fp32") != 0)
-        fl_log(FLAME_LOG_INFO, "FLAME_OPT_DTYPE '%s': the CPU computes in fp32", cfg.dtype);
     struct flame_engine *e = calloc(1, sizeof *e);
     if (!e) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating an engine");
     if (pthread_mutex_init(&e->pool_lock, NULL) != 0) {
         free(e);
         return fl_error(FLAME_ERR_INTERNAL, "pthread_mutex_init failed");
     }
-    if (ordinal >= 0) {
-        st = fl_cuda_engine_create(&model->cfg, &model->w, model->num_items, &cfg, ordinal, &e->gpu);
-        if (st) {
-            pthread_mutex_destroy(&e->pool_lock);
-            free(e);
-            return st;
-        }
-        fl_log(FLAME_LOG_INFO, "engine on cuda:%d (%s), %llu bytes of device memory", ordinal, cfg.dtype,
-               (unsigned long long)fl_cuda_device_bytes(e->gpu));
-    }
+    e->model = model;
     e->cfg = cfg;
     e->threads = cfg.threads > 0 ? (int)cfg.threads : openblas_get_num_threads();
     if (e->threads < 1) e->threads = 1;
-    if (ordinal < 0) {
-        st = fl_cpu_plan_create(model, e->threads, cfg.cpu_kernels, &e->cpu);
-        if (st) {
-            pthread_mutex_destroy(&e->pool_lock);
-            free(e);
-            return st;
-        }
+    e->ops = ordinal >= 0 ? &fl_backend_cuda : &fl_backend_cpu; /* the one choice of backend */
+    st = e->ops->create(e, ordinal);
+    if (!st) {
+        st = fl_kv_engine_init(e);
+        if (st) e->ops->destroy(e);
     }
-    e->model = model;
-    st = fl_kv_engine_init(e);
     if (st) {
-        fl_cuda_engine_destroy(e->gpu);
-        fl_cpu_plan_destroy(e->cpu);
         pthread_mutex_destroy(&e->pool_lock);
         free(e);
         return st;
@@ -123,8 +103,7 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
 FLAME_API void flame_engine_destroy(flame_engine *engine)
 {
     if (!engine) return;
-    fl_cuda_engine_destroy(engine->gpu);
-    fl_cpu_plan_destroy(engine->cpu);
+    engine->ops->destroy(engine);
     for (fl_workspace *ws = engine->free_list, *next; ws; ws = next) {
         next = ws->next;
         fl_workspace_free_features(ws);
@@ -150,12 +129,12 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
         .workspaces = atomic_load(&engine->workspaces),
         .scratch_bytes = atomic_load(&engine->scratch_bytes),
         .max_workspace_bytes = atomic_load(&engine->max_workspace_bytes),
-        .device_bytes = engine->gpu ? fl_cuda_device_bytes(engine->gpu) : 0,
-        .device_weight_bytes = engine->gpu ? fl_cuda_weight_bytes(engine->gpu) : 0,
+        .device_bytes = engine->ops->device_bytes(engine),
+        .device_weight_bytes = engine->ops->weight_bytes(engine),
         .user_cache_hits = atomic_load(&engine->user_cache_hits),
         .user_cache_misses = atomic_load(&engine->user_cache_misses),
     };
-    if (engine->gpu) fl_cuda_graph_counts(engine->gpu, &v.graph_captures, &v.graph_replays);
+    engine->ops->graph_counts(engine, &v.graph_captures, &v.graph_replays);
     if (engine->kv) {
         fl_kv_stats ks;
         fl_kv_get_stats(engine->kv, &ks);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/options.h"
+#include "engine/backend.h"
 #include "metrics/histogram.h"
 #include "kvcache/kvlayout.h"
 #include "model/model.h"
@@ -34,9 +35,12 @@ struct fl_cpu_plan;
 
 struct flame_engine {
     struct flame_model *model;
-    struct fl_cuda_engine *gpu; /* non-NULL: the forward pass runs on this GPU backend */
+    const fl_backend_ops *ops;  /* what the passes run on, chosen at creation (engine/backend.h) */
+    /* the backends' own state: gpu is read by engine/backend_cuda.c alone; cpu (NULL unless the
+     * CPU backend made it) by the CPU backend and its pass */
+    struct fl_cuda_engine *gpu; /* the CUDA backend's device engine (cuda/engine.cuh) */
+    struct fl_cpu_plan *cpu;    /* the CPU backend's kernel choice and packed weights (engine/cpu_plan.h) */
     int threads;                /* FLAME_OPT_THREADS resolved (>= 1): the CPU pass's threads (core/pool.h) */
-    struct fl_cpu_plan *cpu;    /* CPU engines: the kernel choice and packed weights (engine/cpu_plan.h) */
     struct flame_config cfg;
     pthread_mutex_t pool_lock;
     fl_workspace *free_list; /* workspaces not in use; all are freed at destroy */
@@ -139,8 +143,8 @@ typedef struct fl_topk_spec {
     float *scores;
 } fl_topk_spec;
 /* flame_score_batch's path (requests `stride` bytes apart) with the k best of each request
- * selected on the GPU engine's device, written to topk's outputs. */
-flame_status fl_score_topk_gpu(struct flame_engine *e, const flame_request *requests, size_t num_requests,
+ * selected by the backend's score_topk (engine/backend.h), written to topk's outputs. */
+flame_status fl_score_topk_device(struct flame_engine *e, const flame_request *requests, size_t num_requests,
                                size_t stride, const fl_topk_spec *topk);
 
 /* For requests that give no side features, builds them from the engine's item cache into

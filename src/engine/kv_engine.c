@@ -1,11 +1,10 @@
 /* The engine's side of the KV cache: made from FLAME_OPT_KV_CACHE_BYTES and
- * FLAME_OPT_KV_CACHE_BLOCK_TOKENS at creation (bookkeeping in src/kvcache; blocks in host
- * memory for the CPU engine, in device memory for the GPU engine, in the compute dtype), the
+ * FLAME_OPT_KV_CACHE_BLOCK_TOKENS at creation (bookkeeping in src/kvcache; blocks placed by
+ * the backend's kv_place, engine/backend.h: host memory or device memory, in the compute dtype), the
  * checks of the requests' kv_cache fields, and its stats. */
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/cuda_backend.h"
 #include "engine/engine.h"
 #include "kvcache/kvcache.h"
 
@@ -14,8 +13,8 @@ flame_status fl_kv_engine_init(struct flame_engine *e)
     const struct flame_config *cfg = &e->cfg;
     if (cfg->kv_cache_bytes == 0) return FLAME_OK;
     const fl_model_cfg *c = &e->model->cfg;
-    /* the compute dtype's elements: float32 on the CPU, the configured dtype on the GPU */
-    const int32_t elem = e->gpu && fl_config_dtype(cfg) != FL_COMPUTE_FP32 ? 2 : (int32_t)sizeof(float);
+    /* the backend's compute dtype: float32 on the CPU, the configured dtype on a GPU */
+    const int32_t elem = e->ops->kv_elem_bytes(e);
     e->kv_lay = (fl_kv_layout){.layers = c->num_blocks, .d = c->d_model, .block_tokens = (int32_t)cfg->kv_cache_block_tokens,
                                .elem_bytes = elem};
     /* a model without blocks has no K or V: a token still takes one row (never read) */
@@ -31,28 +30,12 @@ flame_status fl_kv_engine_init(struct flame_engine *e)
         return fl_error(st, "FLAME_OPT_KV_CACHE_BYTES = %lld with FLAME_OPT_KV_CACHE_BLOCK_TOKENS = %lld: %s",
                         (long long)cfg->kv_cache_bytes, (long long)cfg->kv_cache_block_tokens, why);
     }
-    const uint64_t bytes = (uint64_t)fl_kv_num_blocks(e->kv) * fl_kv_block_bytes(e->kv);
-    if (e->gpu) { /* the blocks live on the device, in the engine's device bytes */
-        st = fl_cuda_kv_attach(e->gpu, e->kv, &e->kv_lay);
-        if (st) {
-            fl_kv_cache_destroy(e->kv);
-            e->kv = NULL;
-            return st;
-        }
-        fl_log(FLAME_LOG_INFO, "KV cache on the device: %d blocks of %d tokens, %llu bytes a token (%d layers, K and V, "
-               "d_model %d, %s)", fl_kv_num_blocks(e->kv), e->kv_lay.block_tokens, (unsigned long long)p.token_bytes,
-               c->num_blocks, c->d_model, cfg->dtype);
-        return FLAME_OK;
-    }
-    e->kv_blocks = fl_aligned_alloc((size_t)bytes);
-    if (!e->kv_blocks) {
+    st = e->ops->kv_place(e); /* host or device memory, as the backend reads it */
+    if (st) {
         fl_kv_cache_destroy(e->kv);
         e->kv = NULL;
-        return fl_error(FLAME_ERR_NOMEM, "out of memory for the KV cache's %llu bytes of blocks", (unsigned long long)bytes);
     }
-    fl_log(FLAME_LOG_INFO, "KV cache: %d blocks of %d tokens, %llu bytes a token (%d layers, K and V, d_model %d, fp32)",
-           fl_kv_num_blocks(e->kv), e->kv_lay.block_tokens, (unsigned long long)p.token_bytes, c->num_blocks, c->d_model);
-    return FLAME_OK;
+    return st;
 }
 
 void fl_kv_engine_free(struct flame_engine *e)

@@ -5,9 +5,7 @@
 
 uint32_t fl_engine_workers(const flame_engine *e, uint32_t cap)
 {
-    if (!e->gpu) return 1;
-    const int64_t ex = e->cfg.cuda_stream ? 1 : e->cfg.cuda_executors;
-    return (uint32_t)(ex < 1 ? 1 : ex > (int64_t)cap ? cap : ex);
+    return e->ops->workers(e, cap);
 }
 
 int32_t fl_engine_num_tasks(const flame_engine *e)

@@ -15,10 +15,10 @@ fl_workspace *fl_workspace_acquire(struct flame_engine *e)
     pthread_mutex_unlock(&e->pool_lock);
     if (ws) return ws;
     ws = calloc(1, sizeof *ws);
-    /* a second workspace means calls run at once: where the GEMMs go to the BLAS (a CPU
-     * without AVX2), each one's BLAS threads then compete for the cores (32 callers with 2
-     * BLAS threads each ran 55x slower than with 1); libflame's own pool is shared instead */
-    if (ws && atomic_fetch_add(&e->workspaces, 1) == 1 && !e->gpu && e->cpu && e->cpu->isa == FL_ISA_BASE &&
+    /* a second workspace means calls run at once: where the CPU backend's GEMMs go to the BLAS
+     * (a CPU without AVX2), each one's BLAS threads then compete for the cores (32 callers with
+     * 2 BLAS threads each ran 55x slower than with 1); libflame's own pool is shared instead */
+    if (ws && atomic_fetch_add(&e->workspaces, 1) == 1 && e->cpu && e->cpu->isa == FL_ISA_BASE &&
         fl_blas_threads() > 1 && !atomic_exchange(&e->warned_blas_threads, true))
         fl_log(FLAME_LOG_WARN,
                "calls run concurrently on this engine while OpenBLAS runs %d threads a call: their threads "

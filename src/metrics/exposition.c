@@ -94,7 +94,7 @@ static flame_status engine_metrics(fl_text *t, flame_engine *e)
     single(t, "flame_engine_device_bytes", "gauge", "GPU memory held: weights, activations, GEMM workspace.",
            es.device_bytes);
     single(t, "flame_engine_device_weight_bytes", "gauge", "GPU memory held by the weights.", es.device_weight_bytes);
-    if (e->gpu) {
+    if (e->ops->cuda_graphs) {
         single(t, "flame_engine_cuda_graph_captures_total", "counter", "GPU passes captured as CUDA graphs.",
                es.graph_captures);
         single(t, "flame_engine_cuda_graph_replays_total", "counter", "GPU passes run by replaying a CUDA graph.",
@@ -102,7 +102,7 @@ static flame_status engine_metrics(fl_text *t, flame_engine *e)
     }
     family(t, "flame_engine_stage_seconds", "histogram", "Time of each stage of a successful scoring call.");
     for (int k = FLAME_STAGE_FEATURES; k <= FLAME_STAGE_TOTAL; k++) {
-        if (!e->gpu && (k == FLAME_STAGE_H2D || k == FLAME_STAGE_D2H)) continue; /* no device copies */
+        if (!e->ops->device_copies && (k == FLAME_STAGE_H2D || k == FLAME_STAGE_D2H)) continue;
         char labels[48];
         snprintf(labels, sizeof labels, "stage=\"%s\",", fl_stage_name((flame_stage)k));
         histogram(t, "flame_engine_stage_seconds", labels, &e->stage[k]);
