@@ -189,8 +189,10 @@ int main(int argc, char **argv)
             bf16 *o = v.bn < 0 && v.tq == FL_ATTN_QT && !strcmp(v.name, "tc16") ? ref : out;
             auto launch = [&]() {
                 if (v.bn < 0)
-                    FK(fl_cuda_attention<bf16>(dt, (int64_t)t.size(), nullptr, s.H, s.Dh, qkv, ld, qkv + d, qkv + 2 * d, ld,
-                                               o, d, st, v.tq));
+                    FK(fl_cuda_attention<bf16>({.tiles = dt, .num_tiles = (int64_t)t.size(), .heads = s.H, .dh = s.Dh,
+                                                .q = qkv, .ldq = ld, .k = qkv + d, .v = qkv + 2 * d, .ldkv = ld,
+                                                .out = o, .ldo = d, .tile_q = v.tq},
+                                               st));
                 else
                     FK(fl_cuda_attention_wg<bf16>(dt, (int64_t)t.size(), nullptr, s.H, s.Dh, qkv, ld, qkv + d,
                                                   qkv + 2 * d, ld, o, d, st, v.bn));

@@ -314,8 +314,10 @@ static attn_result bench_attention(int reps, cudaStream_t s)
     std::vector<double> in;
     for (int i = 0; i < reps; i++) {
         CK(cudaEventRecord(e0, s));
-        FL(fl_cuda_attention<__half>(dt, (int64_t)tiles.size(), nullptr, H, dh, qkv, 3 * w, qkv + w, qkv + 2 * w, 3 * w,
-                                     out, w, s, tq));
+        FL(fl_cuda_attention<__half>({.tiles = dt, .num_tiles = (int64_t)tiles.size(), .heads = H, .dh = dh, .q = qkv,
+                                      .ldq = 3 * w, .k = qkv + w, .v = qkv + 2 * w, .ldkv = 3 * w, .out = out,
+                                      .ldo = w, .tile_q = tq},
+                                     s));
         CK(cudaEventRecord(e1, s));
         CK(cudaEventSynchronize(e1));
         float ms;

@@ -166,11 +166,14 @@ __global__ void __launch_bounds__(128) attn_kernel(const fl_attn_tile *tiles, co
     }
 }
 
-template <typename T>
-flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
-                               int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                               int64_t ldo, cudaStream_t s, int32_t tile_q)
+template <typename T> flame_status fl_cuda_attention(const fl_attn_args<T> &a, cudaStream_t s)
 {
+    const fl_attn_tile *tiles = a.tiles;
+    const int64_t num_tiles = a.num_tiles, ldq = a.ldq, ldkv = a.ldkv, ldo = a.ldo;
+    const int32_t *qpos = a.qpos;
+    const int32_t heads = a.heads, dh = a.dh, tile_q = a.tile_q;
+    const T *q = a.q, *k = a.k, *v = a.v;
+    T *out = a.out;
     if (num_tiles == 0) return FLAME_OK;
     if (heads <= 0 || heads > 65535) return fl_error(FLAME_ERR_INVALID_ARG, "CUDA attention: %d heads (1..65535)", heads);
     if (tile_q == FL_ATTN_QT_WG) {
@@ -209,9 +212,7 @@ int32_t fl_cuda_attention_tile_queries(int32_t elem_bytes, int32_t dh, int64_t q
 }
 
 #define INSTANTIATE(T)                                                                                         \
-    template flame_status fl_cuda_attention<T>(const fl_attn_tile *, int64_t, const int32_t *, int32_t, int32_t,   \
-                                               const T *, int64_t, const T *, const T *, int64_t, T *, int64_t,    \
-                                               cudaStream_t, int32_t);
+    template flame_status fl_cuda_attention<T>(const fl_attn_args<T> &, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__half)
 INSTANTIATE(__nv_bfloat16)

@@ -1,4 +1,4 @@
-// Shared by the CUDA sources: error mapping and the compute dtypes.
+// Shared by the CUDA sources: error mapping, the compute dtypes and their dispatch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "core/common.h"
+#include "core/options.h"
 }
 
 // Records the failing CUDA call (file:line) as the per-thread message and maps it to a status.
@@ -69,5 +70,36 @@ template <typename T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr cudaDataType_t value = CUDA_R_32F; };
 template <> struct dtype_of<__half> { static constexpr cudaDataType_t value = CUDA_R_16F; };
 template <> struct dtype_of<__nv_bfloat16> { static constexpr cudaDataType_t value = CUDA_R_16BF; };
+
+// The one dtype dispatch of the CUDA sources (the idiom of FlashAttention's static_switch.h):
+// runs the lambda with T bound to the element type of DTYPE, and gives what it returns.
+//   fl_dtype_opt (the engine's compute dtype): FL_COMPUTE_FP16 __half, FL_COMPUTE_BF16
+//     __nv_bfloat16, FL_COMPUTE_FP32 float;
+//   flame_dtype (the public kernels'): FLAME_DTYPE_F16, FLAME_DTYPE_BF16, anything else float
+//     (FLAME_DTYPE_F32; an int8 table's float side is float too).
+//   return FL_DTYPE_SWITCH(g->dtype, T, [&] { return run<T>(g, p); });
+// Nested switches bind different names (T, OutT).
+static inline fl_dtype_opt fl_dtype_compute(fl_dtype_opt d) { return d; }
+static inline fl_dtype_opt fl_dtype_compute(flame_dtype d)
+{
+    return d == FLAME_DTYPE_F16 ? FL_COMPUTE_FP16 : d == FLAME_DTYPE_BF16 ? FL_COMPUTE_BF16 : FL_COMPUTE_FP32;
+}
+#define FL_DTYPE_SWITCH(DTYPE, T, ...)                                                                         \
+    [&] {                                                                                                      \
+        switch (fl_dtype_compute(DTYPE)) {                                                                     \
+        case FL_COMPUTE_FP16: {                                                                                \
+            using T = __half;                                                                                  \
+            return __VA_ARGS__();                                                                              \
+        }                                                                                                      \
+        case FL_COMPUTE_BF16: {                                                                                \
+            using T = __nv_bfloat16;                                                                           \
+            return __VA_ARGS__();                                                                              \
+        }                                                                                                      \
+        default: {                                                                                             \
+            using T = float;                                                                                   \
+            return __VA_ARGS__();                                                                              \
+        }                                                                                                      \
+        }                                                                                                      \
+    }()
 
 static inline unsigned ceil_div(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }

@@ -290,7 +290,7 @@ extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_w
     g->cfg = *mc;
     g->num_items = num_items;
     g->dtype = fl_config_dtype(cfg);
-    g->ab = g->dtype == FL_COMPUTE_FP16 ? CUDA_R_16F : g->dtype == FL_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    g->ab = FL_DTYPE_SWITCH(g->dtype, T, [] { return dtype_of<T>::value; });
     g->budget = (uint64_t)cfg->device_memory_budget;
     g->use_graphs = cfg->cuda_graphs != 0;
     g->attention_portable = cfg->cuda_attention != 0;

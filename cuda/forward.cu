@@ -339,7 +339,9 @@ flame_status linear_act(fl_cuda_engine *g, fl_cuda_executor *x, int64_t rows, co
                         int64_t ldy, fl_activation act)
 {
     fl_epilogue epi = act == FL_ACT_RELU ? FL_EPI_BIAS_RELU : act == FL_ACT_GELU_TANH ? FL_EPI_BIAS_GELU_TANH : FL_EPI_BIAS;
-    FL_TRY(fl_gemm(&x->gemm, x->stream, rows, l.in, l.out, in, ldx, l.w, l.in, g->ab, l.b, y, ldy, g->ab, 0.0f, epi));
+    FL_TRY(fl_gemm(&x->gemm, x->stream,
+                   {.rows = rows, .in = l.in, .out = l.out, .x = in, .ldx = ldx, .w = l.w, .ldw = l.in, .ab = g->ab,
+                    .bias = l.b, .y = y, .ldy = ldy, .yt = g->ab, .epi = epi}));
     if (act == FL_ACT_GELU_ERF) FL_TRY(fl_cuda_activation<T>(y, rows, l.out, ldy, 1, x->stream));
     return FLAME_OK;
 }
@@ -357,6 +359,12 @@ template <typename T> flame_status kv_assemble(fl_cuda_engine *g, pass &p, buffe
     return fl_cuda_kv_blocks(g->kv_blocks, p.dev.kv_write, p.kv_write, layer_off, kv_stride, b.KV, 2 * row, row, true, s);
 }
 
+// The model's LayerNorm with weight w and bias b (its epsilon rule).
+static fl_dev_layernorm layernorm(const fl_model_cfg &c, const float *w, const float *b)
+{
+    return {.w = w, .b = b, .eps = c.ln_eps, .eps_inside = c.eps_inside_sqrt};
+}
+
 template <typename T>
 flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &blk, int layer, bool last)
 {
@@ -370,44 +378,62 @@ flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &b
     const T *K = p.kv ? static_cast<const T *>(b.KV) : QKV + d, *V = p.kv ? static_cast<const T *>(b.KV) + d : QKV + 2 * d;
     const int64_t ldkv = p.kv ? 2 * d : 3 * d;
     // the attention input: LN1(X) before a pre-LN block, X itself (in T) before a post-LN one
-    FL_TRY(fl_cuda_rows<T>(NT, d, b.X, nullptr, nullptr, blk.ln1_w, blk.ln1_b, c.ln_eps, c.eps_inside_sqrt,
-                           c.pre_ln ? FL_ROW_LN_Y : FL_ROW_COPY, Y, d, s));
+    FL_TRY(fl_cuda_rows<T>({.rows = NT, .d = d, .X = b.X, .ln = layernorm(c, blk.ln1_w, blk.ln1_b),
+                            .mode = c.pre_ln ? FL_ROW_LN_Y : FL_ROW_COPY, .Y = Y, .ldy = d},
+                           s));
     if (!last) {
-        FL_TRY(fl_gemm(&x->gemm, s, NT, d, 3 * d, Y, d, blk.qkv.w, d, g->ab, blk.qkv.b, QKV, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
+        FL_TRY(fl_gemm(&x->gemm, s,
+                       {.rows = NT, .in = d, .out = 3 * d, .x = Y, .ldx = d, .w = blk.qkv.w, .ldw = d, .ab = g->ab,
+                        .bias = blk.qkv.b, .y = QKV, .ldy = 3 * d, .yt = g->ab, .epi = FL_EPI_BIAS}));
         if (p.kv) FL_TRY(kv_assemble<T>(g, p, b, layer));
-        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_full, p.tiles_full, nullptr, H, dh, QKV, 3 * d, K, V, ldkv, A, d, s,
-                                    p.tq_full));
+        FL_TRY(fl_cuda_attention<T>({.tiles = p.dev.tiles_full, .num_tiles = p.tiles_full, .heads = H, .dh = dh,
+                                     .q = QKV, .ldq = 3 * d, .k = K, .v = V, .ldkv = ldkv, .out = A, .ldo = d,
+                                     .tile_q = p.tq_full},
+                                    s));
     } else {
         // keys and values for every token (rows d..3d of the fused weight), queries for the selected rows only
         const size_t esz = sizeof(T);
-        FL_TRY(fl_gemm(&x->gemm, s, NT, d, 2 * d, Y, d, static_cast<uint8_t *>(blk.qkv.w) + (size_t)d * d * esz, d, g->ab,
-                       static_cast<uint8_t *>(blk.qkv.b) + (size_t)d * esz, QKV + d, 3 * d, g->ab, 0.0f, FL_EPI_BIAS));
+        FL_TRY(fl_gemm(&x->gemm, s,
+                       {.rows = NT, .in = d, .out = 2 * d, .x = Y, .ldx = d,
+                        .w = static_cast<uint8_t *>(blk.qkv.w) + (size_t)d * d * esz, .ldw = d, .ab = g->ab,
+                        .bias = static_cast<uint8_t *>(blk.qkv.b) + (size_t)d * esz, .y = QKV + d, .ldy = 3 * d,
+                        .yt = g->ab, .epi = FL_EPI_BIAS}));
         if (p.kv) FL_TRY(kv_assemble<T>(g, p, b, layer));
         T *YS = static_cast<T *>(b.YS), *Q = static_cast<T *>(b.Q);
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<T>(Y, d, p.dev.sel, p.S, d, YS, d, s));
-        FL_TRY(fl_gemm(&x->gemm, s, p.S, d, d, YS, d, blk.qkv.w, d, g->ab, blk.qkv.b, Q, d, g->ab, 0.0f, FL_EPI_BIAS));
-        FL_TRY(fl_cuda_attention<T>(p.dev.tiles_last, p.tiles_last, p.dev.qpos, H, dh, Q, d, K, V, ldkv, A, d, s,
-                                    p.tq_last));
+        FL_TRY(fl_gemm(&x->gemm, s,
+                       {.rows = p.S, .in = d, .out = d, .x = YS, .ldx = d, .w = blk.qkv.w, .ldw = d, .ab = g->ab,
+                        .bias = blk.qkv.b, .y = Q, .ldy = d, .yt = g->ab, .epi = FL_EPI_BIAS}));
+        FL_TRY(fl_cuda_attention<T>({.tiles = p.dev.tiles_last, .num_tiles = p.tiles_last, .qpos = p.dev.qpos,
+                                     .heads = H, .dh = dh, .q = Q, .ldq = d, .k = K, .v = V, .ldkv = ldkv, .out = A,
+                                     .ldo = d, .tile_q = p.tq_last},
+                                    s));
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
     }
     float *X = last ? b.XS : b.X;
     T *Yr = last ? static_cast<T *>(b.YS) : Y;
     // X += A Wo^T + bo (the residual add is the GEMM's beta = 1)
-    FL_TRY(fl_gemm(&x->gemm, s, R, d, d, A, d, blk.o.w, d, g->ab, blk.o.b, X, d, CUDA_R_32F, 1.0f, FL_EPI_BIAS));
+    FL_TRY(fl_gemm(&x->gemm, s,
+                   {.rows = R, .in = d, .out = d, .x = A, .ldx = d, .w = blk.o.w, .ldw = d, .ab = g->ab,
+                    .bias = blk.o.b, .y = X, .ldy = d, .yt = CUDA_R_32F, .beta = 1.0f, .epi = FL_EPI_BIAS}));
     // the FFN input: LN2(X) (pre-LN), or X = LN1(X + attention) itself (post-LN)
     if (c.pre_ln)
-        FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln2_w, blk.ln2_b, c.ln_eps, c.eps_inside_sqrt,
-                               FL_ROW_LN_Y, Yr, d, s));
+        FL_TRY(fl_cuda_rows<T>(
+            {.rows = R, .d = d, .X = X, .ln = layernorm(c, blk.ln2_w, blk.ln2_b), .mode = FL_ROW_LN_Y, .Y = Yr, .ldy = d},
+            s));
     else
-        FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln1_w, blk.ln1_b, c.ln_eps, c.eps_inside_sqrt,
-                               FL_ROW_LN_X, Yr, d, s));
+        FL_TRY(fl_cuda_rows<T>(
+            {.rows = R, .d = d, .X = X, .ln = layernorm(c, blk.ln1_w, blk.ln1_b), .mode = FL_ROW_LN_X, .Y = Yr, .ldy = d},
+            s));
     T *F = static_cast<T *>(b.F);
     FL_TRY(linear_act<T>(g, x, R, blk.fc1, Yr, d, F, c.ffn_dim, c.activation));
-    FL_TRY(fl_gemm(&x->gemm, s, R, c.ffn_dim, d, F, c.ffn_dim, blk.fc2.w, c.ffn_dim, g->ab, blk.fc2.b, X, d, CUDA_R_32F,
-                   1.0f, FL_EPI_BIAS));
+    FL_TRY(fl_gemm(&x->gemm, s,
+                   {.rows = R, .in = c.ffn_dim, .out = d, .x = F, .ldx = c.ffn_dim, .w = blk.fc2.w, .ldw = c.ffn_dim,
+                    .ab = g->ab, .bias = blk.fc2.b, .y = X, .ldy = d, .yt = CUDA_R_32F, .beta = 1.0f,
+                    .epi = FL_EPI_BIAS}));
     if (!c.pre_ln)
-        FL_TRY(fl_cuda_rows<T>(R, d, X, nullptr, nullptr, blk.ln2_w, blk.ln2_b, c.ln_eps, c.eps_inside_sqrt,
-                               FL_ROW_LN_X, (T *)nullptr, d, s));
+        FL_TRY(fl_cuda_rows<T>({.rows = R, .d = d, .X = X, .ln = layernorm(c, blk.ln2_w, blk.ln2_b), .mode = FL_ROW_LN_X},
+                               s));
     return FLAME_OK;
 }
 
@@ -435,14 +461,17 @@ template <typename T> flame_status embed(fl_cuda_engine *g, pass &p, buffers &b)
     const int32_t d = c.d_model;
     if (c.projection) {
         FL_TRY(fl_cuda_embedding_bag<T, T>(fs, p.T, static_cast<T *>(b.E), c.embed_dim, x->stream));
-        FL_TRY(fl_gemm(&x->gemm, x->stream, p.T, c.embed_dim, d, b.E, c.embed_dim, g->proj.w, c.embed_dim, g->ab,
-                       g->proj.b, b.X, d, CUDA_R_32F, 0.0f, FL_EPI_BIAS));
+        FL_TRY(fl_gemm(&x->gemm, x->stream,
+                       {.rows = p.T, .in = c.embed_dim, .out = d, .x = b.E, .ldx = c.embed_dim, .w = g->proj.w,
+                        .ldw = c.embed_dim, .ab = g->ab, .bias = g->proj.b, .y = b.X, .ldy = d, .yt = CUDA_R_32F,
+                        .epi = FL_EPI_BIAS}));
     } else {
         FL_TRY(fl_cuda_embedding_bag<T, float>(fs, p.T, b.X, d, x->stream));
     }
     if (c.position_rule != FL_POS_NONE || c.input_layernorm)
-        FL_TRY(fl_cuda_rows<T>(p.T, d, b.X, g->position, p.dev.prow, g->input_ln_w, g->input_ln_b, c.ln_eps,
-                               c.eps_inside_sqrt, c.input_layernorm ? FL_ROW_LN_X : FL_ROW_COPY, (T *)nullptr, d,
+        FL_TRY(fl_cuda_rows<T>({.rows = p.T, .d = d, .X = b.X, .position = g->position, .prow = p.dev.prow,
+                                .ln = layernorm(c, g->input_ln_w, g->input_ln_b),
+                                .mode = c.input_layernorm ? FL_ROW_LN_X : FL_ROW_COPY},
                                x->stream));
     return FLAME_OK;
 }
@@ -455,15 +484,18 @@ template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
     cudaStream_t s = x->stream;
     T *YS = static_cast<T *>(b.YS);
     // the head input: final LN (or a copy) of the selected rows, in T
-    FL_TRY(fl_cuda_rows<T>(p.S, d, b.XS, nullptr, nullptr, g->final_ln_w, g->final_ln_b, c.ln_eps, c.eps_inside_sqrt,
-                           c.final_layernorm ? FL_ROW_LN_Y : FL_ROW_COPY, YS, d, s));
+    FL_TRY(fl_cuda_rows<T>({.rows = p.S, .d = d, .X = b.XS, .ln = layernorm(c, g->final_ln_w, g->final_ln_b),
+                            .mode = c.final_layernorm ? FL_ROW_LN_Y : FL_ROW_COPY, .Y = YS, .ldy = d},
+                           s));
     if (c.head == FLAME_HEAD_DOT) {
         // requests with an empty history score 0: clear everything, groups and gathers overwrite the rest
         FL_CUDA_TRY(cudaMemsetAsync(b.scores, 0, (size_t)p.total_scores * sizeof(float), s));
         const T *table = static_cast<const T *>(g->tables[c.dot_table]);
         for (const fl_dot_group &gr : x->groups)
-            FL_TRY(fl_gemm(&x->gemm, s, gr.count, d, (int32_t)gr.num, YS + gr.sel0 * d, d, table + gr.first_id * d, d,
-                           g->ab, nullptr, b.scores + gr.out, gr.num, CUDA_R_32F, 0.0f, FL_EPI_NONE));
+            FL_TRY(fl_gemm(&x->gemm, s,
+                           {.rows = gr.count, .in = d, .out = (int32_t)gr.num, .x = YS + gr.sel0 * d, .ldx = d,
+                            .w = table + gr.first_id * d, .ldw = d, .ab = g->ab, .y = b.scores + gr.out,
+                            .ldy = (int64_t)gr.num, .yt = CUDA_R_32F, .epi = FL_EPI_NONE}));
         return fl_cuda_dot_gather<T>(YS, d, p.dev.g_hrow, table, d, p.dev.g_ids, p.dev.g_out, p.gathered, b.scores, s);
     }
     // the stacked first layers (one GEMM), then the tasks outside the stack layer by layer, then
@@ -480,8 +512,10 @@ template <typename T> flame_status head(fl_cuda_engine *g, pass &p, buffers &b)
         for (int l = 0; l < tc.num_layers; l++) {
             const fl_dev_linear &lin = g->tasks[t][l];
             if (l == tc.num_layers - 1) { // width 1, float, straight into column t of [S x tasks]
-                FL_TRY(fl_gemm(&x->gemm, s, p.S, lin.in, 1, in, ld_in, lin.w, lin.in, g->ab, lin.b, b.scores + t,
-                               c.num_tasks, CUDA_R_32F, 0.0f, FL_EPI_BIAS));
+                FL_TRY(fl_gemm(&x->gemm, s,
+                               {.rows = p.S, .in = lin.in, .out = 1, .x = in, .ldx = ld_in, .w = lin.w, .ldw = lin.in,
+                                .ab = g->ab, .bias = lin.b, .y = b.scores + t, .ldy = c.num_tasks, .yt = CUDA_R_32F,
+                                .epi = FL_EPI_BIAS}));
                 break;
             }
             T *out = static_cast<T *>(bufs[l & 1]);
@@ -804,12 +838,7 @@ static flame_status score_pass(fl_cuda_engine *g, const flame_request *reqs, siz
         fl_cuda_times ti{};
         fl_cuda_times *tp = times ? &ti : nullptr;
         const topk_out *tkp = tk ? &sub : nullptr;
-        if (g->dtype == FL_COMPUTE_FP16)
-            st = run<__half>(g, p, out, tp, tkp);
-        else if (g->dtype == FL_COMPUTE_BF16)
-            st = run<__nv_bfloat16>(g, p, out, tp, tkp);
-        else
-            st = run<float>(g, p, out, tp, tkp);
+        st = FL_DTYPE_SWITCH(g->dtype, T, [&] { return run<T>(g, p, out, tp, tkp); });
         if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
         kv_end(g, p, st);
         if (times) {

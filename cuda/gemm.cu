@@ -110,23 +110,27 @@ static flame_status make_plan(fl_gemm_ctx *g, const fl_gemm_key &k, const void *
     return FLAME_OK;
 }
 
-flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, int64_t rows, int32_t in, int32_t out, const void *x, int64_t ldx,
-                     const void *w, int64_t ldw, cudaDataType_t ab, const void *bias, void *y, int64_t ldy,
-                     cudaDataType_t yt, float beta, fl_epilogue epi)
+flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, const fl_gemm_args &a)
 {
+    const int64_t rows = a.rows;
+    const int32_t in = a.in, out = a.out;
+    const void *x = a.x, *w = a.w, *bias = a.bias;
+    void *y = a.y;
+    const float beta = a.beta;
+    const fl_epilogue epi = a.epi;
     if (rows == 0 || out == 0) return FLAME_OK;
     fl_gemm_key k;
     memset(&k, 0, sizeof k); // padding takes part in the comparison
     int64_t bucket = 16;
     while (bucket < rows) bucket <<= 1;
     k.rows = bucket;
-    k.ldx = ldx;
-    k.ldw = ldw;
-    k.ldy = ldy;
+    k.ldx = a.ldx;
+    k.ldw = a.ldw;
+    k.ldy = a.ldy;
     k.in = in;
     k.out = out;
-    k.ab = ab;
-    k.yt = yt;
+    k.ab = a.ab;
+    k.yt = a.yt;
     k.epi = epi;
     k.beta = beta != 0.0f;
     k.align = align_bits(x, w, y, bias);

@@ -18,10 +18,25 @@ struct fl_gemm_ctx {
 flame_status fl_gemm_init(fl_gemm_ctx *g, size_t workspace_bytes);
 void fl_gemm_destroy(fl_gemm_ctx *g);
 
-// y[rows, out] = x[rows, in] . W[out, in]^T (+ bias[out]) (+ beta * y), then the epilogue's
-// activation (ReLU, or GELU in its tanh form, cuBLASLt's GELU). Row-major, leading dims in
-// elements. x and W are `ab` typed, y and bias `yt` typed; float32 accumulation and scale
-// (CUBLAS_COMPUTE_32F: no TF32, so fp32 stays fp32). beta is 0 or 1 (residual add in place).
-flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, int64_t rows, int32_t in, int32_t out, const void *x, int64_t ldx,
-                     const void *w, int64_t ldw, cudaDataType_t ab, const void *bias, void *y, int64_t ldy,
-                     cudaDataType_t yt, float beta, fl_epilogue epi);
+// One GEMM: y[rows, out] = x[rows, in] . w[out, in]^T (+ bias[out]) (+ beta * y), then the
+// epilogue's activation (ReLU, or GELU in its tanh form, cuBLASLt's GELU). Row-major, leading
+// dims in elements. x and w are `ab` typed, y and bias `yt` typed; float32 accumulation and
+// scale (CUBLAS_COMPUTE_32F: no TF32, so fp32 stays fp32). beta is 0 or 1 (residual add in
+// place). Callers name the fields (designated initializers, in declaration order); what they
+// leave out is the default here.
+struct fl_gemm_args {
+    int64_t rows = 0;
+    int32_t in = 0, out = 0;
+    const void *x = nullptr;
+    int64_t ldx = 0;
+    const void *w = nullptr;
+    int64_t ldw = 0;
+    cudaDataType_t ab = CUDA_R_32F;
+    const void *bias = nullptr; // [out], yt typed; required by the bias epilogues
+    void *y = nullptr;
+    int64_t ldy = 0;
+    cudaDataType_t yt = CUDA_R_32F;
+    float beta = 0.0f;
+    fl_epilogue epi = FL_EPI_NONE;
+};
+flame_status fl_gemm(fl_gemm_ctx *g, cudaStream_t s, const fl_gemm_args &a);

@@ -44,10 +44,25 @@ flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, Ou
 //   mode COPY:  Y = X
 // Y ([rows, ldy], compute dtype) may be NULL. LN statistics in float (two passes).
 enum fl_row_mode { FL_ROW_LN_X = 0, FL_ROW_LN_Y = 1, FL_ROW_COPY = 2 };
-template <typename T>
-flame_status fl_cuda_rows(int64_t rows, int32_t d, float *X, const float *position, const int32_t *prow,
-                          const float *ln_w, const float *ln_b, float eps, bool eps_inside, fl_row_mode mode, T *Y,
-                          int64_t ldy, cudaStream_t s);
+// A LayerNorm's parameters: weight and bias [d], epsilon inside or outside the square root.
+struct fl_dev_layernorm {
+    const float *w = nullptr, *b = nullptr;
+    float eps = 0.0f;
+    bool eps_inside = false;
+};
+// Callers name the fields (designated initializers, in declaration order).
+template <typename T> struct fl_rows_args {
+    int64_t rows = 0;
+    int32_t d = 0;
+    float *X = nullptr;
+    const float *position = nullptr; // [positions, d] or NULL
+    const int32_t *prow = nullptr;   // [rows]: each row's position row, < 0 for none
+    fl_dev_layernorm ln{};             // read in the LN modes
+    fl_row_mode mode = FL_ROW_COPY;
+    T *Y = nullptr;
+    int64_t ldy = 0;
+};
+template <typename T> flame_status fl_cuda_rows(const fl_rows_args<T> &a, cudaStream_t s);
 
 // dst[i, :] = src[rows[i], :] for `count` rows of `cols` elements.
 template <typename T>
@@ -80,10 +95,21 @@ struct fl_attn_tile {
 // tile_q: the queries per tile the list was built with, FL_ATTN_QT or FL_ATTN_QT_WG (the
 // latter only where fl_cuda_attention_tile_queries gave it; else FLAME_ERR_UNSUPPORTED).
 // Queries within a tile are in ascending positions; tiles may come in any order.
-template <typename T>
-flame_status fl_cuda_attention(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
-                               int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                               int64_t ldo, cudaStream_t s, int32_t tile_q = FL_ATTN_QT);
+// Callers name the fields (designated initializers, in declaration order).
+template <typename T> struct fl_attn_args {
+    const fl_attn_tile *tiles = nullptr; // [num_tiles], device memory
+    int64_t num_tiles = 0;
+    const int32_t *qpos = nullptr;       // query positions the tiles index (qpos_idx >= 0), or NULL
+    int32_t heads = 0, dh = 0;
+    const T *q = nullptr;
+    int64_t ldq = 0;
+    const T *k = nullptr, *v = nullptr;
+    int64_t ldkv = 0;
+    T *out = nullptr;
+    int64_t ldo = 0;
+    int32_t tile_q = FL_ATTN_QT;
+};
+template <typename T> flame_status fl_cuda_attention(const fl_attn_args<T> &a, cudaStream_t s);
 
 // The tile size fl_cuda_attention wants for `queries` queries (all tiles of the launch) of
 // `heads` heads of dim dh, elements of elem_bytes (2: fp16/bf16, 4: fp32), on the current

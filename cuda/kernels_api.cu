@@ -328,22 +328,6 @@ __global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ 
     if (!described) tbe_describe(a, rec);
 }
 
-template <typename T, typename OutT>
-flame_status tbe_launch(const fl_dev_features &fs, int64_t batch, void *out, int64_t ld, cudaStream_t s)
-{
-    return fl_cuda_embedding_bag<T, OutT>(fs, batch, static_cast<OutT *>(out), ld, s);
-}
-
-template <typename T>
-flame_status tbe_out(const fl_dev_features &fs, int64_t batch, void *out, int64_t ld, flame_dtype od, cudaStream_t s)
-{
-    switch (od) {
-    case FLAME_DTYPE_F16: return tbe_launch<T, __half>(fs, batch, out, ld, s);
-    case FLAME_DTYPE_BF16: return tbe_launch<T, __nv_bfloat16>(fs, batch, out, ld, s);
-    default: return tbe_launch<T, float>(fs, batch, out, ld, s);
-    }
-}
-
 template <typename T>
 flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, bool none_mask, int32_t heads,
                        int32_t dh, const void *qv, int64_t ldq, const void *kv, const void *vv, int64_t ldkv,
@@ -392,9 +376,11 @@ flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, 
         });
     FL_TRY(stage_to_device(b, total, s));
     const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
-    const flame_status st = fl_cuda_attention<T>(reinterpret_cast<const fl_attn_tile *>(dev), num_tiles,
-                                                 none_mask ? reinterpret_cast<const int32_t *>(dev + qpos_at) : nullptr,
-                                                 heads, dh, q, ldq, k, v, ldkv, out, ldo, s, tq);
+    const flame_status st = fl_cuda_attention<T>(
+        {.tiles = reinterpret_cast<const fl_attn_tile *>(dev), .num_tiles = num_tiles,
+         .qpos = none_mask ? reinterpret_cast<const int32_t *>(dev + qpos_at) : nullptr, .heads = heads, .dh = dh,
+         .q = q, .ldq = ldq, .k = k, .v = v, .ldkv = ldkv, .out = out, .ldo = ldo, .tile_q = tq},
+        s);
     stage_release(b, s); // after the kernels that read its device twin
     return st;
 }
@@ -547,12 +533,11 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
         f.qparams = tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr;
         if (tb.dtype != FLAME_DTYPE_INT8) float_dtype = tb.dtype;
     }
-    flame_status st;
-    switch (float_dtype) {
-    case FLAME_DTYPE_F16: st = tbe_out<__half>(fs, batch, out, ld_out, out_dtype, s); break;
-    case FLAME_DTYPE_BF16: st = tbe_out<__nv_bfloat16>(fs, batch, out, ld_out, out_dtype, s); break;
-    default: st = tbe_out<float>(fs, batch, out, ld_out, out_dtype, s); break;
-    }
+    // the tables' float type, then the output's
+    const flame_status st = FL_DTYPE_SWITCH(float_dtype, T, [&] {
+        return FL_DTYPE_SWITCH(out_dtype, OutT,
+                               [&] { return fl_cuda_embedding_bag<T, OutT>(fs, batch, static_cast<OutT *>(out), ld_out, s); });
+    });
     if (b) stage_release(b, s); // after the lookup that reads its device twin
     return st;
 }
@@ -627,15 +612,7 @@ extern "C" flame_status fl_gpu_attention(int device, flame_dtype dtype, const fl
 {
     SCOPE(device);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    switch (dtype) {
-    case FLAME_DTYPE_F16:
-        return attention<__half>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, fused,
-                                 device, s);
-    case FLAME_DTYPE_BF16:
-        return attention<__nv_bfloat16>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo,
-                                        fused, device, s);
-    default:
-        return attention<float>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, fused,
-                                device, s);
-    }
+    return FL_DTYPE_SWITCH(dtype, T, [&] {
+        return attention<T>(seqs, num_seqs, rows, none_mask, heads, dh, q, ldq, k, v, ldkv, out, ldo, fused, device, s);
+    });
 }

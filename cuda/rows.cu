@@ -144,11 +144,17 @@ __global__ void __launch_bounds__(128) rows_reg_kernel(int64_t rows, int32_t d, 
     }
 }
 
-template <typename T>
-flame_status fl_cuda_rows(int64_t rows, int32_t d, float *X, const float *position, const int32_t *prow,
-                          const float *ln_w, const float *ln_b, float eps, bool eps_inside, fl_row_mode mode, T *Y,
-                          int64_t ldy, cudaStream_t s)
+template <typename T> flame_status fl_cuda_rows(const fl_rows_args<T> &a, cudaStream_t s)
 {
+    const int64_t rows = a.rows, ldy = a.ldy;
+    const int32_t d = a.d;
+    float *X = a.X;
+    const float *position = a.position, *ln_w = a.ln.w, *ln_b = a.ln.b;
+    const int32_t *prow = a.prow;
+    const float eps = a.ln.eps;
+    const bool eps_inside = a.ln.eps_inside;
+    const fl_row_mode mode = a.mode;
+    T *Y = a.Y;
     if (rows == 0) return FLAME_OK;
     // 16-byte accesses need d % 128 == 0 and 16-byte aligned rows of X, Y and the position table
     const bool vec = d % 128 == 0 && ldy % 4 == 0 && ((uintptr_t)X | (uintptr_t)Y | (uintptr_t)position) % 16 == 0;
@@ -260,8 +266,7 @@ flame_status fl_cuda_sigmoid(float *x, int64_t n, int64_t stride, cudaStream_t s
 }
 
 #define INSTANTIATE(T)                                                                                         \
-    template flame_status fl_cuda_rows<T>(int64_t, int32_t, float *, const float *, const int32_t *, const float *, \
-                                          const float *, float, bool, fl_row_mode, T *, int64_t, cudaStream_t);    \
+    template flame_status fl_cuda_rows<T>(const fl_rows_args<T> &, cudaStream_t);                             \
     template flame_status fl_cuda_gather<T>(const T *, int64_t, const int64_t *, int64_t, int32_t, T *, int64_t,  \
                                             cudaStream_t);                                                     \
     template flame_status fl_cuda_activation<T>(T *, int64_t, int32_t, int64_t, int, cudaStream_t);

@@ -126,8 +126,10 @@ static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, k
         st = fl_cuda_attention_tc<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d,
                                      ld, dout, d, 0);
     } else {
-        st = fl_cuda_attention<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d, ld,
-                                  dout, d, 0, tq);
+        st = fl_cuda_attention<T>({.tiles = dtiles, .num_tiles = (int64_t)tiles.size(), .qpos = dqpos, .heads = heads,
+                                   .dh = dh, .q = q, .ldq = ldq, .k = dqkv + d, .v = dqkv + 2 * d, .ldkv = ld,
+                                   .out = dout, .ldo = d, .tile_q = tq},
+                                  0);
     }
     if (st) fail_msg("attention dh %d: %s", dh, flame_last_error());
     CK(cudaDeviceSynchronize());
@@ -342,13 +344,18 @@ static void test_wg_refuses(void **state)
     assert_int_equal(fl_cuda_attention_wg<__half>(&t, 1, nullptr, 1, 96, p, 288, p, p, 288, nullptr, 96, 0),
                      FLAME_ERR_UNSUPPORTED);
     assert_non_null(strstr(flame_last_error(), "got 96"));
-    assert_int_equal(fl_cuda_attention<__half>(&t, 1, nullptr, 1, 64, p, 192, p, p, 192, nullptr, 64, 0, 32),
+    assert_int_equal(fl_cuda_attention<__half>({.tiles = &t, .num_tiles = 1, .heads = 1, .dh = 64, .q = p, .ldq = 192,
+                                                .k = p, .v = p, .ldkv = 192, .ldo = 64, .tile_q = 32},
+                                               0),
                      FLAME_ERR_INVALID_ARG);
     assert_non_null(strstr(flame_last_error(), "32 queries"));
-    assert_int_equal(fl_cuda_attention<float>(nullptr, 1, nullptr, 1, 64, nullptr, 192, nullptr, nullptr, 192,
-                                              nullptr, 64, 0, FL_ATTN_QT_WG),
+    assert_int_equal(fl_cuda_attention<float>(
+                         {.num_tiles = 1, .heads = 1, .dh = 64, .ldq = 192, .ldkv = 192, .ldo = 64, .tile_q = FL_ATTN_QT_WG},
+                         0),
                      FLAME_ERR_UNSUPPORTED);
-    assert_int_equal(fl_cuda_attention<__half>(&t, 1, nullptr, 70000, 64, p, 192, p, p, 192, nullptr, 64, 0),
+    assert_int_equal(fl_cuda_attention<__half>({.tiles = &t, .num_tiles = 1, .heads = 70000, .dh = 64, .q = p,
+                                                .ldq = 192, .k = p, .v = p, .ldkv = 192, .ldo = 64},
+                                               0),
                      FLAME_ERR_INVALID_ARG);
     assert_non_null(strstr(flame_last_error(), "70000 heads"));
     if (!need_wg()) return;
