@@ -77,12 +77,17 @@ template <> struct dtype_of<__nv_bfloat16> { static constexpr cudaDataType_t val
 //     __nv_bfloat16, FL_COMPUTE_FP32 float;
 //   flame_dtype (the public kernels'): FLAME_DTYPE_F16, FLAME_DTYPE_BF16, anything else float
 //     (FLAME_DTYPE_F32; an int8 table's float side is float too).
+//   cudaDataType_t (cuBLASLt's): CUDA_R_16F, CUDA_R_16BF, anything else (CUDA_R_32F) float.
 //   return FL_DTYPE_SWITCH(g->dtype, T, [&] { return run<T>(g, p); });
 // Nested switches bind different names (T, OutT).
 static inline fl_dtype_opt fl_dtype_compute(fl_dtype_opt d) { return d; }
 static inline fl_dtype_opt fl_dtype_compute(flame_dtype d)
 {
     return d == FLAME_DTYPE_F16 ? FL_COMPUTE_FP16 : d == FLAME_DTYPE_BF16 ? FL_COMPUTE_BF16 : FL_COMPUTE_FP32;
+}
+static inline fl_dtype_opt fl_dtype_compute(cudaDataType_t d)
+{
+    return d == CUDA_R_16F ? FL_COMPUTE_FP16 : d == CUDA_R_16BF ? FL_COMPUTE_BF16 : FL_COMPUTE_FP32;
 }
 #define FL_DTYPE_SWITCH(DTYPE, T, ...)                                                                         \
     [&] {                                                                                                      \

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include <new>
+#include <type_traits>
 
 #include "engine.cuh"
 
@@ -37,30 +38,35 @@ static flame_status dev_alloc(fl_cuda_engine *g, size_t bytes, void **dst)
     return FLAME_OK;
 }
 
+// A float as element type T (float, __half, __nv_bfloat16), rounded to nearest even.
+template <typename T> static T from_float(float v)
+{
+    if constexpr (std::is_same<T, __half>::value)
+        return __float2half_rn(v);
+    else if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        return __float2bfloat16_rn(v);
+    else
+        return v;
+}
+
 // Uploads `count` floats as dtype `t` (float, half or bfloat16); the allocation is tracked.
 static flame_status upload(fl_cuda_engine *g, const float *src, uint64_t count, cudaDataType_t t, void **dst)
 {
-    const size_t esize = t == CUDA_R_32F ? 4 : 2, bytes = count * esize;
-    FL_TRY(dev_alloc(g, bytes, dst));
-    if (t == CUDA_R_32F) {
-        FL_CUDA_TRY(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice));
-        return FLAME_OK;
-    }
-    uint16_t *tmp = static_cast<uint16_t *>(malloc(bytes ? bytes : 2));
-    if (!tmp) return fl_error(FLAME_ERR_NOMEM, "out of host memory converting weights");
-    for (uint64_t i = 0; i < count; i++) {
-        if (t == CUDA_R_16F) {
-            __half h = __float2half_rn(src[i]);
-            memcpy(&tmp[i], &h, 2);
-        } else {
-            __nv_bfloat16 h = __float2bfloat16_rn(src[i]);
-            memcpy(&tmp[i], &h, 2);
+    return FL_DTYPE_SWITCH(t, T, [&]() -> flame_status {
+        const size_t bytes = count * sizeof(T);
+        FL_TRY(dev_alloc(g, bytes, dst));
+        if constexpr (std::is_same<T, float>::value) {
+            FL_CUDA_TRY(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice));
+            return FLAME_OK;
         }
-    }
-    cudaError_t e = cudaMemcpy(*dst, tmp, bytes, cudaMemcpyHostToDevice);
-    free(tmp);
-    FL_CUDA_TRY(e);
-    return FLAME_OK;
+        T *tmp = static_cast<T *>(malloc(bytes ? bytes : sizeof(T)));
+        if (!tmp) return fl_error(FLAME_ERR_NOMEM, "out of host memory converting weights");
+        for (uint64_t i = 0; i < count; i++) tmp[i] = from_float<T>(src[i]);
+        cudaError_t e = cudaMemcpy(*dst, tmp, bytes, cudaMemcpyHostToDevice);
+        free(tmp);
+        FL_CUDA_TRY(e);
+        return FLAME_OK;
+    });
 }
 
 static flame_status upload_f32(fl_cuda_engine *g, const float *src, uint64_t count, float **dst)
@@ -93,22 +99,14 @@ static flame_status upload_q8_table(fl_cuda_engine *g, const fl_weights &w, int 
     cudaError_t e = cudaSuccess;
     for (uint64_t r0 = 0; r0 < rows && e == cudaSuccess; r0 += slice) {
         const uint64_t n = rows - r0 < slice ? rows - r0 : slice;
-        for (uint64_t r = r0; r < r0 + n; r++) {
-            const float scale = w.qparams[t][2 * r], bias = w.qparams[t][2 * r + 1];
-            for (uint64_t j = 0; j < dim; j++) {
-                const float v = scale * (float)w.tables_q8[t][r * dim + j] + bias;
-                const uint64_t at = (r - r0) * dim + j;
-                if (g->ab == CUDA_R_32F) {
-                    memcpy(tmp + 4 * at, &v, 4);
-                } else if (g->ab == CUDA_R_16F) {
-                    const __half h = __float2half_rn(v);
-                    memcpy(tmp + 2 * at, &h, 2);
-                } else {
-                    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-                    memcpy(tmp + 2 * at, &h, 2);
-                }
+        FL_DTYPE_SWITCH(g->ab, T, [&] {
+            T *out = reinterpret_cast<T *>(tmp);
+            for (uint64_t r = r0; r < r0 + n; r++) {
+                const float scale = w.qparams[t][2 * r], bias = w.qparams[t][2 * r + 1];
+                for (uint64_t j = 0; j < dim; j++)
+                    out[(r - r0) * dim + j] = from_float<T>(scale * (float)w.tables_q8[t][r * dim + j] + bias);
             }
-        }
+        });
         e = cudaMemcpy(static_cast<uint8_t *>(g->tables[t]) + r0 * dim * esize, tmp, n * dim * esize,
                        cudaMemcpyHostToDevice);
     }
