@@ -122,6 +122,9 @@ struct fl_kv_dev_row {
 flame_status fl_cuda_kv_blocks(uint8_t *blocks, const fl_kv_dev_row *rows, int64_t count, uint64_t layer_off,
                                uint64_t kv_stride, void *ws, int64_t ld_bytes, int64_t row_bytes, bool to_blocks,
                                cudaStream_t s);
+// Packs float segments: for each i < nseg, seg[3i+2] floats from src + seg[3i] to dst + seg[3i+1]
+// (seg on the device; a padded pass's scores into the caller's order).
+flame_status fl_cuda_copy_segments(const float *src, const int64_t *seg, int32_t nseg, float *dst, cudaStream_t s);
 // dst row map[i] (ld_dst bytes apart) = src row i (ld_src bytes apart), `bytes` bytes a row
 // (multiples of 2: rows of 2- or 4-byte elements).
 flame_status fl_cuda_scatter_rows(const void *src, int64_t ld_src, const int64_t *map, int64_t count, int64_t bytes,
