@@ -372,6 +372,12 @@ __device__ __forceinline__ void tbe_describe(const tbe_check_args &a, fl_tbe_ind
 // the record complete without a third launch.
 __global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ tbe_check_args a, fl_tbe_index_record *rec)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // the lookup launched after this grid with programmatic stream serialization may start
+    // now (its blocks fill the multiprocessors as these finish); it writes only after waiting
+    // for this whole grid
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     const bool described = *reinterpret_cast<volatile unsigned long long *>(&rec->detail_key) != NO_KEY;
     const int64_t n = described ? 0 : a.units;
     unsigned long long mine = NO_KEY;
@@ -424,24 +430,38 @@ __global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ 
     if (!described) tbe_describe(a, rec);
 }
 
-// Blocks of tbe_check_kernel for `units` units on `device`: as many as run at once on the
-// device (its multiprocessors times the kernel's blocks per multiprocessor, found once per
-// device), fewer when there are fewer than 4 units a thread.
-unsigned check_grid(int device, int64_t units)
+// What the device-id path needs to know of a device, found once per device: the blocks of
+// tbe_check_kernel that run at once (its multiprocessors times the kernel's blocks per
+// multiprocessor) and whether the lookup may start early (programmatic dependent launch,
+// compute capability 9.0 and newer).
+struct check_device_info {
+    int wave;
+    bool early;
+};
+
+check_device_info check_device(int device)
 {
-    static std::atomic<int> wave[64]; // 0: not found yet
-    int w = device >= 0 && device < 64 ? wave[device].load(std::memory_order_relaxed) : 0;
-    if (w == 0) {
-        int sms = 0, per_sm = 0;
+    static std::atomic<int> known[64]; // wave * 2 + early; 0: not found yet
+    int k = device >= 0 && device < 64 ? known[device].load(std::memory_order_relaxed) : 0;
+    if (k == 0) {
+        int sms = 0, per_sm = 0, major = 0;
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tbe_check_kernel, 256, 0) != cudaSuccess) {
             (void)cudaGetLastError();
-            sms = 132, per_sm = 1; // (a smaller grid only runs longer)
+            sms = 132, per_sm = 1, major = 0; // (a smaller grid only runs longer; no early start)
         }
-        w = std::max(1, sms * std::max(1, per_sm));
-        if (device >= 0 && device < 64) wave[device].store(w, std::memory_order_relaxed);
+        k = std::max(1, sms * std::max(1, per_sm)) * 2 + (major >= 9 ? 1 : 0);
+        if (device >= 0 && device < 64) known[device].store(k, std::memory_order_relaxed);
     }
-    return (unsigned)std::max<int64_t>(1, std::min<int64_t>(w, (units + 1023) / 1024));
+    return {k / 2, (k & 1) != 0};
+}
+
+// Blocks of tbe_check_kernel for `units` units: one wave, fewer when there are fewer than 4
+// units a thread.
+unsigned check_grid(const check_device_info &d, int64_t units)
+{
+    return (unsigned)std::max<int64_t>(1, std::min<int64_t>(d.wave, (units + 1023) / 1024));
 }
 
 template <typename T, typename OutT>
@@ -458,6 +478,40 @@ flame_status tbe_out(const fl_dev_features &fs, int64_t batch, void *out, int64_
     case FLAME_DTYPE_BF16: return tbe_launch<T, __nv_bfloat16>(fs, batch, out, ld, s);
     default: return tbe_launch<T, float>(fs, batch, out, ld, s);
     }
+}
+
+template <typename T>
+flame_status tbe_out_checked(const fl_dev_checked_features &fs, const fl_dev_table *host_tables, int64_t batch,
+                             void *out, int64_t ld, flame_dtype od, cudaStream_t s, bool early)
+{
+    switch (od) {
+    case FLAME_DTYPE_F16:
+        return fl_cuda_embedding_bag_checked<T, __half>(fs, host_tables, batch, static_cast<__half *>(out), ld, s, early);
+    case FLAME_DTYPE_BF16:
+        return fl_cuda_embedding_bag_checked<T, __nv_bfloat16>(fs, host_tables, batch,
+                                                               static_cast<__nv_bfloat16 *>(out), ld, s, early);
+    default:
+        return fl_cuda_embedding_bag_checked<T, float>(fs, host_tables, batch, static_cast<float *>(out), ld, s, early);
+    }
+}
+
+// Where a handle's device table descriptors (fl_dev_table) lie in its record's allocation.
+constexpr size_t RECORD_TABLES_AT = (sizeof(fl_tbe_index_record) + 63) & ~(size_t)63;
+
+// The descriptors of a handle's tables as the checked lookup reads them.
+fl_dev_table dev_table(const fl_tbe_table &tb)
+{
+    return {tb.data, tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr, tb.rows, tb.dim,
+            tb.pooling == FLAME_POOLING_MEAN ? 1 : 0, tb.col, 0};
+}
+
+// The tables' common float dtype (F32 when all are INT8), which picks the kernels' T.
+flame_dtype tables_float_dtype(const fl_tbe_table *tables, int num_tables)
+{
+    flame_dtype d = FLAME_DTYPE_F32;
+    for (int t = 0; t < num_tables; t++)
+        if (tables[t].dtype != FLAME_DTYPE_INT8) d = tables[t].dtype;
+    return d;
 }
 
 template <typename T>
@@ -577,7 +631,8 @@ extern "C" flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void
     return FLAME_OK;
 }
 
-// Both index modes (record NULL: host indices, staged; else device indices, validated on s).
+// Both index modes (record NULL: host indices, staged, then the engine's lookup; else device
+// indices: the validation kernel, then the checked lookup).
 static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                 int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
                                 flame_dtype out_dtype, void *stream, fl_tbe_index_record *record, int threads)
@@ -603,8 +658,26 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
             a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows, a.units};
             a.units += check_units(a.t[t], batch);
         }
-        tbe_check_kernel<<<check_grid(device, a.units), 256, 0, s>>>(a, record);
+        const check_device_info info = check_device(device);
+        tbe_check_kernel<<<check_grid(info, a.units), 256, 0, s>>>(a, record);
         FL_CUDA_TRY(cudaGetLastError());
+        fl_dev_checked_features fs{};
+        fl_dev_table host_tables[FL_TBE_MAX_TABLES];
+        fs.tables = reinterpret_cast<const fl_dev_table *>(reinterpret_cast<const uint8_t *>(record) + RECORD_TABLES_AT);
+        fs.record_key = reinterpret_cast<const unsigned long long *>(&record->key);
+        fs.count = num_tables;
+        fs.concat = sum_combine ? 0 : 1;
+        for (int t = 0; t < num_tables; t++) {
+            const fl_tbe_lookup &lk = lookups[t];
+            fs.f[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids};
+            host_tables[t] = dev_table(tables[t]);
+        }
+        switch (tables_float_dtype(tables, num_tables)) {
+        case FLAME_DTYPE_F16: return tbe_out_checked<__half>(fs, host_tables, batch, out, ld_out, out_dtype, s, info.early);
+        case FLAME_DTYPE_BF16:
+            return tbe_out_checked<__nv_bfloat16>(fs, host_tables, batch, out, ld_out, out_dtype, s, info.early);
+        default: return tbe_out_checked<float>(fs, host_tables, batch, out, ld_out, out_dtype, s, info.early);
+        }
     } else {
         // the lengths first (num_ids >= 0 sizes the block), then the values as they are packed
         for (int t = 0; t < num_tables; t++) {
@@ -634,11 +707,10 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
         FL_TRY(stage_to_device(b, total, s));
     }
     fl_dev_features fs{};
-    fs.skip_unless_clear = on_device ? reinterpret_cast<const unsigned long long *>(&record->key) : nullptr;
     fs.count = num_tables;
     fs.width = width;
     fs.concat = sum_combine ? 0 : 1;
-    flame_dtype float_dtype = FLAME_DTYPE_F32; // the tables' common float dtype (F32 when all are INT8)
+    const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
     for (int t = 0; t < num_tables; t++) {
         const fl_tbe_table &tb = tables[t];
         fl_dev_feature &f = fs.f[t];
@@ -646,26 +718,18 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
         f.dim = tb.dim;
         f.pooling = tb.pooling == FLAME_POOLING_MEAN ? 1 : 0;
         f.out_col = tb.col;
-        if (on_device) {
-            f.ids = lookups[t].ids;
-            f.offsets = lookups[t].offsets;
-            f.weights = lookups[t].weights;
-        } else {
-            const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
-            f.ids = reinterpret_cast<const int64_t *>(dev + at[3 * t]);
-            f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + at[3 * t + 1]) : nullptr;
-            f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + at[3 * t + 2]) : nullptr;
-        }
+        f.ids = reinterpret_cast<const int64_t *>(dev + at[3 * t]);
+        f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + at[3 * t + 1]) : nullptr;
+        f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + at[3 * t + 2]) : nullptr;
         f.qparams = tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr;
-        if (tb.dtype != FLAME_DTYPE_INT8) float_dtype = tb.dtype;
     }
     flame_status st;
-    switch (float_dtype) {
+    switch (tables_float_dtype(tables, num_tables)) {
     case FLAME_DTYPE_F16: st = tbe_out<__half>(fs, batch, out, ld_out, out_dtype, s); break;
     case FLAME_DTYPE_BF16: st = tbe_out<__nv_bfloat16>(fs, batch, out, ld_out, out_dtype, s); break;
     default: st = tbe_out<float>(fs, batch, out, ld_out, out_dtype, s); break;
     }
-    if (b) stage_release(b, s); // after the lookup that reads its device twin
+    stage_release(b, s); // after the lookup that reads its device twin
     return st;
 }
 
@@ -686,19 +750,28 @@ extern "C" flame_status fl_gpu_tbe_forward_device(int device, const fl_tbe_table
                        record, 1);
 }
 
-extern "C" flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record **record,
-                                                 fl_tbe_index_record **mirror)
+extern "C" flame_status fl_gpu_tbe_record_create(int device, const fl_tbe_table *tables, int num_tables,
+                                                 fl_tbe_index_record **record, fl_tbe_index_record **mirror)
 {
     *record = *mirror = nullptr;
     SCOPE(device);
-    void *d = nullptr, *h = nullptr;
+    // one allocation: the record, then the tables' descriptors that the checked lookup reads
+    // (fixed for the handle's life: update_rows changes rows in place, never the arrays)
+    uint8_t image[RECORD_TABLES_AT + FL_TBE_MAX_TABLES * sizeof(fl_dev_table)] = {};
     fl_tbe_index_record clear;
     memset(&clear, 0xff, sizeof clear); // key = detail_key = ~0: nothing found
     clear.blocks_done = 0;
     clear.pad = 0;
-    cudaError_t e = cudaMalloc(&d, sizeof(fl_tbe_index_record));
+    memcpy(image, &clear, sizeof clear);
+    for (int t = 0; t < num_tables; t++) {
+        const fl_dev_table d = dev_table(tables[t]);
+        memcpy(image + RECORD_TABLES_AT + (size_t)t * sizeof d, &d, sizeof d);
+    }
+    const size_t bytes = RECORD_TABLES_AT + (size_t)num_tables * sizeof(fl_dev_table);
+    void *d = nullptr, *h = nullptr;
+    cudaError_t e = cudaMalloc(&d, bytes);
     // from pageable memory, so the copy is complete when it returns, before any stream uses it
-    if (e == cudaSuccess) e = cudaMemcpy(d, &clear, sizeof clear, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(d, image, bytes, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaHostAlloc(&h, sizeof(fl_tbe_index_record), cudaHostAllocPortable);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();

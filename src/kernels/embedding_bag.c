@@ -220,7 +220,7 @@ flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params
         b->t[i].col = b->sum_combine ? 0 : col;
         col += tabs[i].dim;
     }
-    if (!cpu_device(b) && (st = fl_gpu_tbe_record_create(b->device, &b->record, &b->mirror))) {
+    if (!cpu_device(b) && (st = fl_gpu_tbe_record_create(b->device, b->t, b->num_tables, &b->record, &b->mirror))) {
         free_tables(b);
         free(b);
         return st;
