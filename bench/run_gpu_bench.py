@@ -227,6 +227,12 @@ def main(argv=None):
                                                      "--sequences", seqs, "--all-items", "--users", "256",
                                                      "--calls", str(passes * batches), "--warmup", str(batches),
                                                      "--json"], 120)
+            if dt == "fp16": # the k best on the device (flame_score_batch_topk): only 100 scores a user come back
+                bl["top100"] = R.run("beauty_libflame_fp16_top100", ["bench/e2e-bench", "--model", beauty, "--device", dev,
+                                                                     "--dtype", dt, "--sequences", seqs, "--all-items",
+                                                                     "--users", "256", "--topk", "100",
+                                                                     "--calls", str(passes * batches), "--warmup",
+                                                                     str(batches), "--json"], 120)
             bt[dt] = R.run(f"beauty_torch_{dt}", [py, "bench/torch_e2e.py", "--model", beauty, "--device", dev,
                                                   "--dtype", dt, "--sequences", seqs, "--users", "256",
                                                   "--passes", str(passes), "--json"], 150)
@@ -329,6 +335,10 @@ def main(argv=None):
         res.append(entry(f"beauty_fullsort_gpu{suffix}_users_per_s", mine.get("requests_per_s"), "users/s",
                          f"PyTorch {dt} (flame.tools.torch_ref layers + one GEMM against the item table, scores to host), "
                          "batch 256, same run", peer.get("users_per_s")))
+    mine, peer = bl.get("top100") or {}, bt.get("fp16") or {}
+    res.append(entry("beauty_fullsort_gpu_top100_users_per_s", mine.get("requests_per_s"), "users/s",
+                     "PyTorch fp16 returning every score (as beauty_fullsort_gpu_users_per_s), same run",
+                     peer.get("users_per_s")))
 
     machine = args.machine
     gpu = (emb or {}).get("device") or (te2e or {}).get("gpu") or "cpu"

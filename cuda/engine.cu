@@ -292,6 +292,10 @@ extern "C" flame_status fl_cuda_engine_create(const fl_model_cfg *mc, const fl_w
     g->budget = (uint64_t)cfg->device_memory_budget;
     g->use_graphs = cfg->cuda_graphs != 0;
     g->attention_portable = cfg->cuda_attention != 0;
+    // checked when the option was set
+    if (cfg->batch_profiles[0] && fl_batch_profiles_parse(cfg->batch_profiles, &g->own_profiles) == FLAME_OK &&
+        g->own_profiles.n > 0)
+        g->profiles.store(&g->own_profiles, std::memory_order_release);
     flame_status st = FLAME_OK;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) st = fl_error(FLAME_ERR_NO_DEVICE, "cuda:%d: %s", device, cudaGetErrorString(e));
@@ -373,6 +377,26 @@ extern "C" void fl_cuda_graph_counts(const fl_cuda_engine *g, uint64_t *captures
         *captures += g->ex[i].captures.load(std::memory_order_relaxed);
         *replays += g->ex[i].replays.load(std::memory_order_relaxed);
     }
+}
+
+extern "C" void fl_cuda_adopt_profiles(fl_cuda_engine *g, const fl_batch_profiles *ps)
+{
+    pthread_mutex_lock(&g->pool_lock); // two schedulers created at once: one set is written
+    bool adopted = false;
+    if (!g->profiles.load(std::memory_order_acquire) && ps->n > 0) {
+        g->adopted_profiles = *ps;
+        g->profiles.store(&g->adopted_profiles, std::memory_order_release);
+        adopted = true;
+    }
+    pthread_mutex_unlock(&g->pool_lock);
+    if (adopted && fl_cuda_warm_profiles(g) != FLAME_OK)
+        fl_log(FLAME_LOG_WARN, "warming the batch profiles: %s (they warm on first use)", flame_last_error());
+}
+
+extern "C" void fl_cuda_profile_counts(const fl_cuda_engine *g, uint64_t *passes, uint64_t *padding_tokens)
+{
+    *passes = g->profile_passes.load(std::memory_order_relaxed);
+    *padding_tokens = g->profile_padding.load(std::memory_order_relaxed);
 }
 
 extern "C" uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g)

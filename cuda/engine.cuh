@@ -14,6 +14,7 @@
 
 extern "C" {
 #include "core/slot_pool.h"
+#include "engine/batch_profiles.h"
 #include "engine/cuda_backend.h"
 #include "kvcache/kvcache.h"
 #include "kvcache/kvlayout.h"
@@ -38,6 +39,9 @@ struct fl_seq_plan {
     // candidates are tokens of the pass, from `off`); kv: the sequence's first row in the K/V
     // workspace, which holds all its n + m rows
     int64_t p0, kv;
+    // dot head: the candidates are one run of consecutive ids (scored by one GEMM over that
+    // range of the item table, no gather)
+    bool contig;
 };
 
 // Consecutive dot-head requests scoring one contiguous id range: one GEMM.
@@ -64,6 +68,9 @@ struct fl_cuda_executor {
     std::vector<fl_seq_plan> seqs; // per-call plans, kept to reuse their memory
     std::vector<fl_dot_group> groups;
     std::vector<uint64_t> kv_prefix; // a KV-cache request's prefix hashes ([n + 1])
+    // padded passes: the largest capacity of each multi-id side slot's ids so far (a power of
+    // two); it only grows, so a profile's signature settles after a few passes
+    int64_t side_cap[FL_MAX_FEATURES] = {};
     std::vector<int64_t> signature;
     std::vector<fl_graph> graphs;
     std::vector<std::vector<int64_t>> seen; // signatures run once (eagerly), captured when seen again
@@ -83,6 +90,11 @@ struct fl_cuda_engine {
     int64_t num_items = 0;
     bool use_graphs = true;
     bool attention_portable = false; // FLAME_OPT_CUDA_ATTENTION = 1
+    // batch profiles (FLAME_OPT_BATCH_PROFILES, or a scheduler's given once): passes are
+    // padded to them (cuda/forward.cu). Published once, read by every pass without a lock.
+    fl_batch_profiles own_profiles = {}, adopted_profiles = {};
+    std::atomic<const fl_batch_profiles *> profiles{nullptr};
+    std::atomic<uint64_t> profile_passes{0}, profile_padding{0};
     // weights
     void *tables[FL_MAX_TABLES] = {}; // compute dtype; for an int8 table only the dot head's dequantized copy
     int8_t *tables_q8[FL_MAX_TABLES] = {}; // int8 tables that features read, as stored

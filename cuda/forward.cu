@@ -14,6 +14,14 @@
 // them, and runs attention with the queries starting at row `cached`. Such a pass takes the
 // 16-query attention tiles; its CUDA graph's signature holds the cached prefix and the rows
 // read and stored (docs/kv-cache.md).
+//
+// A pass that one of the engine's batch profiles holds (FLAME_OPT_BATCH_PROFILES; SUMI head,
+// no kv_cache) is padded to it: user r owns token rows [r (L + C), (r + 1)(L + C)), its history
+// window ends at row r (L + C) + L and its candidates follow, so every length of the pass is
+// data of the upload and not a launch parameter; the unused rows are padding tokens (item 0,
+// no position) that attend only to themselves, and each slot's attention tiles are split to a
+// count fixed by the profile. One graph then serves every pass of the profile, and a copy
+// kernel packs the real users' scores before they go back.
 #include <string.h>
 #include <time.h>
 
@@ -50,6 +58,7 @@ struct indices {
     int64_t *g_hrow, *g_ids, *g_out; // dot head, gathered candidates
     int64_t *kv_map;                 // [T] KV cache pass: each token's row in the K/V workspace
     fl_kv_dev_row *kv_read, *kv_write; // cached rows gathered, computed rows stored
+    int64_t *segs;                   // [3 U] a padded pass: each user's scores (from, to, count)
 };
 
 struct pass {
@@ -75,7 +84,36 @@ struct pass {
     int32_t cached = 0;
     int64_t KT = 0, kv_read = 0, kv_write = 0;
     fl_kv_ticket ticket{};
+    // a pass padded to a batch profile (see the top of this file): the shape, and the tokens
+    // and scores of its real requests
+    bool prof = false;
+    fl_batch_profile shape{};
+    int64_t real_tokens = 0, real_scores = 0;
 };
+
+// Attention tiles per user slot of a padded pass, fixed by the profile: the natural tiling of
+// `segments` runs of `queries` in all (the padding before the history, the sequence, the
+// padding after the candidates) needs at most one partial tile a run beyond the whole ones, and
+// a tile holds at least one query.
+static int64_t slot_tiles(int64_t queries, int64_t tq, int segments)
+{
+    const int64_t t = ceil_div(queries, tq) + segments - 1;
+    return t < queries ? t : queries;
+}
+
+static int64_t pow2_at_least(int64_t v)
+{
+    int64_t p = 1;
+    while (p < v) p *= 2;
+    return p;
+}
+
+static bool contiguous(const int64_t *ids, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        if (ids[i] != ids[0] + (int64_t)i) return false;
+    return true;
+}
 
 void plan(pass &p)
 {
@@ -97,8 +135,14 @@ void plan(pass &p)
         s.sel0 = p.S;
         s.nsel = sumi ? s.m : (s.n > 0 && q.num_candidates > 0);
         s.out = p.total_scores;
+        if (p.prof) { // user r's slot; the history window ends where the candidates begin
+            const int64_t slot = (int64_t)p.shape.history + p.shape.candidates;
+            s.off = (int64_t)r * slot + p.shape.history - s.n;
+            s.sel0 = (int64_t)r * p.shape.candidates;
+            s.out = s.sel0 * c.num_tasks;
+        }
         p.T += s.n - s.p0 + s.m;
-        p.KT += s.n + s.m;
+        if (p.kv) p.KT += s.n + s.m; // (the signature holds it: 0 outside a KV cache pass)
         p.kv_read += s.p0;
         p.kv_write += p.store ? s.n - s.p0 : 0;
         p.S += s.nsel;
@@ -111,7 +155,35 @@ void plan(pass &p)
             for (int64_t i = s.p0; p.single[slot] && ho && i < s.n; i++) p.single[slot] = ho[i + 1] - ho[i] == 1;
             for (int64_t i = 0; p.single[slot] && co && i < s.m; i++) p.single[slot] = co[i + 1] - co[i] == 1;
         }
-        if (!sumi && s.nsel && q.num_candidates) p.gathered += (int64_t)q.num_candidates; // upper bound
+        // dot head: a run of consecutive ids is one GEMM, anything else is gathered. Requests
+        // sharing one candidate array (a full sort: every user scores all items) are tested
+        // once, not once a user: the test reads every id
+        s.contig = false;
+        if (!sumi && s.nsel && q.num_candidates) {
+            const flame_request *prev = r ? &p.reqs[r - 1] : nullptr;
+            s.contig = prev && prev->candidates == q.candidates && prev->num_candidates == q.num_candidates &&
+                               x->seqs[r - 1].nsel
+                           ? x->seqs[r - 1].contig
+                           : contiguous(q.candidates, q.num_candidates);
+            if (!s.contig) p.gathered += (int64_t)q.num_candidates;
+        }
+    }
+    if (p.prof) { // the profile's shape; multi-id side slots at the executor's capacity
+        const int64_t U = p.shape.users, C = p.shape.candidates;
+        p.real_tokens = p.T;
+        p.real_scores = p.total_scores;
+        p.T = U * ((int64_t)p.shape.history + C);
+        p.S = U * C;
+        p.total_scores = p.S * c.num_tasks;
+        for (int slot = 0; slot < c.num_side; slot++) {
+            if (p.single[slot]) {
+                p.side_total[slot] = p.T;
+                continue;
+            }
+            const int64_t cap = pow2_at_least(p.side_total[slot]);
+            if (cap > x->side_cap[slot]) x->side_cap[slot] = cap;
+            p.side_total[slot] = x->side_cap[slot];
+        }
     }
     const int32_t esize = g->dtype == FL_COMPUTE_FP32 ? 4 : 2, dh = c.d_model / c.num_heads;
     // FLAME_OPT_CUDA_ATTENTION = 1: 16-query tiles, i.e. the portable kernel, everywhere; so
@@ -119,6 +191,12 @@ void plan(pass &p)
     const bool portable = p.g->attention_portable || p.kv;
     p.tq_full = portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.T, c.num_heads);
     p.tq_last = portable ? FL_ATTN_QT : fl_cuda_attention_tile_queries(esize, dh, p.S, c.num_heads);
+    if (p.prof) {
+        const int64_t U = p.shape.users, C = p.shape.candidates;
+        p.tiles_full = U * slot_tiles((int64_t)p.shape.history + C, p.tq_full, 3);
+        p.tiles_last = U * slot_tiles(C, p.tq_last, 2);
+        return;
+    }
     for (size_t r = 0; r < p.n; r++) {
         p.tiles_full += ceil_div(x->seqs[r].n - x->seqs[r].p0 + x->seqs[r].m, p.tq_full);
         p.tiles_last += ceil_div(x->seqs[r].nsel, p.tq_last);
@@ -157,14 +235,8 @@ size_t carve_indices(pass &p, uint8_t *base, indices &ix)
     ix.kv_map = cv.take<int64_t>(p.kv ? p.T : 0);
     ix.kv_read = cv.take<fl_kv_dev_row>(p.kv_read);
     ix.kv_write = cv.take<fl_kv_dev_row>(p.kv_write);
+    ix.segs = cv.take<int64_t>(p.prof ? 3 * (int64_t)p.shape.users : 0);
     return cv.used;
-}
-
-static bool contiguous(const int64_t *ids, size_t n)
-{
-    for (size_t i = 1; i < n; i++)
-        if (ids[i] != ids[0] + (int64_t)i) return false;
-    return true;
 }
 
 // A KV cache pass's rows: each token's row in the K/V workspace, the cached rows the blocks
@@ -182,6 +254,125 @@ static void fill_kv(pass &p, const fl_seq_plan &s, int64_t &kr, int64_t &kw)
         h.kv_write[kw++] = {fl_kv_row_offset(&g->kv_lay, blocks[r / B], 0, 0, (int32_t)(r % B)), s.kv + r};
 }
 
+// Request r's tokens in the staging buffer: item ids, side bags (offsets rebased onto the
+// pass's CSR, whose fill per slot is side_fill) and position rows. The history window (from
+// p0: rows before it come from the KV cache), then the candidates: item ids and each slot's
+// bags are one contiguous run each in the request, so each part is one copy.
+static void fill_tokens(pass &p, size_t r, int64_t *side_fill)
+{
+    const fl_model_cfg &c = p.g->cfg;
+    indices &h = p.host;
+    const flame_request &q = p.reqs[r];
+    const fl_seq_plan &s = p.x->seqs[r];
+    const int64_t nh = s.n - s.p0;
+    memcpy(h.item + s.off, q.history + s.start + s.p0, (size_t)nh * sizeof(int64_t));
+    if (s.m) memcpy(h.item + s.off + nh, q.candidates, (size_t)s.m * sizeof(int64_t));
+    for (int slot = 0; slot < c.num_side; slot++)
+        for (int part = 0; part < 2; part++) {
+            const int64_t count = part ? s.m : nh, src = part ? 0 : s.start + s.p0, t0 = s.off + (part ? nh : 0);
+            if (count == 0) continue;
+            const flame_bags &b = part ? q.candidate_side[slot] : q.history_side[slot];
+            const int64_t base = b.offsets[src], len = b.offsets[src + count] - base;
+            memcpy(h.side_ids[slot] + side_fill[slot], b.ids + base, (size_t)len * sizeof(int64_t));
+            if (!p.single[slot])
+                for (int64_t i = 0; i < count; i++) h.side_off[slot][t0 + i + 1] = side_fill[slot] + b.offsets[src + i + 1] - base;
+            side_fill[slot] += len;
+        }
+    for (int64_t i = s.p0; i < s.n + s.m; i++) {
+        const bool cand = i >= s.n;
+        const int64_t t = s.off + i - s.p0;
+        const int64_t row = cand ? c.candidate_position : fl_plan_history_position(&c, i, s.n);
+        h.prow[t] = c.position_rule == FL_POS_NONE ? -1 : (int32_t)row;
+    }
+}
+
+// Padding tokens [t0, t0 + count) of a padded pass: item 0 and no position; one id 0 in a
+// single-id side slot (whose ids are indexed by token), an empty bag in the others.
+static void fill_padding(pass &p, int64_t t0, int64_t count, int64_t *side_fill)
+{
+    const fl_model_cfg &c = p.g->cfg;
+    indices &h = p.host;
+    for (int64_t t = t0; t < t0 + count; t++) {
+        h.item[t] = 0;
+        h.prow[t] = -1;
+    }
+    for (int slot = 0; slot < c.num_side; slot++)
+        for (int64_t t = t0; t < t0 + count; t++) {
+            if (p.single[slot])
+                h.side_ids[slot][side_fill[slot]++] = 0;
+            else
+                h.side_off[slot][t + 1] = side_fill[slot];
+        }
+}
+
+// Tiles over queries [0, nq) of one sequence whose keys start at row seq_row (n_hist of them
+// history): queries at rows q_row.., at consecutive positions from 0, or (qpos_idx >= 0) at
+// the positions qpos gives from that index; at most tq a tile.
+static void add_tiles(fl_attn_tile *t, int64_t &k, int64_t seq_row, int64_t n_hist, int64_t nq, int64_t q_row,
+                      int64_t qpos_idx, int64_t tq)
+{
+    for (int64_t q = 0; q < nq; q += tq)
+        t[k++] = {seq_row, (int32_t)n_hist, (int32_t)(nq - q < tq ? nq - q : tq), q_row + q,
+                  qpos_idx < 0 ? (int32_t)q : 0, qpos_idx < 0 ? -1 : (int32_t)(qpos_idx + q)};
+}
+
+// Splits the largest of tiles [from, k) in two until there are `want` (a padded pass's count
+// per slot; tiles are independent, so their order and sizes change nothing but the cost).
+static void split_tiles(fl_attn_tile *t, int64_t from, int64_t &k, int64_t want)
+{
+    while (k - from < want) {
+        int64_t big = from;
+        for (int64_t i = from + 1; i < k; i++)
+            if (t[i].nq > t[big].nq) big = i;
+        fl_attn_tile second = t[big];
+        const int32_t first = t[big].nq - t[big].nq / 2; // nq >= 2: want is at most the slot's queries
+        t[big].nq = first;
+        second.nq -= first;
+        second.q_row += first;
+        if (second.qpos_idx < 0) second.pos0 += first;
+        else second.qpos_idx += first;
+        t[k++] = second;
+    }
+}
+
+// The staging buffer of a padded pass: every user slot of the profile, real or not.
+static void fill_padded(pass &p)
+{
+    const fl_model_cfg &c = p.g->cfg;
+    indices &h = p.host;
+    const int64_t U = p.shape.users, C = p.shape.candidates, L = p.shape.history, slot = L + C;
+    const int64_t per_full = p.tiles_full / U, per_last = p.tiles_last / U, tasks = c.num_tasks;
+    int64_t side_fill[FL_MAX_FEATURES] = {};
+    for (int sl = 0; sl < c.num_side; sl++)
+        if (!p.single[sl]) h.side_off[sl][0] = 0;
+    int64_t tf = 0, tl = 0, packed = 0;
+    for (int64_t r = 0; r < U; r++) {
+        const bool real = r < (int64_t)p.n;
+        const int64_t n = real ? p.x->seqs[r].n : 0, m = real ? p.x->seqs[r].m : 0;
+        const int64_t base = r * slot, seq = base + L - n, tail = base + L + m;
+        fill_padding(p, base, L - n, side_fill);
+        if (real) fill_tokens(p, (size_t)r, side_fill);
+        fill_padding(p, tail, C - m, side_fill);
+        const int64_t f0 = tf, l0 = tl;
+        add_tiles(h.tiles_full, tf, base, 0, L - n, base, -1, p.tq_full); // padding: itself only
+        add_tiles(h.tiles_full, tf, seq, n, n + m, seq, -1, p.tq_full);
+        add_tiles(h.tiles_full, tf, tail, 0, C - m, tail, -1, p.tq_full);
+        split_tiles(h.tiles_full, f0, tf, per_full);
+        // the rows the head reads: the slot's candidate rows, real then padding
+        for (int64_t i = 0; i < C; i++) {
+            h.sel[r * C + i] = base + L + i;
+            h.qpos[r * C + i] = (int32_t)(i < m ? n + i : i - m);
+        }
+        add_tiles(h.tiles_last, tl, seq, n, m, r * C, r * C, p.tq_last);
+        add_tiles(h.tiles_last, tl, tail, 0, C - m, r * C + m, r * C + m, p.tq_last);
+        split_tiles(h.tiles_last, l0, tl, per_last);
+        h.segs[3 * r] = r * C * tasks;
+        h.segs[3 * r + 1] = packed;
+        h.segs[3 * r + 2] = m * tasks;
+        packed += m * tasks;
+    }
+}
+
 // Fills the staging buffer (host side of `indices`); dot-head GEMM groups go to x->groups.
 void fill(pass &p)
 {
@@ -194,49 +385,25 @@ void fill(pass &p)
         if (!p.single[s]) h.side_off[s][0] = 0;
     int64_t tf = 0, tl = 0, ng = 0, kr = 0, kw = 0;
     x->groups.clear();
-    for (size_t r = 0; r < p.n; r++) {
+    for (size_t r = 0; r < p.n && !p.prof; r++) {
         const flame_request &q = p.reqs[r];
         const fl_seq_plan &s = x->seqs[r];
-        // the history window, then the candidates: item ids and each slot's bags are one
-        // contiguous run each in the request, so each part is one copy (offsets rebased)
-        // (history rows from p0: those before it come from the KV cache)
-        const int64_t nh = s.n - s.p0;
-        memcpy(h.item + s.off, q.history + s.start + s.p0, (size_t)nh * sizeof(int64_t));
-        if (s.m) memcpy(h.item + s.off + nh, q.candidates, (size_t)s.m * sizeof(int64_t));
-        for (int slot = 0; slot < c.num_side; slot++)
-            for (int part = 0; part < 2; part++) {
-                const int64_t count = part ? s.m : nh, src = part ? 0 : s.start + s.p0, t0 = s.off + (part ? nh : 0);
-                if (count == 0) continue;
-                const flame_bags &b = part ? q.candidate_side[slot] : q.history_side[slot];
-                const int64_t base = b.offsets[src], len = b.offsets[src + count] - base;
-                memcpy(h.side_ids[slot] + side_fill[slot], b.ids + base, (size_t)len * sizeof(int64_t));
-                if (!p.single[slot])
-                    for (int64_t i = 0; i < count; i++) h.side_off[slot][t0 + i + 1] = side_fill[slot] + b.offsets[src + i + 1] - base;
-                side_fill[slot] += len;
-            }
-        for (int64_t i = s.p0; i < s.n + s.m; i++) {
-            const bool cand = i >= s.n;
-            const int64_t t = s.off + i - s.p0;
-            const int64_t row = cand ? c.candidate_position : fl_plan_history_position(&c, i, s.n);
-            h.prow[t] = c.position_rule == FL_POS_NONE ? -1 : (int32_t)row;
-        }
+        fill_tokens(p, r, side_fill);
         // K/V rows: the QKV buffer's token rows, or the sequence's rows of the K/V workspace
-        const int64_t tqf = p.tq_full, tql = p.tq_last, kv_row = p.kv ? s.kv : s.off;
-        for (int64_t q0 = s.p0; q0 < s.n + s.m; q0 += tqf)
-            h.tiles_full[tf++] = {kv_row, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < tqf ? s.n + s.m - q0 : tqf),
+        const int64_t kv_row = p.kv ? s.kv : s.off;
+        for (int64_t q0 = s.p0; q0 < s.n + s.m; q0 += p.tq_full)
+            h.tiles_full[tf++] = {kv_row, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < p.tq_full ? s.n + s.m - q0 : p.tq_full),
                                   s.off + q0 - s.p0, (int32_t)q0, -1};
         for (int64_t i = 0; i < s.nsel; i++) {
             const int64_t pos = c.head == FLAME_HEAD_SUMI ? s.n + i : s.n - 1;
             h.sel[s.sel0 + i] = s.off + pos - s.p0;
             h.qpos[s.sel0 + i] = (int32_t)pos;
         }
-        for (int64_t i0 = 0; i0 < s.nsel; i0 += tql)
-            h.tiles_last[tl++] = {kv_row, (int32_t)s.n, (int32_t)(s.nsel - i0 < tql ? s.nsel - i0 : tql),
-                                  s.sel0 + i0, 0, (int32_t)(s.sel0 + i0)};
+        add_tiles(h.tiles_last, tl, kv_row, s.n, s.nsel, s.sel0, s.sel0, p.tq_last);
         if (p.kv) fill_kv(p, s, kr, kw);
         if (c.head != FLAME_HEAD_DOT || s.nsel == 0 || q.num_candidates == 0) continue;
         const int64_t m = (int64_t)q.num_candidates;
-        if (contiguous(q.candidates, (size_t)m)) {
+        if (s.contig) {
             fl_dot_group *last = x->groups.empty() ? nullptr : &x->groups.back();
             if (last && last->first_id == q.candidates[0] && last->num == m && last->sel0 + last->count == s.sel0 &&
                 last->out + last->count * m == s.out)
@@ -251,6 +418,11 @@ void fill(pass &p)
             h.g_out[ng++] = s.out + j;
         }
     }
+    if (p.prof) {
+        fill_padded(p);
+        tf = p.tiles_full;
+        tl = p.tiles_last;
+    }
     if (p.tq_full == FL_ATTN_QT_WG) longest_first(h.tiles_full, tf);
     if (p.tq_last == FL_ATTN_QT_WG) longest_first(h.tiles_last, tl);
     p.gathered = ng;
@@ -264,6 +436,7 @@ struct buffers {
     float *X, *XS, *scores;
     void *Y, *QKV, *A, *F, *E, *YS, *Q, *H1, *H2, *HS;
     void *KV; // KV cache pass: [KT, 2d] K then V of every sequence's rows, contiguous per sequence
+    float *packed; // padded pass: the real users' scores, packed in the caller's order
 };
 
 size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, buffers &b)
@@ -288,6 +461,7 @@ size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, 
     b.H2 = cv.take<uint8_t>(S * widest * esize);
     b.HS = cv.take<uint8_t>(S * p.g->head_stack_width * esize);
     b.KV = cv.take<uint8_t>(p.kv ? p.KT * 2 * d * esize : 0);
+    b.packed = cv.take<float>(p.prof ? p.total_scores : 0);
     return cv.used;
 }
 
@@ -551,8 +725,9 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
 {
     const fl_cuda_executor *x = p.x;
     sig.clear();
+    // a padded pass: the profile's shape, whatever its requests hold
     sig.insert(sig.end(), {p.T, p.S, p.tiles_full, p.tiles_last, p.gathered, p.total_scores, (int64_t)idx_bytes,
-                           (int64_t)p.n});
+                           p.prof ? -(int64_t)p.shape.users : (int64_t)p.n, p.shape.candidates, p.shape.history});
     sig.insert(sig.end(), p.side_total, p.side_total + p.g->cfg.num_side);
     sig.insert(sig.end(), p.single, p.single + p.g->cfg.num_side);
     sig.insert(sig.end(), {p.sel_run, p.tq_full, p.tq_last});
@@ -560,11 +735,11 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
     // offsets of its index arrays; the block table itself is data of the upload, which the
     // graph's copy reads afresh from the staging buffer on every replay
     sig.insert(sig.end(), {(int64_t)p.kv, (int64_t)p.cached, p.KT, p.kv_read, p.kv_write});
-    for (size_t r = 0; r < p.n; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
+    for (size_t r = 0; r < p.n && !p.prof; r++) sig.insert(sig.end(), {x->seqs[r].n, x->seqs[r].m, x->seqs[r].nsel});
     for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
 }
 
-#define MAX_GRAPHS 16
+#define MAX_GRAPHS 32
 #define MAX_SEEN 32 // shapes run once, not captured yet
 
 // Replays the graph of this signature, capturing it first if it was seen once before. *done
@@ -703,7 +878,7 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
     fl_cuda_executor *x = p.x;
     const uint64_t t0 = host_us();
     plan(p);
-    if (p.total_scores == 0) {
+    if ((p.prof ? p.real_scores : p.total_scores) == 0) {
         for (size_t r = 0; tk && r < p.n; r++) fl_topk_write(nullptr, 0, tk->k, tk->ids + r * tk->k, tk->scores + r * tk->k);
         return FLAME_OK;
     }
@@ -740,15 +915,24 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
         FL_TRY(fl_cuda_topk(b.scores, td.segs, (int32_t)p.n, g->cfg.num_tasks, (int32_t)tk->task, (int32_t)tk->k,
                             td.pos, td.val, td.meta, x->stream));
     }
+    if (p.prof && !tk) // the real users' scores, in the caller's order
+        FL_TRY(fl_cuda_copy_segments(b.scores, p.dev.segs, p.shape.users, b.packed, x->stream));
     FL_CUDA_TRY(cudaEventRecord(x->ev[2], x->stream));
     if (tk)
         FL_CUDA_TRY(cudaMemcpyAsync(th.pos, td.pos, th.back_bytes, cudaMemcpyDeviceToHost, x->stream));
+    else if (p.prof)
+        FL_CUDA_TRY(cudaMemcpyAsync(scores, b.packed, (size_t)p.real_scores * sizeof(float), cudaMemcpyDeviceToHost,
+                                    x->stream));
     else
         FL_CUDA_TRY(cudaMemcpyAsync(scores, b.scores, (size_t)p.total_scores * sizeof(float), cudaMemcpyDeviceToHost,
                                     x->stream));
     FL_CUDA_TRY(cudaEventRecord(x->ev[3], x->stream));
     FL_CUDA_TRY(cudaStreamSynchronize(x->stream));
     for (size_t r = 0; tk && r < p.n; r++) FL_TRY(topk_finish(p, b, th, *tk, r));
+    if (p.prof) {
+        p.g->profile_passes.fetch_add(1, std::memory_order_relaxed);
+        p.g->profile_padding.fetch_add((uint64_t)(p.T - p.real_tokens), std::memory_order_relaxed);
+    }
     if (times) { // a graph replay holds the upload: it then counts in compute
         times->h2d_timed = !done;
         times->h2d_us = done ? 0 : elapsed_us(x->ev[0], x->ev[1]);
@@ -832,7 +1016,11 @@ static flame_status score_pass(fl_cuda_engine *g, const flame_request *reqs, siz
         if (!kv_request(g, reqs[r0]))
             while (r1 < n && !kv_request(g, reqs[r1])) r1++;
         pass p{g, x, reqs + r0, r1 - r0};
-        if (kv_request(g, reqs[r0])) kv_begin(g, p);
+        if (kv_request(g, reqs[r0]))
+            kv_begin(g, p);
+        else if (g->cfg.head == FLAME_HEAD_SUMI) // the smallest batch profile holding the pass, if any
+            p.prof = fl_batch_profile_route(g->profiles.load(std::memory_order_acquire), g->cfg.max_len, p.reqs, p.n,
+                                            &p.shape);
         topk_out sub{};
         if (tk) sub = {tk->k, tk->task, tk->ids + r0 * tk->k, tk->scores + r0 * tk->k};
         fl_cuda_times ti{};
@@ -849,6 +1037,72 @@ static flame_status score_pass(fl_cuda_engine *g, const flame_request *reqs, siz
         for (size_t r = r0; out && r < r1; r++) out += reqs[r].num_candidates * (size_t)g->cfg.num_tasks;
     }
     fl_slot_release(&g->ex_pool, (int)(x - g->ex));
+    return st;
+}
+
+// One synthetic pass of a profile's full shape on executor x: every user a window of the
+// profile's history (capped at max_len) and its candidates, item 0 everywhere, one id 0 in
+// every side bag.
+template <typename T> static flame_status warm_pass(fl_cuda_engine *g, fl_cuda_executor *x, const fl_batch_profile &pr)
+{
+    const fl_model_cfg &c = g->cfg;
+    const size_t U = (size_t)pr.users, C = (size_t)pr.candidates;
+    const size_t L = pr.history && pr.history < c.max_len ? (size_t)pr.history : (size_t)c.max_len;
+    std::vector<int64_t> zeros(L + C + 1, 0), offs(L + C + 1);
+    for (size_t i = 0; i < offs.size(); i++) offs[i] = (int64_t)i;
+    std::vector<flame_bags> hb(c.num_side > 0 ? c.num_side : 1), cb(hb.size());
+    for (int slot = 0; slot < c.num_side; slot++) {
+        hb[slot] = {offs.data(), zeros.data(), L};
+        cb[slot] = {offs.data(), zeros.data(), C};
+    }
+    flame_request q{};
+    q.struct_size = sizeof q;
+    q.history = zeros.data();
+    q.history_len = L;
+    q.candidates = zeros.data();
+    q.num_candidates = C;
+    q.num_side_features = (size_t)c.num_side;
+    q.history_side = c.num_side ? hb.data() : nullptr;
+    q.candidate_side = c.num_side ? cb.data() : nullptr;
+    std::vector<flame_request> reqs(U, q);
+    std::vector<float> scores(U * C * (size_t)c.num_tasks);
+    pass p{g, x, reqs.data(), U};
+    p.prof = fl_batch_profile_route(g->profiles.load(std::memory_order_acquire), c.max_len, p.reqs, p.n, &p.shape);
+    return run<T>(g, p, scores.data(), nullptr);
+}
+
+// Runs each batch profile's full shape twice on every executor, largest first, so that the
+// buffers are sized, the kernels loaded, the GEMM plans chosen and the graphs captured before a
+// request arrives. Waits for every executor (the engine's callers wait meanwhile).
+extern "C" flame_status fl_cuda_warm_profiles(fl_cuda_engine *g)
+{
+    const fl_batch_profiles *ps = g->profiles.load(std::memory_order_acquire);
+    if (!ps || g->cfg.head != FLAME_HEAD_SUMI) return FLAME_OK;
+    FL_CUDA_TRY(cudaSetDevice(g->device));
+    std::vector<fl_batch_profile> order(ps->p, ps->p + ps->n);
+    const int64_t max_len = g->cfg.max_len;
+    auto tokens = [&](const fl_batch_profile &p) {
+        return (int64_t)p.users * ((p.history && p.history < max_len ? p.history : max_len) + p.candidates);
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const fl_batch_profile &a, const fl_batch_profile &b) { return tokens(a) > tokens(b); });
+    std::vector<int> held;
+    for (int i = 0; i < g->num_ex; i++) held.push_back(fl_slot_acquire(&g->ex_pool));
+    flame_status st = FLAME_OK;
+    try {
+        for (int slot : held)
+            for (const fl_batch_profile &pr : order)
+                for (int k = 0; k < 2 && !st; k++) {
+                    fl_cuda_executor *x = &g->ex[slot];
+                    st = g->dtype == FL_COMPUTE_FP16   ? warm_pass<__half>(g, x, pr)
+                         : g->dtype == FL_COMPUTE_BF16 ? warm_pass<__nv_bfloat16>(g, x, pr)
+                                                       : warm_pass<float>(g, x, pr);
+                    if (st) cudaStreamSynchronize(x->stream);
+                }
+    } catch (const std::bad_alloc &) {
+        st = fl_error(FLAME_ERR_NOMEM, "out of host memory warming the batch profiles");
+    }
+    for (int slot : held) fl_slot_release(&g->ex_pool, slot);
     return st;
 }
 

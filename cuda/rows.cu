@@ -265,6 +265,21 @@ flame_status fl_cuda_sigmoid(float *x, int64_t n, int64_t stride, cudaStream_t s
     return FLAME_OK;
 }
 
+// One CTA a segment: dst[seg[3i+1] ..] = src[seg[3i] ..], seg[3i+2] floats (0: nothing).
+__global__ void copy_segments_kernel(const float *src, const int64_t *seg, float *dst)
+{
+    const int64_t from = seg[3 * blockIdx.x], to = seg[3 * blockIdx.x + 1], n = seg[3 * blockIdx.x + 2];
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[to + i] = src[from + i];
+}
+
+flame_status fl_cuda_copy_segments(const float *src, const int64_t *seg, int32_t nseg, float *dst, cudaStream_t s)
+{
+    if (nseg == 0) return FLAME_OK;
+    copy_segments_kernel<<<nseg, 256, 0, s>>>(src, seg, dst);
+    FL_LAUNCH_CHECK();
+    return FLAME_OK;
+}
+
 #define INSTANTIATE(T)                                                                                         \
     template flame_status fl_cuda_rows<T>(const fl_rows_args<T> &, cudaStream_t);                             \
     template flame_status fl_cuda_gather<T>(const T *, int64_t, const int64_t *, int64_t, int32_t, T *, int64_t,  \

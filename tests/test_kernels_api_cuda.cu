@@ -570,6 +570,159 @@ static void test_gpu_tbe_large_batches(void **state)
     CK(cudaStreamDestroy(s));
 }
 
+// Every table's ids, offsets and weights carved out of one device buffer (as a caller with
+// one index buffer, or a framework's caching allocator, passes them), each array at an 8-byte
+// offset that alternates between 16-byte aligned and not: the valid forward against the float64
+// reference; a bad id in the last table's last bag, in a table's first id (a lone head unit),
+// bad offsets (the final one, a decreasing one), each with nothing written; a misaligned array
+// refused by the call; and a host array after device ones still refused (the allocation of
+// the earlier arrays does not vouch for it).
+struct packed_lookups {
+    uint8_t *buf = nullptr;
+    std::vector<size_t> ids_at, off_at, w_at;
+};
+
+static void packed_make(packed_lookups *pk, const tuk_lookup *l, int nt, int64_t batch,
+                        flame_embedding_bag_input *in)
+{
+    size_t at = 8; // 8 bytes past the allocation's start: the first array is not 16-byte aligned
+    auto place = [&](size_t bytes) {
+        const size_t here = at;
+        at += (bytes + 7) / 8 * 8 + 8 * (size_t)tu_below(3); // 0, 8 or 16 bytes of gap
+        return here;
+    };
+    for (int f = 0; f < nt; f++) {
+        pk->ids_at.push_back(place((size_t)l[f].num_ids * 8));
+        pk->off_at.push_back(l[f].offsets ? place((size_t)(batch + 1) * 8) : 0);
+        pk->w_at.push_back(l[f].weights ? place((size_t)l[f].num_ids * 4) : 0);
+    }
+    CK(cudaMalloc(&pk->buf, at));
+    CK(cudaMemset(pk->buf, 0xff, at));
+    for (int f = 0; f < nt; f++) {
+        CK(cudaMemcpy(pk->buf + pk->ids_at[f], l[f].ids, (size_t)l[f].num_ids * 8, cudaMemcpyHostToDevice));
+        if (l[f].offsets)
+            CK(cudaMemcpy(pk->buf + pk->off_at[f], l[f].offsets, (size_t)(batch + 1) * 8, cudaMemcpyHostToDevice));
+        if (l[f].weights)
+            CK(cudaMemcpy(pk->buf + pk->w_at[f], l[f].weights, (size_t)l[f].num_ids * 4, cudaMemcpyHostToDevice));
+        in[f] = tuk_input(&l[f]);
+        in[f].ids = reinterpret_cast<const int64_t *>(pk->buf + pk->ids_at[f]);
+        in[f].offsets = l[f].offsets ? reinterpret_cast<const int64_t *>(pk->buf + pk->off_at[f]) : nullptr;
+        in[f].weights = l[f].weights ? reinterpret_cast<const float *>(pk->buf + pk->w_at[f]) : nullptr;
+    }
+}
+
+// The first bag of lk holding position `at`.
+static int64_t bag_of(const tuk_lookup &lk, int64_t at)
+{
+    if (!lk.offsets) return at;
+    int64_t b = 0;
+    while (lk.offsets[b + 1] <= at) b++;
+    return b;
+}
+
+static void run_one_buffer_case(int64_t batch, int max_bag, cudaStream_t s)
+{
+    const int nt = 5;
+    tuk_table t[nt];
+    tuk_lookup l[nt];
+    flame_embedding_table d[nt];
+    int32_t width = 0;
+    for (int f = 0; f < nt; f++) {
+        const int32_t dim = f == 2 ? 16 : 4 + 4 * (int32_t)tu_below(4);
+        tuk_table_fill(&t[f], f == 2 ? FLAME_DTYPE_INT8 : FLAME_DTYPE_F32, 50 + tu_below(3000), dim,
+                       (flame_pooling)tu_below(2));
+        tuk_lookup_fill(&l[f], &t[f], batch, f == 1, f == 3, max_bag);
+        d[f] = tuk_desc(&t[f]);
+        width += dim;
+    }
+    flame_embedding_bag_params p = {sizeof p, 0, FLAME_COMBINE_CONCAT, d, (size_t)nt, 0};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    packed_lookups pk;
+    flame_embedding_bag_input in[nt];
+    packed_make(&pk, l, nt, batch, in);
+    const size_t n = (size_t)(batch * width);
+    float *out;
+    CK(cudaMalloc(&out, n * sizeof(float)));
+    CK(cudaMemset(out, 0xff, n * sizeof(float)));
+    flame_embedding_bag_batch q = {sizeof q, batch, in, (size_t)nt, out, 0, FLAME_DTYPE_F32, s, 0, 1};
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    if (flame_embedding_bag_index_status(bag, s)) fail_msg("valid forward: %s", flame_last_error());
+    std::vector<float> got(n);
+    CK(cudaMemcpy(got.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<double> want(n);
+    tuk_tbe_reference(t, l, nt, false, batch, width, want.data());
+    assert_rel_err_below(got.data(), want.data(), n, 1e-5);
+
+    // bad values, one at a time, each restored after
+    const tuk_lookup &last = l[nt - 1];
+    const int64_t last_id = last.num_ids - 1;
+    char msg[4][160];
+    snprintf(msg[0], sizeof msg[0], "table %d bag %lld: ids[%lld] = %lld is outside 0..%lld", nt - 1,
+             (long long)bag_of(last, last_id), (long long)last_id, (long long)t[nt - 1].rows,
+             (long long)(t[nt - 1].rows - 1));
+    snprintf(msg[1], sizeof msg[1], "table 0 bag %lld: ids[0] = -7 is outside 0..%lld", (long long)bag_of(l[0], 0),
+             (long long)(t[0].rows - 1));
+    snprintf(msg[2], sizeof msg[2], "table %d bag %lld: offsets[%lld] = %lld is outside offsets[%lld] = %lld .. num_ids = %lld",
+             nt - 1, (long long)(batch - 1), (long long)batch, (long long)(last.num_ids + 1), (long long)(batch - 1),
+             (long long)last.offsets[batch - 1], (long long)last.num_ids);
+    const int64_t mid = batch / 2;
+    snprintf(msg[3], sizeof msg[3], "table 2 bag %lld: offsets[%lld] = -1 is outside offsets[%lld] = %lld .. num_ids = %lld",
+             (long long)mid, (long long)(mid + 1), (long long)mid, (long long)l[2].offsets[mid], (long long)l[2].num_ids);
+    struct bad_value {
+        uint8_t *at;
+        int64_t value;
+    } cases[] = {
+        {pk.buf + pk.ids_at[nt - 1] + 8 * (size_t)last_id, t[nt - 1].rows},
+        {pk.buf + pk.ids_at[0], -7},
+        {pk.buf + pk.off_at[nt - 1] + 8 * (size_t)batch, last.num_ids + 1},
+        {pk.buf + pk.off_at[2] + 8 * (size_t)(mid + 1), -1},
+    };
+    for (int k = 0; k < 4; k++) {
+        int64_t keep;
+        CK(cudaMemcpy(&keep, cases[k].at, 8, cudaMemcpyDeviceToHost));
+        poke(cases[k].at, &cases[k].value, 8);
+        CK(cudaMemsetAsync(out, 0xff, n * sizeof(float), s));
+        assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+        assert_status_msg(flame_embedding_bag_index_status(bag, s), FLAME_ERR_INVALID_ARG, msg[k]);
+        assert_untouched(out, (int)n);
+        poke(cases[k].at, &keep, 8);
+    }
+
+    // refused by the call, nothing enqueued: a misaligned ids array, and a host array among
+    // device ones
+    in[3].ids = reinterpret_cast<const int64_t *>(pk.buf + pk.ids_at[3] + 4);
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "table 3: ids");
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "is not 8-byte aligned");
+    in[3].ids = reinterpret_cast<const int64_t *>(pk.buf + pk.ids_at[3]);
+    in[nt - 1].ids = last.ids;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "is pageable host memory");
+    in[nt - 1].ids = reinterpret_cast<const int64_t *>(pk.buf + pk.ids_at[nt - 1]);
+    CK(cudaStreamSynchronize(s));
+    assert_untouched(out, (int)n);
+    assert_int_equal(flame_embedding_bag_index_status(bag, s), FLAME_OK);
+
+    flame_embedding_bag_destroy(bag);
+    CK(cudaFree(pk.buf));
+    CK(cudaFree(out));
+    for (int f = 0; f < nt; f++) {
+        tuk_table_free(&t[f]);
+        tuk_lookup_free(&l[f]);
+    }
+}
+
+/* A small batch, and a batch of 2^19 bags (about 5.8M ids over 5 tables: many grid-stride
+ * rounds of the one-wave validation grid) */
+static void test_gpu_tbe_device_indices_one_buffer(void **state)
+{
+    TU_NEED_GPU();
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    run_one_buffer_case(37, 6, s);
+    run_one_buffer_case((int64_t)1 << 19, 4, s);
+    CK(cudaStreamDestroy(s));
+}
+
 /* ---- attention */
 
 template <typename T>
@@ -740,6 +893,7 @@ int main(void)
         cmocka_unit_test(test_gpu_tbe_device_indices),
         cmocka_unit_test(test_gpu_tbe_device_index_rejections),
         cmocka_unit_test(test_gpu_tbe_large_batches),
+        cmocka_unit_test(test_gpu_tbe_device_indices_one_buffer),
         cmocka_unit_test(test_gpu_attention_against_reference),
         cmocka_unit_test(test_gpu_attention_rejections),
     };

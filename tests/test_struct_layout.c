@@ -19,7 +19,7 @@
 ENDS_AT(flame_model_info, weight_bytes);
 ENDS_AT(flame_bags, num_ids);
 ENDS_AT(flame_request, reserved0);
-ENDS_AT(flame_engine_stats, kv_cache_tokens_saved);
+ENDS_AT(flame_engine_stats, profile_padding_tokens);
 /* flame/features.h */
 ENDS_AT(flame_redis_options, backoff_max_ms);
 ENDS_AT(flame_item_cache_params, clock_user);

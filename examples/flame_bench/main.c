@@ -5,6 +5,7 @@
  *               [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]
  *               [--csv FILE] [--png FILE] [--json] [--no-overhead | --overhead-only]
  *               [--overhead-qps Q] [--submitters N] [--overhead-users N] [--overhead-wait-us N] [--burst-us N]
+ *               [--dtype fp32|fp16|bf16] [--cuda-graphs 0|1] [--engine-profiles UxC[xL],...]
  * Open-loop arrivals (Poisson at each level's rate; --diurnal: the rate swings from peak/6 to
  * the peak and back over the run); each level stops after --seconds or --requests, whichever
  * first. --sweep auto doubles the rate from --qps until the achieved rate falls under 90% of
@@ -33,7 +34,8 @@ static void usage(void)
             "                   [--candidates fixed:N|uniform:A:B|longtail:MEDIAN:MAX] [--history N] [--seed S]\n"
             "                   [--csv FILE] [--png FILE] [--json] [--no-overhead | --overhead-only]\n"
             "                   [--overhead-qps Q] [--submitters N] [--overhead-users N] [--overhead-wait-us N]\n"
-            "                   [--burst-us N]\n");
+            "                   [--burst-us N] [--dtype fp32|fp16|bf16] [--cuda-graphs 0|1]\n"
+            "                   [--engine-profiles UxC[xL],...]\n");
 }
 
 static bool parse_cands(const char *s, cand_dist *d)
@@ -80,6 +82,8 @@ static void plot(const char *png, const char *csv)
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *config = NULL, *device = "cpu", *csv = NULL, *png = NULL, *sweep = NULL;
+    const char *dtype = NULL, *engine_profiles = NULL; /* FLAME_OPT_BATCH_PROFILES (direct calls too) */
+    long graphs = -1; /* -1: the engine's default */
     bool direct = false, adaptive = false, json = false, diurnal = false, overhead = true, only_overhead = false;
     overhead_opts oo = {.qps = 100000, .seconds = 3, .submitters = 2, .max_users = 64, .burst_us = 1000};
     long threads = 4, workers = 0, max_wait = 500, history = 20;
@@ -101,6 +105,9 @@ int main(int argc, char **argv)
         else if (i++, !strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--config")) config = v; /* a model config (docs/model-format.md), random weights */
         else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--dtype")) dtype = v;
+        else if (!strcmp(a, "--engine-profiles")) engine_profiles = v;
+        else if (!strcmp(a, "--cuda-graphs")) graphs = strtol(v, NULL, 10);
         else if (!strcmp(a, "--threads")) threads = strtol(v, NULL, 10);
         else if (!strcmp(a, "--workers")) workers = strtol(v, NULL, 10);
         else if (!strcmp(a, "--max-wait-us")) max_wait = strtol(v, NULL, 10);
@@ -165,6 +172,9 @@ int main(int argc, char **argv)
                                  : flame_model_create_random(config ? config : flame_default_model_config(), 1, &m);
     if (!st) st = flame_config_create(&cfg);
     if (!st) st = flame_config_set_string(cfg, FLAME_OPT_DEVICE, device);
+    if (!st && dtype) st = flame_config_set_string(cfg, FLAME_OPT_DTYPE, dtype);
+    if (!st && engine_profiles) st = flame_config_set_string(cfg, FLAME_OPT_BATCH_PROFILES, engine_profiles);
+    if (!st && graphs >= 0) st = flame_config_set_int(cfg, FLAME_OPT_CUDA_GRAPHS, graphs);
     if (!st) st = flame_engine_create(m, cfg, &e);
     flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = nprof ? profiles : NULL,
                                  .num_profiles = (size_t)nprof, .max_wait_us = max_wait, .workers = (uint32_t)workers,
@@ -244,12 +254,21 @@ int main(int argc, char **argv)
                    "\"submitters\":%u,\"burst\":%llu,\"max_users\":%u,\"max_wait_us\":%lld,\"adaptive\":%s,"
                    "\"requests\":%llu,\"rejected\":%llu,\"mean_batch\":%.2f,\"worker_cpu_us_per_request\":%.3f,"
                    "\"pass_cpu_us_per_request\":%.3f,\"submit_cpu_us_per_request\":%.3f,"
-                   "\"scheduler_cpu_us_per_request\":%.3f}}\n",
+                   "\"scheduler_cpu_us_per_request\":%.3f}",
                    ov.queue_wait_p50_us, ov.offered_qps, ov.achieved_qps, ov.submitters, (unsigned long long)ov.burst,
                    oo.max_users, (long long)oo.max_wait_us, oo.adaptive ? "true" : "false",
                    (unsigned long long)ov.requests, (unsigned long long)ov.rejected, ov.mean_batch, ov.worker_cpu_us,
                    ov.pass_cpu_us, ov.submit_cpu_us, ov.sched_cpu_us);
-        else printf("],\"scheduler_overhead_us\":null,\"scheduler_cpu\":null}\n");
+        else printf("],\"scheduler_overhead_us\":null,\"scheduler_cpu\":null");
+        /* the engine's CUDA graphs over the whole run: captures after warm-up are one-off shapes */
+        flame_engine_stats es = {.struct_size = sizeof es};
+        if (flame_engine_get_stats(e, &es) == FLAME_OK)
+            printf(",\"engine\":{\"graph_captures\":%llu,\"graph_replays\":%llu,\"requests\":%llu,"
+                   "\"profile_passes\":%llu,\"profile_padding_tokens\":%llu}",
+                   (unsigned long long)es.graph_captures, (unsigned long long)es.graph_replays,
+                   (unsigned long long)es.requests, (unsigned long long)es.profile_passes,
+                   (unsigned long long)es.profile_padding_tokens);
+        printf("}\n");
     }
     flame_scheduler_destroy(s);
     flame_engine_destroy(e);

@@ -342,7 +342,23 @@ typedef enum flame_option {
      * tokens). */
     FLAME_OPT_KV_CACHE_BYTES = 14,
     /* int: tokens a block of the KV cache holds (its unit of allocation), 1..4096, default 16. */
-    FLAME_OPT_KV_CACHE_BLOCK_TOKENS = 15
+    FLAME_OPT_KV_CACHE_BLOCK_TOKENS = 15,
+    /* string: the GPU engine's batch profiles, "UxC[xL],..." (at most 16): users (1..65536) x
+     * candidates per user (1..2^24) x history window (1..2^24; left out = the pass's longest
+     * window rounded up to a power of two, at least 16, at most the model's max_len). A pass
+     * of SUMI-head requests without kv_cache that some profile holds (at most U users, each
+     * with at most C candidates and a history window of at most L) is padded to the profile
+     * with the fewest tokens U x (L + C): each user gets L + C token slots, the unused ones
+     * are padding tokens that attend only to themselves, padding users are whole slots of
+     * padding, and no padding score is ever written to the caller. Every pass of a profile
+     * then has one shape and replays one CUDA graph (FLAME_OPT_CUDA_GRAPHS), so varying
+     * history lengths and candidate counts capture nothing new once each profile has run
+     * twice; a real score does not depend on the padding (the same bits whatever else the
+     * pass holds). Passes no profile holds, dot-head passes and kv_cache requests run at
+     * their own shape. "" (default) = none; a scheduler created on the engine then gives it
+     * its own profiles (users x candidates, histories in power-of-two buckets). Ignored by
+     * CPU engines. A malformed list is FLAME_ERR_INVALID_ARG naming the profile. */
+    FLAME_OPT_BATCH_PROFILES = 16
 } flame_option;
 
 /*
@@ -399,7 +415,7 @@ FLAME_API flame_status flame_config_get_int(const flame_config *config, flame_op
 
 /*
  * flame_config_set_string: sets a string option (FLAME_OPT_DEVICE, FLAME_OPT_DTYPE,
- * FLAME_OPT_CPU_KERNELS).
+ * FLAME_OPT_CPU_KERNELS, FLAME_OPT_BATCH_PROFILES).
  *
  * Parameters:
  *   config   the config.
@@ -699,6 +715,10 @@ typedef struct flame_engine_stats {
     uint64_t kv_cache_budget_bytes;
     uint64_t kv_cache_tokens_computed;
     uint64_t kv_cache_tokens_saved;
+    /* GPU passes padded to a batch profile (FLAME_OPT_BATCH_PROFILES), and the padding
+     * tokens they computed (token slots no request filled) */
+    uint64_t profile_passes;
+    uint64_t profile_padding_tokens;
 } flame_engine_stats;
 
 /*

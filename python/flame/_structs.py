@@ -48,7 +48,8 @@ class EngineStats(C.Structure):
                 ("kv_cache_extensions", C.c_uint64), ("kv_cache_evictions", C.c_uint64),
                 ("kv_cache_bytes", C.c_uint64), ("kv_cache_peak_bytes", C.c_uint64),
                 ("kv_cache_budget_bytes", C.c_uint64), ("kv_cache_tokens_computed", C.c_uint64),
-                ("kv_cache_tokens_saved", C.c_uint64)]
+                ("kv_cache_tokens_saved", C.c_uint64),
+                ("profile_passes", C.c_uint64), ("profile_padding_tokens", C.c_uint64)]
 
 
 class NumaInfo(C.Structure):

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/options.h"
+#include "engine/batch_profiles.h"
 
 typedef struct int_option {
     flame_option option;
@@ -102,6 +103,7 @@ static char *string_slot(struct flame_config *c, flame_option o, size_t *cap)
     case FLAME_OPT_DEVICE: *cap = sizeof c->device; return c->device;
     case FLAME_OPT_DTYPE: *cap = sizeof c->dtype; return c->dtype;
     case FLAME_OPT_CPU_KERNELS: *cap = sizeof c->cpu_kernels; return c->cpu_kernels;
+    case FLAME_OPT_BATCH_PROFILES: *cap = sizeof c->batch_profiles; return c->batch_profiles;
     default: return NULL;
     }
 }
@@ -116,7 +118,10 @@ static bool valid_string(flame_option o, const char *v)
 
 static const char *string_option_name(flame_option o)
 {
-    return o == FLAME_OPT_DEVICE ? "FLAME_OPT_DEVICE" : o == FLAME_OPT_DTYPE ? "FLAME_OPT_DTYPE" : "FLAME_OPT_CPU_KERNELS";
+    return o == FLAME_OPT_DEVICE          ? "FLAME_OPT_DEVICE"
+           : o == FLAME_OPT_DTYPE         ? "FLAME_OPT_DTYPE"
+           : o == FLAME_OPT_BATCH_PROFILES ? "FLAME_OPT_BATCH_PROFILES"
+                                          : "FLAME_OPT_CPU_KERNELS";
 }
 
 static const char *string_option_values(flame_option o)
@@ -133,6 +138,16 @@ FLAME_API flame_status flame_config_set_string(flame_config *config, flame_optio
     size_t cap = 0;
     char *slot = string_slot(config, option, &cap);
     if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
+    if (option == FLAME_OPT_BATCH_PROFILES) { /* checked by its parser, whose message names the bad profile */
+        fl_batch_profiles ps;
+        if (strlen(value) >= cap)
+            return fl_error(FLAME_ERR_INVALID_ARG, "FLAME_OPT_BATCH_PROFILES: '%.40s...' is longer than %zu characters",
+                            value, cap - 1);
+        const flame_status st = fl_batch_profiles_parse(value, &ps);
+        if (st) return st;
+        strcpy(slot, value);
+        return FLAME_OK;
+    }
     if (strlen(value) >= cap || !valid_string(option, value))
         return fl_error(FLAME_ERR_INVALID_ARG, "%s = '%.40s' is not one of %s", string_option_name(option), value,
                         string_option_values(option));

@@ -11,6 +11,7 @@ struct flame_config {
     int64_t max_batch;            /* requests per pass */
     char dtype[8];                /* "fp32", "fp16", "bf16" */
     char cpu_kernels[8];          /* "auto", "avx512", "avx2", "blas" */
+    char batch_profiles[512];     /* "UxC[xL],...", "" = none (engine/batch_profiles.h) */
     int64_t device_memory_budget; /* bytes, 0 = no limit */
     void *cuda_stream;            /* the caller's cudaStream_t, or NULL for the engine's own */
     int64_t cuda_executors;       /* GPU executors (streams with their own buffers) */

@@ -14,6 +14,7 @@
 
 struct flame_engine;
 struct fl_workspace;
+struct fl_batch_profiles;
 
 /* The stage times of one pass, us: token assembly (host planning and staging), the index
  * upload (h2d), the forward pass (compute) and the scores' copy back (d2h). h2d_timed is false
@@ -59,6 +60,14 @@ typedef struct fl_backend_ops {
     flame_status (*kv_place)(struct flame_engine *e);
     /* Batches the backend runs at once, capped at `cap` (the scheduler's workers). */
     uint32_t (*workers)(const struct flame_engine *e, uint32_t cap);
+    /* Gives an engine without batch profiles of its own these (a scheduler's); NULL: the
+     * backend does not pad passes to batch profiles. */
+    void (*adopt_profiles)(struct flame_engine *e, const struct fl_batch_profiles *ps);
+    /* Readies every batch profile's shape before the first request; FLAME_OK when there is
+     * nothing to warm. A failure leaves the engine usable. */
+    flame_status (*warm_profiles)(struct flame_engine *e);
+    /* Passes padded to a batch profile and the padding tokens they computed (0 without). */
+    void (*profile_counts)(const struct flame_engine *e, uint64_t *passes, uint64_t *padding_tokens);
 } fl_backend_ops;
 
 extern const fl_backend_ops fl_backend_cpu;

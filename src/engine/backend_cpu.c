@@ -61,6 +61,16 @@ static flame_status cpu_kv_place(struct flame_engine *e)
     return FLAME_OK;
 }
 
+static flame_status cpu_warm_profiles(struct flame_engine *e)
+{
+    return FLAME_OK;
+}
+
+static void cpu_profile_counts(const struct flame_engine *e, uint64_t *passes, uint64_t *padding_tokens)
+{
+    *passes = *padding_tokens = 0;
+}
+
 /* one call already uses the engine's threads */
 static uint32_t cpu_workers(const struct flame_engine *e, uint32_t cap)
 {
@@ -83,4 +93,7 @@ const fl_backend_ops fl_backend_cpu = {
     .kv_elem_bytes = cpu_kv_elem_bytes,
     .kv_place = cpu_kv_place,
     .workers = cpu_workers,
+    .adopt_profiles = NULL,
+    .warm_profiles = cpu_warm_profiles,
+    .profile_counts = cpu_profile_counts,
 };

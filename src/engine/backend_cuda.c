@@ -87,6 +87,21 @@ static uint32_t cuda_workers(const struct flame_engine *e, uint32_t cap)
     return (uint32_t)(ex < 1 ? 1 : ex > (int64_t)cap ? cap : ex);
 }
 
+static void cuda_adopt_profiles(struct flame_engine *e, const fl_batch_profiles *ps)
+{
+    fl_cuda_adopt_profiles(e->gpu, ps);
+}
+
+static flame_status cuda_warm_profiles(struct flame_engine *e)
+{
+    return fl_cuda_warm_profiles(e->gpu);
+}
+
+static void cuda_profile_counts(const struct flame_engine *e, uint64_t *passes, uint64_t *padding_tokens)
+{
+    fl_cuda_profile_counts(e->gpu, passes, padding_tokens);
+}
+
 const fl_backend_ops fl_backend_cuda = {
     .name = "cuda",
     .device_copies = true,
@@ -103,4 +118,7 @@ const fl_backend_ops fl_backend_cuda = {
     .kv_elem_bytes = cuda_kv_elem_bytes,
     .kv_place = cuda_kv_place,
     .workers = cuda_workers,
+    .adopt_profiles = cuda_adopt_profiles,
+    .warm_profiles = cuda_warm_profiles,
+    .profile_counts = cuda_profile_counts,
 };

@@ -4,6 +4,7 @@
 #define FLAME_ENGINE_CUDA_BACKEND_H
 
 #include "core/options.h"
+#include "engine/batch_profiles.h"
 #include "kvcache/kvlayout.h"
 #include "model/model_cfg.h"
 
@@ -47,6 +48,16 @@ uint64_t fl_cuda_device_bytes(const fl_cuda_engine *g);
 uint64_t fl_cuda_weight_bytes(const fl_cuda_engine *g);
 /* CUDA graphs captured and replays made, over all executors. */
 void fl_cuda_graph_counts(const fl_cuda_engine *g, uint64_t *captures, uint64_t *replays);
+/* Gives an engine without batch profiles of its own these (a scheduler's); an engine that has
+ * some keeps them. Thread-safe; a pass reads the set in force when it starts. */
+void fl_cuda_adopt_profiles(fl_cuda_engine *g, const fl_batch_profiles *ps);
+/* Runs each batch profile's full shape twice on every executor (largest first) so that its
+ * buffers, kernels, GEMM plans and CUDA graph are ready before the first request; waits for
+ * every executor. FLAME_OK without profiles or under the dot head; a failure (e.g.
+ * FLAME_ERR_NOMEM under the memory budget) leaves the engine usable. */
+flame_status fl_cuda_warm_profiles(fl_cuda_engine *g);
+/* Passes padded to a batch profile and the padding tokens they computed. */
+void fl_cuda_profile_counts(const fl_cuda_engine *g, uint64_t *passes, uint64_t *padding_tokens);
 
 #ifdef __cplusplus
 }

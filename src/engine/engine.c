@@ -96,6 +96,9 @@ FLAME_API flame_status flame_engine_create(flame_model *model, const flame_confi
     if (e->item_cache) fl_icache_retain(e->item_cache);
     if (e->user_cache) fl_uc_retain(e->user_cache);
     warn_short_user_cache(model, e->user_cache);
+    /* batch profiles ready before the first request (after the KV cache took its memory) */
+    if (e->ops->warm_profiles(e) != FLAME_OK)
+        fl_log(FLAME_LOG_WARN, "warming the batch profiles: %s (they warm on first use)", flame_last_error());
     *out = e;
     return FLAME_OK;
 }
@@ -135,6 +138,7 @@ FLAME_API flame_status flame_engine_get_stats(flame_engine *engine, flame_engine
         .user_cache_misses = atomic_load(&engine->user_cache_misses),
     };
     engine->ops->graph_counts(engine, &v.graph_captures, &v.graph_replays);
+    engine->ops->profile_counts(engine, &v.profile_passes, &v.profile_padding_tokens);
     if (engine->kv) {
         fl_kv_stats ks;
         fl_kv_get_stats(engine->kv, &ks);

@@ -53,6 +53,22 @@ void fl_cuda_graph_counts(const fl_cuda_engine *g, uint64_t *captures, uint64_t 
     *captures = *replays = 0;
 }
 
+void fl_cuda_adopt_profiles(fl_cuda_engine *g, const fl_batch_profiles *ps)
+{
+    (void)g, (void)ps;
+}
+
+flame_status fl_cuda_warm_profiles(fl_cuda_engine *g)
+{
+    (void)g;
+    return FLAME_OK;
+}
+
+void fl_cuda_profile_counts(const fl_cuda_engine *g, uint64_t *passes, uint64_t *padding_tokens)
+{
+    *passes = *padding_tokens = 0;
+}
+
 int fl_cuda_host_register(void *p, size_t bytes, char *why, size_t why_len)
 {
     snprintf(why, why_len, "this libflame was built without CUDA: cannot pin %zu bytes at %p", bytes, p);

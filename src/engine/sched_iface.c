@@ -1,6 +1,7 @@
 /* The engine's answers to the scheduler (sched_iface.h). */
 #include "engine/sched_iface.h"
 
+#include "engine/batch_profiles.h"
 #include "engine/engine.h"
 
 uint32_t fl_engine_workers(const flame_engine *e, uint32_t cap)
@@ -31,4 +32,12 @@ size_t fl_engine_max_candidates(void)
 flame_status fl_engine_check_candidate_bags(const flame_engine *e, const flame_bags *side, size_t n)
 {
     return fl_check_side_bags(e->model, 0, "candidate", side, n);
+}
+
+void fl_engine_adopt_profiles(flame_engine *e, const flame_batch_profile *p, int n)
+{
+    if (!e->ops->adopt_profiles || e->model->cfg.head != FLAME_HEAD_SUMI) return;
+    fl_batch_profiles ps = {.n = n < FL_MAX_BATCH_PROFILES ? n : FL_MAX_BATCH_PROFILES};
+    for (int i = 0; i < ps.n; i++) ps.p[i] = (fl_batch_profile){(int32_t)p[i].max_users, (int32_t)p[i].max_candidates, 0};
+    e->ops->adopt_profiles(e, &ps);
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "flame/flame.h"
+#include "flame/scheduler.h"
 
 /* Batches the engine can run at once, capped at `cap`: one a GPU executor (one with an
  * external CUDA stream), 1 on the CPU, where one call already uses the engine's threads. */
@@ -28,5 +29,10 @@ size_t fl_engine_max_candidates(void);
  * it; for a caller that cuts the bags before validation runs. FLAME_ERR_INVALID_ARG naming
  * the slot and value. */
 flame_status fl_engine_check_candidate_bags(const flame_engine *e, const flame_bags *side, size_t n);
+
+/* Gives a GPU engine without batch profiles of its own (FLAME_OPT_BATCH_PROFILES) the
+ * scheduler's, users x candidates with histories in power-of-two buckets, so that its batches
+ * replay one CUDA graph a shape; nothing on the CPU or under the dot head. */
+void fl_engine_adopt_profiles(flame_engine *e, const flame_batch_profile *p, int n);
 
 #endif

@@ -516,6 +516,8 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
         }
         s->started++;
     }
+    /* a GPU engine pads its passes to these shapes, so each batch replays a captured graph */
+    fl_engine_adopt_profiles(engine, s->profiles.p, s->profiles.n);
     *out = s;
     return FLAME_OK;
 }

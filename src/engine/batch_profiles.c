@@ -1,0 +1,88 @@
+/* Batch profiles of the GPU engine: parsing and routing (batch_profiles.h). */
+#include "engine/batch_profiles.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+
+#define MAX_USERS 65536L
+#define MAX_DIM (1L << 24)
+
+/* One decimal field of a profile: 1..max, followed by one of `ends` or the string's end. */
+static bool field(const char **s, long max, const char *ends, long *v)
+{
+    if (**s < '0' || **s > '9') return false;
+    char *end = NULL;
+    errno = 0;
+    const long x = strtol(*s, &end, 10);
+    if (errno || x < 1 || x > max || !strchr(ends, *end)) return false;
+    *v = x;
+    *s = end;
+    return true;
+}
+
+flame_status fl_batch_profiles_parse(const char *s, fl_batch_profiles *out)
+{
+    fl_batch_profiles ps = {0};
+    const char *p = s;
+    while (*p) {
+        const char *start = p;
+        long u = 0, c = 0, l = 0;
+        bool ok = ps.n < FL_MAX_BATCH_PROFILES && field(&p, MAX_USERS, "x", &u) && *p == 'x' &&
+                  (p++, field(&p, MAX_DIM, "x,", &c));
+        if (ok && *p == 'x') ok = (p++, field(&p, MAX_DIM, ",", &l));
+        if (!ok) {
+            const size_t len = strcspn(start, ",");
+            if (ps.n == FL_MAX_BATCH_PROFILES)
+                return fl_error(FLAME_ERR_INVALID_ARG, "FLAME_OPT_BATCH_PROFILES: more than %d profiles",
+                                FL_MAX_BATCH_PROFILES);
+            return fl_error(FLAME_ERR_INVALID_ARG,
+                            "FLAME_OPT_BATCH_PROFILES: profile %d '%.*s' is not USERSxCANDIDATES[xHISTORY] with users "
+                            "1..%ld, candidates and history 1..%ld",
+                            ps.n, (int)(len > 40 ? 40 : len), start, MAX_USERS, MAX_DIM);
+        }
+        ps.p[ps.n++] = (fl_batch_profile){(int32_t)u, (int32_t)c, (int32_t)l};
+        if (*p == ',') {
+            p++;
+            if (!*p) return fl_error(FLAME_ERR_INVALID_ARG, "FLAME_OPT_BATCH_PROFILES: '%.40s' ends with a comma", s);
+        }
+    }
+    *out = ps;
+    return FLAME_OK;
+}
+
+static int64_t pow2_at_least(int64_t v)
+{
+    int64_t p = FL_PROFILE_MIN_HISTORY;
+    while (p < v) p *= 2;
+    return p;
+}
+
+bool fl_batch_profile_route(const fl_batch_profiles *ps, int32_t max_len, const flame_request *reqs, size_t n,
+                            fl_batch_profile *shape)
+{
+    if (!ps || ps->n == 0 || n == 0) return false;
+    int64_t most_m = 0, most_n = 0;
+    for (size_t r = 0; r < n; r++) {
+        const int64_t w = reqs[r].history_len < (size_t)max_len ? (int64_t)reqs[r].history_len : max_len;
+        if ((int64_t)reqs[r].num_candidates > most_m) most_m = (int64_t)reqs[r].num_candidates;
+        if (w > most_n) most_n = w;
+    }
+    int64_t bucket = pow2_at_least(most_n);
+    if (bucket > max_len) bucket = max_len;
+    int best = -1;
+    int64_t best_tokens = 0, best_hist = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const fl_batch_profile *p = &ps->p[i];
+        const int64_t hist = p->history ? p->history : bucket;
+        if ((int64_t)p->users < (int64_t)n || p->candidates < most_m || hist < most_n) continue;
+        const int64_t tokens = (int64_t)p->users * (hist + p->candidates);
+        if (tokens > INT32_MAX) continue; /* a pass indexes its tokens in 32 bits */
+        if (best < 0 || tokens < best_tokens) best = i, best_tokens = tokens, best_hist = hist;
+    }
+    if (best < 0) return false;
+    *shape = (fl_batch_profile){ps->p[best].users, ps->p[best].candidates, (int32_t)best_hist};
+    return true;
+}
