@@ -26,6 +26,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <exception>
+#include <new>
 
 #include "engine.cuh"
 #include "topk.cuh"
@@ -954,16 +956,21 @@ bool kv_request(const fl_cuda_engine *g, const flame_request &q)
 // The KV cache's lookup for a pass of one kv_cache request, as the CPU engine's (hashes of the
 // window when the caller gives no version, or when its version is no hit), then the plan's
 // cached rows and whether this call stores its computed rows. A request without history or
-// candidates has nothing to cache: it runs as a plain pass.
-void kv_begin(fl_cuda_engine *g, pass &p)
+// candidates has nothing to cache: it runs as a plain pass. FLAME_ERR_NOMEM when the prefix
+// hashes find no host memory (before the lookup: nothing is pinned); no exception leaves it.
+flame_status kv_begin(fl_cuda_engine *g, pass &p)
 {
     const fl_model_cfg &c = g->cfg;
     const flame_request &q = p.reqs[0];
     fl_kv_plan pl;
     fl_plan_request(&c, q.history_len, q.num_candidates, 0, &pl);
-    if (pl.n == 0 || q.num_candidates == 0) return;
+    if (pl.n == 0 || q.num_candidates == 0) return FLAME_OK;
     std::vector<uint64_t> &prefix = p.x->kv_prefix;
-    prefix.resize((size_t)pl.n + 1);
+    try {
+        prefix.resize((size_t)pl.n + 1);
+    } catch (const std::bad_alloc &) {
+        return fl_error(FLAME_ERR_NOMEM, "out of host memory for the KV cache's %d prefix hashes", pl.n + 1);
+    }
     fl_kv_key key = {q.user_id, q.history_version, pl.n, nullptr, fl_plan_extendable(&c)};
     fl_kv_bags_view views[FL_MAX_FEATURES];
     const int num_side = q.history_side ? c.num_side : 0;
@@ -981,6 +988,7 @@ void kv_begin(fl_cuda_engine *g, pass &p)
     p.kv = true;
     p.cached = pl.cached;
     p.store = p.ticket.writer && fl_kv_reserve(g->kv, &p.ticket);
+    return FLAME_OK;
 }
 
 // After the pass's stream has drained (its final synchronization, or score_pass's on an
@@ -1016,17 +1024,25 @@ static flame_status score_pass(fl_cuda_engine *g, const flame_request *reqs, siz
         if (!kv_request(g, reqs[r0]))
             while (r1 < n && !kv_request(g, reqs[r1])) r1++;
         pass p{g, x, reqs + r0, r1 - r0};
-        if (kv_request(g, reqs[r0]))
-            kv_begin(g, p);
-        else if (g->cfg.head == FLAME_HEAD_SUMI) // the smallest batch profile holding the pass, if any
-            p.prof = fl_batch_profile_route(g->profiles.load(std::memory_order_acquire), g->cfg.max_len, p.reqs, p.n,
-                                            &p.shape);
         topk_out sub{};
         if (tk) sub = {tk->k, tk->task, tk->ids + r0 * tk->k, tk->scores + r0 * tk->k};
         fl_cuda_times ti{};
         fl_cuda_times *tp = times ? &ti : nullptr;
         const topk_out *tkp = tk ? &sub : nullptr;
-        st = FL_DTYPE_SWITCH(g->dtype, T, [&] { return run<T>(g, p, out, tp, tkp); });
+        // the pass grows std::vectors (plans, signatures, graphs): an exception never crosses
+        // into C, and a lookup's pin is always released by kv_end below
+        try {
+            if (kv_request(g, reqs[r0]))
+                st = kv_begin(g, p);
+            else if (g->cfg.head == FLAME_HEAD_SUMI) // the smallest batch profile holding the pass, if any
+                p.prof = fl_batch_profile_route(g->profiles.load(std::memory_order_acquire), g->cfg.max_len, p.reqs,
+                                                p.n, &p.shape);
+            if (!st) st = FL_DTYPE_SWITCH(g->dtype, T, [&] { return run<T>(g, p, out, tp, tkp); });
+        } catch (const std::bad_alloc &) {
+            st = fl_error(FLAME_ERR_NOMEM, "out of host memory planning a pass of %zu requests", r1 - r0);
+        } catch (const std::exception &ex) {
+            st = fl_error(FLAME_ERR_INTERNAL, "planning a pass of %zu requests: %s", r1 - r0, ex.what());
+        }
         if (st) cudaStreamSynchronize(x->stream); // nothing of this call may still run after we return
         kv_end(g, p, st);
         if (times) {
@@ -1094,9 +1110,7 @@ extern "C" flame_status fl_cuda_warm_profiles(fl_cuda_engine *g)
             for (const fl_batch_profile &pr : order)
                 for (int k = 0; k < 2 && !st; k++) {
                     fl_cuda_executor *x = &g->ex[slot];
-                    st = g->dtype == FL_COMPUTE_FP16   ? warm_pass<__half>(g, x, pr)
-                         : g->dtype == FL_COMPUTE_BF16 ? warm_pass<__nv_bfloat16>(g, x, pr)
-                                                       : warm_pass<float>(g, x, pr);
+                    st = FL_DTYPE_SWITCH(g->dtype, T, [&] { return warm_pass<T>(g, x, pr); });
                     if (st) cudaStreamSynchronize(x->stream);
                 }
     } catch (const std::bad_alloc &) {

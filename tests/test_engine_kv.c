@@ -14,6 +14,8 @@
 #include "tu_gpu.h"
 #include "tu_models.h"
 #include "cpu/kernels.h"
+#include "engine/engine.h"
+#include "kvcache/kvcache.h"
 
 #define ITEMS 500
 #define MAX_LEN 64
@@ -426,6 +428,55 @@ static void test_versions(void **state)
     flame_model_destroy(m);
 }
 
+/* lookups the engine gave the window's hashes to (the cache's internal count) */
+static uint64_t hashed(flame_engine *e)
+{
+    fl_kv_stats s;
+    fl_kv_get_stats(e->kv, &s);
+    return s.hashed;
+}
+
+/* A hit found by the hash under a caller's new version records that version: the next call
+ * with it is a hit by version alone, without hashing the window. */
+static void test_version_recorded(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_oldest", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    flame_engine *off = engine(m, 0, 16), *on = engine(m, 1 << 22, 16);
+    int64_t h[40], c[8];
+    fill(h, 40);
+    fill(c, 8);
+    flame_request r = req(3, h, 40, c, 8, 0);
+    float *want = score(off, &r, 16);
+    r.kv_cache = 1;
+    float *g = score(on, &r, 16); /* version 0: hashed, a miss, stored under version 0 */
+    assert_close(g, want, 16);
+    free(g);
+    assert_int_equal(hashed(on), 1);
+    r.history_version = 1234;
+    g = score(on, &r, 16); /* no hit by version: hashed, a hit by hash that records 1234 */
+    assert_close(g, want, 16);
+    free(g);
+    assert_int_equal(hashed(on), 2);
+    for (int i = 0; i < 3; i++) { /* hits by version: nothing hashed */
+        g = score(on, &r, 16);
+        assert_close(g, want, 16);
+        free(g);
+    }
+    assert_int_equal(hashed(on), 2);
+    flame_engine_stats s = stats(on);
+    assert_int_equal(s.kv_cache_misses, 1);
+    assert_int_equal(s.kv_cache_hits, 4);
+    assert_int_equal(s.kv_cache_tokens_saved, 4 * 40);
+    free(want);
+    flame_engine_destroy(off);
+    flame_engine_destroy(on);
+    flame_model_destroy(m);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -590,6 +641,7 @@ GPU_CASE(gpu_fp32_eviction, test_eviction, "fp32", 1e-5) /* fp32: its byte count
 GPU_CASE(gpu_fp16_micro_batched, test_micro_batched, "fp16", 1e-2)
 GPU_CASE(gpu_fp32_mixed_batch, test_mixed_batch, "fp32", 1e-5)
 GPU_CASE(gpu_fp16_versions, test_versions, "fp16", 1e-2)
+GPU_CASE(gpu_fp32_version_recorded, test_version_recorded, "fp32", 1e-5)
 GPU_CASE(gpu_fp32_threads, test_threads, "fp32", 1e-5)
 GPU_CASE(gpu_fp16_beauty, test_beauty, "fp16", 1e-2)
 
@@ -637,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_micro_batched),
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_versions),
+        cmocka_unit_test(test_version_recorded),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_beauty),
@@ -653,6 +706,7 @@ int main(void)
         cmocka_unit_test_setup(gpu_fp16_micro_batched, on_cpu),
         cmocka_unit_test_setup(gpu_fp32_mixed_batch, on_cpu),
         cmocka_unit_test_setup(gpu_fp16_versions, on_cpu),
+        cmocka_unit_test_setup(gpu_fp32_version_recorded, on_cpu),
         cmocka_unit_test_setup(gpu_fp32_threads, on_cpu),
         cmocka_unit_test_setup(gpu_fp16_beauty, on_cpu),
         cmocka_unit_test_setup(gpu_budget, on_cpu),

@@ -143,9 +143,29 @@ static void test_caller_version(void **state)
     assert_true(fl_kv_reserve(c, &t));
     fl_kv_publish(c, &t, 4, pre[8]);
     fl_kv_release(c, &t);
-    /* a version of the same contents is a hit by hash */
+    /* a version of the same contents is a hit by hash, which records that version: the next
+     * lookup with it is a hit by version alone, with no hashes given */
+    assert_int_equal(look(c, 7, 9, NULL, 8, true, &t), FL_KV_NEED_HASH);
     assert_int_equal(look(c, 7, 9, pre, 8, true, &t), FL_KV_HIT);
     fl_kv_release(c, &t);
+    fl_kv_stats s;
+    fl_kv_get_stats(c, &s);
+    const uint64_t hashed = s.hashed;
+    assert_int_equal(hashed, 3); /* the miss, the extension and this hit were given hashes */
+    assert_int_equal(look(c, 7, 9, NULL, 8, true, &t), FL_KV_HIT);
+    assert_int_equal(t.cached, 8);
+    fl_kv_release(c, &t);
+    /* the entry keeps the last version given: the one it was published under is now no hit
+     * by version alone (the hashes still find it) */
+    assert_int_equal(look(c, 7, 4, NULL, 8, true, &t), FL_KV_NEED_HASH);
+    /* a hashed lookup with version 0 leaves the recorded version as it is */
+    assert_int_equal(look(c, 7, 0, pre, 8, true, &t), FL_KV_HIT);
+    fl_kv_release(c, &t);
+    assert_int_equal(look(c, 7, 9, NULL, 8, true, &t), FL_KV_HIT);
+    fl_kv_release(c, &t);
+    fl_kv_get_stats(c, &s);
+    assert_int_equal(s.hits, 5); /* with the first one by version */
+    assert_int_equal(s.hashed, hashed + 1);
     fl_kv_cache_destroy(c);
 }
 

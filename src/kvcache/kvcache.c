@@ -213,7 +213,12 @@ fl_kv_kind fl_kv_lookup(fl_kv_cache *c, const fl_kv_key *key, fl_kv_ticket *t)
         e = *slot_of(c, key->user);
     }
     const int32_t n = key->tokens;
+    if (key->prefix) c->st.hashed++;
     if (e && e->tokens == n && ((key->version && e->version == key->version) || (key->prefix && e->hash == key->prefix[n]))) {
+        /* a hit by hash under another caller's version: the entry takes that version, so the
+         * caller's next call with it is a hit without hashing (versions are metadata, read and
+         * written only under mu; the rows are not touched) */
+        if (key->version) e->version = key->version;
         pin(e, t, FL_KV_HIT, n, n, false);
         touch(c, e);
         c->st.hits++;

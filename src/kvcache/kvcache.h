@@ -12,7 +12,8 @@
  *   - single-flight per user: a lookup that finds its user's entry being written waits until
  *     the writer publishes or aborts, then decides again (a writer never waits while it
  *     writes: each call holds at most one ticket at a time, so no cycle of waits exists);
- *   - an entry being written is invisible: its tokens, hash and version change at publish;
+ *   - an entry being written is invisible: its tokens, hash and version change at publish
+ *     (its version also at a hit by hash under a caller's new version: metadata, under mu);
  *   - eviction (least recently used users first) takes only entries nobody pinned and nobody
  *     writes; an entry replaced while pinned is unlinked and freed at its last release.
  * An extension writes rows past the entry's published tokens, in blocks (or rows of its last
@@ -35,6 +36,7 @@ typedef struct fl_kv_stats {
     uint64_t hits, misses, extensions, evictions;
     uint64_t waits;          /* lookups that waited for another call writing the same user */
     uint64_t store_skipped;  /* writers that found no room (scored without storing) */
+    uint64_t hashed;         /* lookups given the window's prefix hashes (the caller hashed it) */
     uint64_t blocks_in_use, peak_blocks_in_use, entries;
     uint64_t tokens_computed; /* history tokens computed by calls that used the cache */
     uint64_t tokens_saved;    /* history tokens read from the cache instead */
@@ -84,7 +86,8 @@ uint64_t fl_kv_block_bytes(const fl_kv_cache *c);
 
 /* Decides hit, extension or miss for key (waiting while another call writes the user) and
  * pins what the call reads; a writer's ticket makes the user's entry invisible to others until
- * publish or abort. Never fails: FL_KV_NEED_HASH pins nothing. */
+ * publish or abort. A hit by hash with a caller's version (non-zero) records that version on
+ * the entry (it then keeps the last one given). Never fails: FL_KV_NEED_HASH pins nothing. */
 fl_kv_kind fl_kv_lookup(fl_kv_cache *c, const fl_kv_key *key, fl_kv_ticket *t);
 /* A writer's blocks for rows up to t->tokens, evicting least recently used users that nobody
  * reads or writes. false: no room (the budget, or an entry longer than it); the call then
