@@ -78,45 +78,33 @@ template <bool W> __device__ __forceinline__ float weight_of(const fl_dev_featur
     return w;
 }
 
-// Row r of a table of `rows` rows, or row 0 when G (ids not validated yet, see
-// emb_kernel_checked) and r is outside it: the lookup then reads only the table's memory, and
-// its sums are never written (the validation kernel has recorded the bad id).
-template <bool G> __device__ __forceinline__ int64_t row_of(int64_t r, int64_t rows)
-{
-    if constexpr (G) return (uint64_t)r < (uint64_t)rows ? r : 0;
-    return r;
-}
-
 // One feature's bag for columns c0 .. c0 + VEC of the lane, four rows in flight.
-template <typename T, int VEC, bool W, bool G = false>
+template <typename T, int VEC, bool W>
 __device__ __forceinline__ void pool_float(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w,
-                                           float *acc, int64_t rows = 0)
+                                           float *acc)
 {
     const T *tab = static_cast<const T *>(fe.table) + c0;
     const int dim = fe.dim;
     int64_t i = b;
     for (; i + 4 <= e; i += 4) {
-        const int64_t r0 = row_of<G>(fe.ids[i], rows), r1 = row_of<G>(fe.ids[i + 1], rows),
-                      r2 = row_of<G>(fe.ids[i + 2], rows), r3 = row_of<G>(fe.ids[i + 3], rows);
+        const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
         add_row<T, VEC>(tab + r0 * dim, acc, weight_of<W>(fe, i, w));
         add_row<T, VEC>(tab + r1 * dim, acc, weight_of<W>(fe, i + 1, w));
         add_row<T, VEC>(tab + r2 * dim, acc, weight_of<W>(fe, i + 2, w));
         add_row<T, VEC>(tab + r3 * dim, acc, weight_of<W>(fe, i + 3, w));
     }
-    for (; i < e; i++) add_row<T, VEC>(tab + row_of<G>(fe.ids[i], rows) * dim, acc, weight_of<W>(fe, i, w));
+    for (; i < e; i++) add_row<T, VEC>(tab + fe.ids[i] * dim, acc, weight_of<W>(fe, i, w));
 }
 
-template <int VEC, bool W, bool G = false>
-__device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc,
-                                        int64_t rows = 0)
+template <int VEC, bool W>
+__device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc)
 {
     const int8_t *tab = static_cast<const int8_t *>(fe.table) + c0;
     const float2 *qp = reinterpret_cast<const float2 *>(fe.qparams);
     const int dim = fe.dim;
     int64_t i = b;
     for (; i + 4 <= e; i += 4) {
-        const int64_t r0 = row_of<G>(fe.ids[i], rows), r1 = row_of<G>(fe.ids[i + 1], rows),
-                      r2 = row_of<G>(fe.ids[i + 2], rows), r3 = row_of<G>(fe.ids[i + 3], rows);
+        const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
         const float2 s0 = __ldg(qp + r0), s1 = __ldg(qp + r1), s2 = __ldg(qp + r2), s3 = __ldg(qp + r3);
         add_row_q8<VEC>(tab + r0 * dim, s0, acc, weight_of<W>(fe, i, w));
         add_row_q8<VEC>(tab + r1 * dim, s1, acc, weight_of<W>(fe, i + 1, w));
@@ -124,7 +112,7 @@ __device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int
         add_row_q8<VEC>(tab + r3 * dim, s3, acc, weight_of<W>(fe, i + 3, w));
     }
     for (; i < e; i++) {
-        const int64_t r = row_of<G>(fe.ids[i], rows);
+        const int64_t r = fe.ids[i];
         add_row_q8<VEC>(tab + r * dim, __ldg(qp + r), acc, weight_of<W>(fe, i, w));
     }
 }
@@ -140,6 +128,7 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
     const int sub = (int)(thread % lanes);
     const int64_t items = CONCAT ? tokens * fs.count : tokens;
     if (item >= items) return;
+    if (fs.skip_unless_clear && *fs.skip_unless_clear != ~0ull) return; // a bad index was found
     const int64_t t = CONCAT ? item / fs.count : item;
     const int f0 = CONCAT ? (int)(item % fs.count) : 0, f1 = CONCAT ? f0 + 1 : fs.count;
     const int dim = fs.f[f0].dim; // sum combine: every feature has the same dim
@@ -162,70 +151,6 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
             else
                 pool_float<T, VEC, W>(fe, b, e, c0, w, acc);
         }
-#pragma unroll
-        for (int v = 0; v < VEC; v++) dst[c0 + v] = from_f<OutT>(acc[v]);
-    }
-}
-
-// Waits until the grids this one depends on (launched with programmatic stream serialization:
-// the validation kernel) have completed and their writes are visible; a no-op otherwise and
-// before compute capability 9.0, where launches are serialized as usual.
-__device__ __forceinline__ void wait_for_prior_grids()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// emb_kernel on ids, offsets and weights that a validation kernel launched just before on the
-// stream is still checking (fl_cuda_embedding_bag_checked): with programmatic dependent launch
-// the lookup's blocks start while the validation runs, so every read is kept inside the
-// caller's arrays and the tables whatever their values (offsets clamped to 0..num_ids, ids
-// outside the table read row 0), and nothing is written before wait_for_prior_grids() returns
-// and the record still holds no error. Tables (fixed per handle) come from device memory, the
-// call's arrays from the parameters.
-template <typename T, typename OutT, int VEC, bool CONCAT, bool Q8, bool W>
-__global__ void __launch_bounds__(256) emb_kernel_checked(const fl_dev_checked_features fs, int64_t tokens, OutT *out,
-                                                          int64_t ldo, int lanes)
-{
-    const int64_t thread = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    const int64_t item = thread / lanes;
-    const int sub = (int)(thread % lanes);
-    const int64_t items = CONCAT ? tokens * fs.count : tokens;
-    if (item >= items) return;
-    const volatile unsigned long long *bad = fs.record_key;
-    if (*bad != ~0ull) return; // an error is recorded already (sticky until it is read)
-    const int64_t t = CONCAT ? item / fs.count : item;
-    const int f0 = CONCAT ? (int)(item % fs.count) : 0, f1 = CONCAT ? f0 + 1 : fs.count;
-    const int dim = fs.tables[f0].dim;
-    OutT *dst = out + t * ldo + fs.tables[f0].out_col;
-    for (int c0 = sub * VEC; c0 < dim; c0 += lanes * VEC) {
-        float acc[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
-        for (int f = f0; f < f1; f++) {
-            const fl_dev_table &tb = fs.tables[f];
-            const fl_dev_call_arrays &ca = fs.f[f];
-            fl_dev_feature fe{};
-            fe.table = tb.table;
-            fe.dim = tb.dim;
-            fe.qparams = tb.qparams;
-            fe.ids = ca.ids;
-            fe.weights = ca.weights;
-            int64_t b = t, e = t + 1; // (without offsets num_ids == tokens, checked by the call)
-            if (ca.offsets) {
-                b = min(max(ca.offsets[t], (int64_t)0), ca.num_ids);
-                e = min(max(ca.offsets[t + 1], b), ca.num_ids);
-            }
-            if (e == b) continue;
-            const float w = tb.pooling == 1 ? 1.0f / (float)(e - b) : 1.0f;
-            if (Q8 && tb.qparams)
-                pool_q8<VEC, W, true>(fe, b, e, c0, w, acc, tb.rows);
-            else
-                pool_float<T, VEC, W, true>(fe, b, e, c0, w, acc, tb.rows);
-        }
-        wait_for_prior_grids();
-        if (*bad != ~0ull) return;
 #pragma unroll
         for (int v = 0; v < VEC; v++) dst[c0 + v] = from_f<OutT>(acc[v]);
     }
@@ -289,69 +214,8 @@ flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, Ou
     return FLAME_OK;
 }
 
-template <typename T, typename OutT, int VEC, bool Q8, bool W>
-static cudaError_t launch_checked(const fl_dev_checked_features &fs, const fl_dev_table *host_tables, int64_t tokens,
-                                  OutT *out, int64_t ldo, cudaStream_t s, bool early)
-{
-    int widest = 1;
-    for (int f = 0; f < fs.count; f++) widest = host_tables[f].dim / VEC > widest ? host_tables[f].dim / VEC : widest;
-    int lanes = 1;
-    while (lanes < widest && lanes < 32) lanes <<= 1;
-    const int64_t items = fs.concat ? tokens * fs.count : tokens;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(ceil_div(items * lanes, 256));
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = early ? 1 : 0;
-    if (fs.concat) return cudaLaunchKernelEx(&cfg, emb_kernel_checked<T, OutT, VEC, true, Q8, W>, fs, tokens, out, ldo, lanes);
-    return cudaLaunchKernelEx(&cfg, emb_kernel_checked<T, OutT, VEC, false, Q8, W>, fs, tokens, out, ldo, lanes);
-}
-
-template <typename T, typename OutT, bool W>
-static cudaError_t launch_checked_vec(const fl_dev_checked_features &fs, const fl_dev_table *host_tables,
-                                      int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s, bool early, bool q8,
-                                      bool aligned)
-{
-    auto fits = [&](int vec) {
-        bool ok = aligned;
-        for (int f = 0; f < fs.count; f++) ok = ok && host_tables[f].dim % vec == 0;
-        return ok;
-    };
-    constexpr int V = 16 / sizeof(T);
-    if (!q8 && fits(V)) return launch_checked<T, OutT, V, false, W>(fs, host_tables, tokens, out, ldo, s, early);
-    if (!q8) return launch_checked<T, OutT, 1, false, W>(fs, host_tables, tokens, out, ldo, s, early);
-    if (fits(16)) return launch_checked<T, OutT, 16, true, W>(fs, host_tables, tokens, out, ldo, s, early);
-    if (fits(8)) return launch_checked<T, OutT, 8, true, W>(fs, host_tables, tokens, out, ldo, s, early);
-    if (fits(4)) return launch_checked<T, OutT, 4, true, W>(fs, host_tables, tokens, out, ldo, s, early);
-    return launch_checked<T, OutT, 1, true, W>(fs, host_tables, tokens, out, ldo, s, early);
-}
-
-template <typename T, typename OutT>
-flame_status fl_cuda_embedding_bag_checked(const fl_dev_checked_features &fs, const fl_dev_table *host_tables,
-                                           int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s, bool early)
-{
-    if (tokens == 0 || fs.count == 0) return FLAME_OK;
-    bool q8 = false, aligned = true, weighted = false; // (as fl_cuda_embedding_bag decides)
-    for (int f = 0; f < fs.count; f++) {
-        q8 = q8 || host_tables[f].qparams != nullptr;
-        weighted = weighted || fs.f[f].weights != nullptr;
-        aligned = aligned && ((uintptr_t)host_tables[f].table & 15) == 0;
-    }
-    const cudaError_t e = weighted ? launch_checked_vec<T, OutT, true>(fs, host_tables, tokens, out, ldo, s, early, q8, aligned)
-                                   : launch_checked_vec<T, OutT, false>(fs, host_tables, tokens, out, ldo, s, early, q8, aligned);
-    FL_CUDA_TRY(e);
-    FL_LAUNCH_CHECK();
-    return FLAME_OK;
-}
-
 #define INSTANTIATE(T, O)                                                                                      \
-    template flame_status fl_cuda_embedding_bag<T, O>(const fl_dev_features &, int64_t, O *, int64_t, cudaStream_t); \
-    template flame_status fl_cuda_embedding_bag_checked<T, O>(const fl_dev_checked_features &, const fl_dev_table *,  \
-                                                              int64_t, O *, int64_t, cudaStream_t, bool);
+    template flame_status fl_cuda_embedding_bag<T, O>(const fl_dev_features &, int64_t, O *, int64_t, cudaStream_t);
 INSTANTIATE(float, float)
 INSTANTIATE(__half, float)
 INSTANTIATE(__nv_bfloat16, float)

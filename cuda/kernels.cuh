@@ -23,6 +23,9 @@ struct fl_dev_features {
     int32_t count;
     int32_t width;   // output row width (sum: dim; concat: sum of dims)
     int32_t concat;  // 1: features own disjoint columns
+    // NULL, or a word the lookup reads first: when it is not ~0 (a validation kernel enqueued
+    // before found a bad index), the launch writes nothing
+    const unsigned long long *skip_unless_clear;
 };
 
 // Table-batched embedding bag, one launch for all tokens and features:
@@ -33,44 +36,6 @@ struct fl_dev_features {
 // in float. Accumulation in float.
 template <typename T, typename OutT>
 flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s);
-
-// The public embedding bag's lookup on device-resident ids (flame/kernels.h device_indices):
-// a handle's tables, fixed at its creation, as device memory (fl_dev_table, one per table), and
-// one call's arrays in the launch's parameters.
-struct fl_dev_table {
-    const void *table;     // [rows, dim]
-    const float *qparams;  // int8 table: [rows, 2]; NULL: a float table
-    int64_t rows;
-    int32_t dim;
-    int32_t pooling;       // 0 sum, 1 mean
-    int32_t out_col;
-    int32_t pad;
-};
-
-struct fl_dev_call_arrays {
-    const int64_t *ids, *offsets; // offsets NULL: bag t = {ids[t]} (num_ids == tokens)
-    const float *weights;
-    int64_t num_ids;
-};
-
-struct fl_dev_checked_features {
-    fl_dev_call_arrays f[FL_CUDA_MAX_FEATURES];
-    const fl_dev_table *tables; // device memory, [count]
-    // the index record's key, which the validation kernel lowers: not ~0, nothing is written
-    const unsigned long long *record_key;
-    int32_t count;
-    int32_t concat; // 1: features own disjoint columns
-};
-
-// fl_cuda_embedding_bag on ids, offsets and weights that a validation kernel enqueued just
-// before on the stream is checking: with `early` (compute capability 9.0, programmatic
-// dependent launch) the lookup starts while the validation runs, reading only inside the arrays
-// and tables whatever their values, and writes once the validation grid has completed and
-// *record_key is still ~0; without it, it runs after the validation as usual. host_tables is
-// the host copy of fs.tables (dims and alignment choose the vector width).
-template <typename T, typename OutT>
-flame_status fl_cuda_embedding_bag_checked(const fl_dev_checked_features &fs, const fl_dev_table *host_tables,
-                                           int64_t tokens, OutT *out, int64_t ldo, cudaStream_t s, bool early);
 
 // Row-wise residual stream update on X (float, [rows, d], in place):
 //   X += position[prow[r]] (when position != NULL and prow[r] >= 0)

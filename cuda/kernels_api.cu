@@ -16,12 +16,9 @@
 // MAX_POOL_BYTES (host bytes; the device twins as many), beyond which the oldest is waited for
 // (back-pressure on a caller that enqueues faster than its stream runs).
 #include <algorithm>
-#include <atomic>
 #include <mutex>
 #include <type_traits>
 #include <vector>
-
-#include <cuda.h> // the driver's types, for cuMemGetAddressRange (not linked: mem_range)
 
 #include "attention_wgmma.cuh"
 #include "kernels.cuh"
@@ -214,93 +211,20 @@ flame_status device_pointer(int device, const void *p, const char *what, int tab
     return fl_error(FLAME_ERR_INVALID_ARG, "%s %p is memory of device %d, not of device %d", name, p, a.device, device);
 }
 
-// ---- the allocations a call's device arrays lie in, each asked about once a call
-
-// cuMemGetAddressRange (the base and size of the allocation holding a device pointer), taken
-// from the driver through the runtime so that the library does not link libcuda; NULL where the
-// driver does not give it (the arrays are then each checked alone).
-typedef CUresult (*mem_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
-
-mem_range_fn mem_range()
-{
-    static const mem_range_fn fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q);
-#else
-        const cudaError_t e = cudaGetDriverEntryPoint("cuMemGetAddressRange", &f, cudaEnableDefault, &q);
-#endif
-        if (e != cudaSuccess) (void)cudaGetLastError();
-        return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? reinterpret_cast<mem_range_fn>(f) : nullptr;
-    }();
-    return fn;
-}
-
-// The allocations that device_pointer accepted during one call: an array lying wholly inside
-// one of them is memory of the same kind and device, so it needs no query of its own. A
-// forward on device ids passes up to 3 arrays a table (ids, offsets, weights), usually slices
-// of a few allocations (one index buffer, a framework's caching-allocator segment): one query
-// each instead of one an array, which cost most of the call's host time (about 0.4 us each).
-// Never kept across calls: an allocation may be freed and its addresses reused after one.
-struct known_allocations {
-    static constexpr int MAX = 16;
-    uintptr_t lo[MAX], hi[MAX];
-    int n = 0;
-    bool covers(uintptr_t p, size_t bytes) const
-    {
-        for (int i = 0; i < n; i++)
-            if (p >= lo[i] && bytes <= hi[i] - p) return true;
-        return false;
-    }
-};
-
-// device_pointer for an array of `bytes` (> 0), asked of the driver only when no allocation
-// accepted earlier in the call holds it; an accepted one's range is remembered.
-flame_status device_array(int device, const void *p, size_t bytes, const char *what, int table,
-                          known_allocations &known)
-{
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    if (known.covers(a, bytes)) return FLAME_OK;
-    FL_TRY(device_pointer(device, p, what, table));
-    const mem_range_fn range = known.n < known_allocations::MAX ? mem_range() : nullptr;
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    // (page-locked host memory has no such range: CUDA_ERROR_NOT_FOUND, nothing remembered)
-    if (range && range(&base, &size, (CUdeviceptr)a) == CUDA_SUCCESS && a >= base && a - base < size) {
-        known.lo[known.n] = (uintptr_t)base;
-        known.hi[known.n] = (uintptr_t)base + size;
-        known.n++;
-    }
-    return FLAME_OK;
-}
-
 // ---- device indices: validation on the stream before the lookup
 
-// One table's device index arrays, as the validation kernel reads them.
+// One table's device index arrays, as the validation kernels read them.
 struct tbe_check_table {
     const int64_t *ids, *offsets; // offsets NULL: bag b = {ids[b]}
     const float *weights;
     int64_t num_ids, rows;
-    int64_t first; // the table's first unit of work (check_units)
 };
 
 struct tbe_check_args {
     tbe_check_table t[FL_TBE_MAX_TABLES];
     int64_t batch;
-    int64_t units; // all tables' units
     int32_t num_tables;
 };
-
-// A table's units of validation work: one per offset, then one per 16-byte pair of ids (the
-// first id alone when ids is 8 but not 16 bytes aligned, so that the pairs are aligned; the
-// last alone when one is left over). Units are numbered across tables, so every thread of the
-// launch works on every table in proportion to its size.
-__host__ __device__ __forceinline__ int64_t check_units(const tbe_check_table &c, int64_t batch)
-{
-    const int64_t head = (int64_t)((reinterpret_cast<uintptr_t>(c.ids) >> 3) & 1);
-    return (c.offsets ? batch + 1 : 0) + (c.num_ids > 0 ? (c.num_ids + head + 1) / 2 : 0);
-}
 
 constexpr unsigned long long NO_KEY = ~0ull;
 
@@ -363,60 +287,34 @@ __device__ __forceinline__ void tbe_describe(const tbe_check_args &a, fl_tbe_ind
     rec->detail_key = key;
 }
 
-// Threads stride over the units of every table (check_units) with 16-byte loads of ids and
-// lower rec->key to the smallest bad position's key (nothing is written while every value is
-// good). The grid is one wave of the device (check_grid), so each thread checks a few units and
-// the launch's end costs one atomicAdd a block. An earlier forward's error, once described,
-// stays: the record keeps the first error until it is read. The last block to finish (counted
-// in rec->blocks_done, set back to 0 by it) describes the key, so the lookup launched next finds
-// the record complete without a third launch.
+// blockIdx.y = table; threads stride over offsets[0..batch] (phase 0) and ids/weights (phase 1)
+// and lower rec->key to the smallest bad position's key. An earlier forward's error, once
+// described, stays: the record keeps the first error until it is read. The last block to finish
+// (counted in rec->blocks_done, set back to 0 by it) describes the key, so the lookup launched
+// next finds the record complete without a third launch.
 __global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ tbe_check_args a, fl_tbe_index_record *rec)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // the lookup launched after this grid with programmatic stream serialization may start
-    // now (its blocks fill the multiprocessors as these finish); it writes only after waiting
-    // for this whole grid
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
     const bool described = *reinterpret_cast<volatile unsigned long long *>(&rec->detail_key) != NO_KEY;
-    const int64_t n = described ? 0 : a.units;
+    const int t = (int)blockIdx.y;
+    const tbe_check_table &c = a.t[t];
+    const int64_t noff = c.offsets ? a.batch + 1 : 0, n = described ? 0 : noff + c.num_ids;
     unsigned long long mine = NO_KEY;
-    int t = 0; // the table of unit j: j only grows, so the walk over tables is done once a thread
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n; j += (int64_t)gridDim.x * blockDim.x) {
-        while (t + 1 < a.num_tables && j >= a.t[t + 1].first) t++;
-        const tbe_check_table &c = a.t[t];
-        const int64_t noff = c.offsets ? a.batch + 1 : 0;
-        int64_t u = j - c.first;
-        if (u < noff) {
-            const int64_t o = __ldg(c.offsets + u);
-            const bool bad = (u == 0 ? o != 0 : (o < __ldg(c.offsets + u - 1) || o > c.num_ids)) ||
-                             (u == a.batch && o != c.num_ids);
-            if (bad) mine = min(mine, bad_key(t, 0, u, 0));
-            continue;
-        }
-        u -= noff;
-        const int64_t p = 2 * u - (int64_t)((reinterpret_cast<uintptr_t>(c.ids) >> 3) & 1); // ids p, p + 1
-        const bool has0 = p >= 0, has1 = p + 1 < c.num_ids;
-        int64_t id0 = 0, id1 = 0;
-        if (has0 && has1) { // ids + p is 16-byte aligned
-            const longlong2 v = __ldg(reinterpret_cast<const longlong2 *>(c.ids + p));
-            id0 = v.x;
-            id1 = v.y;
-        } else if (has0) {
-            id0 = __ldg(c.ids + p);
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n && mine == NO_KEY;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        if (j < noff) {
+            const int64_t o = c.offsets[j];
+            const bool bad = (j == 0 ? o != 0 : (o < c.offsets[j - 1] || o > c.num_ids)) ||
+                             (j == a.batch && o != c.num_ids);
+            if (bad) mine = bad_key(t, 0, j, 0);
         } else {
-            id1 = __ldg(c.ids + p + 1);
+            const int64_t i = j - noff, id = c.ids[i];
+            if (id < 0 || id >= c.rows)
+                mine = bad_key(t, 1, i, 0);
+            else if (c.weights && !isfinite(c.weights[i]))
+                mine = bad_key(t, 1, i, 1);
         }
-        // (ids in key order: p before p + 1, and a position's id before its weight)
-        if (has0 && (uint64_t)id0 >= (uint64_t)c.rows)
-            mine = min(mine, bad_key(t, 1, p, 0));
-        else if (has0 && c.weights && !isfinite(__ldg(c.weights + p)))
-            mine = min(mine, bad_key(t, 1, p, 1));
-        if (has1 && (uint64_t)id1 >= (uint64_t)c.rows)
-            mine = min(mine, bad_key(t, 1, p + 1, 0));
-        else if (has1 && c.weights && !isfinite(__ldg(c.weights + p + 1)))
-            mine = min(mine, bad_key(t, 1, p + 1, 1));
     }
+    // a thread stops at its first bad value: later positions of its stride have larger keys
     if (mine != NO_KEY) {
         atomicMin(reinterpret_cast<unsigned long long *>(&rec->key), mine);
         __threadfence();
@@ -424,72 +322,10 @@ __global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ 
     __syncthreads();
     if (threadIdx.x != 0) return;
     __threadfence();
-    if (atomicAdd(&rec->blocks_done, 1u) != gridDim.x - 1) return;
+    if (atomicAdd(&rec->blocks_done, 1u) != gridDim.x * gridDim.y - 1) return;
     __threadfence(); // every block's atomicMin is visible from here
     rec->blocks_done = 0;
     if (!described) tbe_describe(a, rec);
-}
-
-// What the device-id path needs to know of a device, found once per device: the blocks of
-// tbe_check_kernel that run at once (its multiprocessors times the kernel's blocks per
-// multiprocessor) and whether the lookup may start early (programmatic dependent launch,
-// compute capability 9.0 and newer).
-struct check_device_info {
-    int wave;
-    bool early;
-};
-
-check_device_info check_device(int device)
-{
-    static std::atomic<int> known[64]; // wave * 2 + early; 0: not found yet
-    int k = device >= 0 && device < 64 ? known[device].load(std::memory_order_relaxed) : 0;
-    if (k == 0) {
-        int sms = 0, per_sm = 0, major = 0;
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tbe_check_kernel, 256, 0) != cudaSuccess) {
-            (void)cudaGetLastError();
-            sms = 132, per_sm = 1, major = 0; // (a smaller grid only runs longer; no early start)
-        }
-        k = std::max(1, sms * std::max(1, per_sm)) * 2 + (major >= 9 ? 1 : 0);
-        if (device >= 0 && device < 64) known[device].store(k, std::memory_order_relaxed);
-    }
-    return {k / 2, (k & 1) != 0};
-}
-
-// Blocks of tbe_check_kernel for `units` units: one wave, fewer when there are fewer than 4
-// units a thread.
-unsigned check_grid(const check_device_info &d, int64_t units)
-{
-    return (unsigned)std::max<int64_t>(1, std::min<int64_t>(d.wave, (units + 1023) / 1024));
-}
-
-template <typename T>
-flame_status tbe_out_checked(const fl_dev_checked_features &fs, const fl_dev_table *host_tables, int64_t batch,
-                             void *out, int64_t ld, flame_dtype od, cudaStream_t s, bool early)
-{
-    return FL_DTYPE_SWITCH(od, OutT, [&] {
-        return fl_cuda_embedding_bag_checked<T, OutT>(fs, host_tables, batch, static_cast<OutT *>(out), ld, s, early);
-    });
-}
-
-// Where a handle's device table descriptors (fl_dev_table) lie in its record's allocation.
-constexpr size_t RECORD_TABLES_AT = (sizeof(fl_tbe_index_record) + 63) & ~(size_t)63;
-
-// The descriptors of a handle's tables as the checked lookup reads them.
-fl_dev_table dev_table(const fl_tbe_table &tb)
-{
-    return {tb.data, tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr, tb.rows, tb.dim,
-            tb.pooling == FLAME_POOLING_MEAN ? 1 : 0, tb.col, 0};
-}
-
-// The tables' common float dtype (F32 when all are INT8), which picks the kernels' T.
-flame_dtype tables_float_dtype(const fl_tbe_table *tables, int num_tables)
-{
-    flame_dtype d = FLAME_DTYPE_F32;
-    for (int t = 0; t < num_tables; t++)
-        if (tables[t].dtype != FLAME_DTYPE_INT8) d = tables[t].dtype;
-    return d;
 }
 
 template <typename T>
@@ -611,8 +447,7 @@ extern "C" flame_status fl_gpu_kernels_copy_in(int device, void *dev, const void
     return FLAME_OK;
 }
 
-// Both index modes (record NULL: host indices, staged, then the engine's lookup; else device
-// indices: the validation kernel, then the checked lookup).
+// Both index modes (record NULL: host indices, staged; else device indices, validated on s).
 static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                 int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
                                 flame_dtype out_dtype, void *stream, fl_tbe_index_record *record, int threads)
@@ -622,39 +457,28 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
     FL_TRY(not_capturing(s));
     FL_TRY(device_pointer(device, out, "out"));
     const bool on_device = record != nullptr;
-    known_allocations known;
     size_t at[3 * FL_TBE_MAX_TABLES] = {}; // host indices: where table t's ids, offsets, weights are staged
     stage_block *b = nullptr;
     if (on_device) {
         tbe_check_args a{};
         a.batch = batch;
         a.num_tables = num_tables;
+        int64_t most = 0;
         for (int t = 0; t < num_tables; t++) {
             const fl_tbe_lookup &lk = lookups[t];
-            if (lk.num_ids > 0) FL_TRY(device_array(device, lk.ids, (size_t)lk.num_ids * 8, "ids", t, known));
-            if (lk.offsets) FL_TRY(device_array(device, lk.offsets, (size_t)(batch + 1) * 8, "offsets", t, known));
-            if (lk.weights && lk.num_ids > 0)
-                FL_TRY(device_array(device, lk.weights, (size_t)lk.num_ids * 4, "weights", t, known));
-            a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows, a.units};
-            a.units += check_units(a.t[t], batch);
+            if (lk.num_ids > 0) FL_TRY(device_pointer(device, lk.ids, "ids", t));
+            if (lk.offsets) FL_TRY(device_pointer(device, lk.offsets, "offsets", t));
+            if (lk.weights && lk.num_ids > 0) FL_TRY(device_pointer(device, lk.weights, "weights", t));
+            a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows};
+            most = std::max(most, lk.num_ids + (lk.offsets ? batch + 1 : 0));
         }
-        const check_device_info info = check_device(device);
-        tbe_check_kernel<<<check_grid(info, a.units), 256, 0, s>>>(a, record);
+        // four values a thread at least, and about 4096 blocks in all at most: every block ends
+        // with one atomicAdd on the record's count, so tens of thousands of one-value blocks would
+        // queue on that word
+        const unsigned blocks =
+            (unsigned)std::min<int64_t>((most + 1023) / 1024, std::max(1, 4096 / num_tables));
+        tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), 256, 0, s>>>(a, record);
         FL_CUDA_TRY(cudaGetLastError());
-        fl_dev_checked_features fs{};
-        fl_dev_table host_tables[FL_TBE_MAX_TABLES];
-        fs.tables = reinterpret_cast<const fl_dev_table *>(reinterpret_cast<const uint8_t *>(record) + RECORD_TABLES_AT);
-        fs.record_key = reinterpret_cast<const unsigned long long *>(&record->key);
-        fs.count = num_tables;
-        fs.concat = sum_combine ? 0 : 1;
-        for (int t = 0; t < num_tables; t++) {
-            const fl_tbe_lookup &lk = lookups[t];
-            fs.f[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids};
-            host_tables[t] = dev_table(tables[t]);
-        }
-        return FL_DTYPE_SWITCH(tables_float_dtype(tables, num_tables), T, [&] {
-            return tbe_out_checked<T>(fs, host_tables, batch, out, ld_out, out_dtype, s, info.early);
-        });
     } else {
         // the lengths first (num_ids >= 0 sizes the block), then the values as they are packed
         for (int t = 0; t < num_tables; t++) {
@@ -684,10 +508,11 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
         FL_TRY(stage_to_device(b, total, s));
     }
     fl_dev_features fs{};
+    fs.skip_unless_clear = on_device ? reinterpret_cast<const unsigned long long *>(&record->key) : nullptr;
     fs.count = num_tables;
     fs.width = width;
     fs.concat = sum_combine ? 0 : 1;
-    const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
+    flame_dtype float_dtype = FLAME_DTYPE_F32; // the tables' common float dtype (F32 when all are INT8)
     for (int t = 0; t < num_tables; t++) {
         const fl_tbe_table &tb = tables[t];
         fl_dev_feature &f = fs.f[t];
@@ -695,17 +520,25 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
         f.dim = tb.dim;
         f.pooling = tb.pooling == FLAME_POOLING_MEAN ? 1 : 0;
         f.out_col = tb.col;
-        f.ids = reinterpret_cast<const int64_t *>(dev + at[3 * t]);
-        f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + at[3 * t + 1]) : nullptr;
-        f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + at[3 * t + 2]) : nullptr;
+        if (on_device) {
+            f.ids = lookups[t].ids;
+            f.offsets = lookups[t].offsets;
+            f.weights = lookups[t].weights;
+        } else {
+            const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
+            f.ids = reinterpret_cast<const int64_t *>(dev + at[3 * t]);
+            f.offsets = lookups[t].offsets ? reinterpret_cast<const int64_t *>(dev + at[3 * t + 1]) : nullptr;
+            f.weights = lookups[t].weights ? reinterpret_cast<const float *>(dev + at[3 * t + 2]) : nullptr;
+        }
         f.qparams = tb.dtype == FLAME_DTYPE_INT8 ? tb.qparams : nullptr;
+        if (tb.dtype != FLAME_DTYPE_INT8) float_dtype = tb.dtype;
     }
     // the tables' float type, then the output's
-    const flame_status st = FL_DTYPE_SWITCH(tables_float_dtype(tables, num_tables), T, [&] {
+    const flame_status st = FL_DTYPE_SWITCH(float_dtype, T, [&] {
         return FL_DTYPE_SWITCH(out_dtype, OutT,
                                [&] { return fl_cuda_embedding_bag<T, OutT>(fs, batch, static_cast<OutT *>(out), ld_out, s); });
     });
-    stage_release(b, s); // after the lookup that reads its device twin
+    if (b) stage_release(b, s); // after the lookup that reads its device twin
     return st;
 }
 
@@ -726,28 +559,19 @@ extern "C" flame_status fl_gpu_tbe_forward_device(int device, const fl_tbe_table
                        record, 1);
 }
 
-extern "C" flame_status fl_gpu_tbe_record_create(int device, const fl_tbe_table *tables, int num_tables,
-                                                 fl_tbe_index_record **record, fl_tbe_index_record **mirror)
+extern "C" flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record **record,
+                                                 fl_tbe_index_record **mirror)
 {
     *record = *mirror = nullptr;
     SCOPE(device);
-    // one allocation: the record, then the tables' descriptors that the checked lookup reads
-    // (fixed for the handle's life: update_rows changes rows in place, never the arrays)
-    uint8_t image[RECORD_TABLES_AT + FL_TBE_MAX_TABLES * sizeof(fl_dev_table)] = {};
+    void *d = nullptr, *h = nullptr;
     fl_tbe_index_record clear;
     memset(&clear, 0xff, sizeof clear); // key = detail_key = ~0: nothing found
     clear.blocks_done = 0;
     clear.pad = 0;
-    memcpy(image, &clear, sizeof clear);
-    for (int t = 0; t < num_tables; t++) {
-        const fl_dev_table d = dev_table(tables[t]);
-        memcpy(image + RECORD_TABLES_AT + (size_t)t * sizeof d, &d, sizeof d);
-    }
-    const size_t bytes = RECORD_TABLES_AT + (size_t)num_tables * sizeof(fl_dev_table);
-    void *d = nullptr, *h = nullptr;
-    cudaError_t e = cudaMalloc(&d, bytes);
+    cudaError_t e = cudaMalloc(&d, sizeof(fl_tbe_index_record));
     // from pageable memory, so the copy is complete when it returns, before any stream uses it
-    if (e == cudaSuccess) e = cudaMemcpy(d, image, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(d, &clear, sizeof clear, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaHostAlloc(&h, sizeof(fl_tbe_index_record), cudaHostAllocPortable);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();

@@ -218,10 +218,8 @@ typedef struct flame_embedding_bag_batch {
  *   batch without offsets, an id outside 0..rows-1, a non-finite weight: the message names the
  *   table, the bag and the value, and nothing is written or enqueued; on a GPU also an out that
  *   is not memory of the device, and under device_indices an ids, offsets or weights array that
- *   is not or is misaligned (ids and offsets to 8 bytes, weights to 4: the message names the
- *   table and the pointer), a device_indices other than 0 or 1, or num_ids above 2^47; the
- *   values of device indices are not checked here but on the stream, see
- *   flame_embedding_bag_index_status);
+ *   is not, a device_indices other than 0 or 1, or num_ids above 2^47; the values of device
+ *   indices are not checked here but on the stream, see flame_embedding_bag_index_status);
  *   FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph);
  *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
  * Math: table-batched embedding bag as in FBGEMM's TBE (Khudia et al., arXiv:2101.05615) and

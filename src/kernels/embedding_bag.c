@@ -220,7 +220,7 @@ flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params
         b->t[i].col = b->sum_combine ? 0 : col;
         col += tabs[i].dim;
     }
-    if (!cpu_device(b) && (st = fl_gpu_tbe_record_create(b->device, b->t, b->num_tables, &b->record, &b->mirror))) {
+    if (!cpu_device(b) && (st = fl_gpu_tbe_record_create(b->device, &b->record, &b->mirror))) {
         free_tables(b);
         free(b);
         return st;
@@ -266,17 +266,6 @@ static flame_status check_device_lookup(int t, const fl_tbe_lookup *lk, int64_t 
     if (lk->num_ids > 0 && !lk->ids)
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: ids is NULL with num_ids %lld", t,
                         (long long)lk->num_ids);
-    /* the validation kernel and the lookup read them as 8- and 4-byte values (ids in 16-byte
-     * vectors where they allow): a misaligned array would fault the caller's context */
-    if (lk->num_ids > 0 && ((uintptr_t)lk->ids & 7))
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: ids %p is not 8-byte aligned", t,
-                        (const void *)lk->ids);
-    if (lk->offsets && ((uintptr_t)lk->offsets & 7))
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: offsets %p is not 8-byte aligned", t,
-                        (const void *)lk->offsets);
-    if (lk->weights && lk->num_ids > 0 && ((uintptr_t)lk->weights & 3))
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: weights %p is not 4-byte aligned", t,
-                        (const void *)lk->weights);
     if (!lk->offsets && lk->num_ids != batch)
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld without offsets (one id per "
                         "bag) must equal batch %lld", t, (long long)lk->num_ids, (long long)batch);

@@ -86,21 +86,17 @@ flame_status fl_gpu_tbe_forward(int device, const fl_tbe_table *tables, int num_
                                 int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out, int64_t ld_out,
                                 flame_dtype out_dtype, void *stream, int threads);
 
-/* The same with ids/offsets/weights in device memory (lengths and alignment validated):
- * checked on `stream` by a validation kernel that lowers record->key, then a lookup that reads
- * only inside the arrays and tables whatever their values, may start while the validation runs
- * (programmatic dependent launch, compute capability 9.0+) and writes nothing unless the whole
- * validation grid has completed with record->key clear (a CUDA build only; see tbe_no_cuda.c). */
+/* The same with ids/offsets/weights in device memory (lengths validated): checked on `stream`
+ * by a validation kernel that lowers record->key, and the lookup writes nothing while
+ * record->key is set (a CUDA build only; see tbe_no_cuda.c). */
 flame_status fl_gpu_tbe_forward_device(int device, const fl_tbe_table *tables, int num_tables, bool sum_combine,
                                        int32_t width, const fl_tbe_lookup *lookups, int64_t batch, void *out,
                                        int64_t ld_out, flame_dtype out_dtype, void *stream,
                                        fl_tbe_index_record *record);
 
-/* A handle's index record (device memory, reset to nothing found; the same allocation holds
- * the descriptors of the handle's tables that the device-index lookup reads) and its
- * page-locked host mirror; made at creation, once the tables are (synchronous). */
-flame_status fl_gpu_tbe_record_create(int device, const fl_tbe_table *tables, int num_tables,
-                                      fl_tbe_index_record **record, fl_tbe_index_record **mirror);
+/* A handle's index record (device memory, reset to nothing found) and its page-locked host
+ * mirror; made at creation (synchronous). */
+flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record **record, fl_tbe_index_record **mirror);
 void fl_gpu_tbe_record_free(int device, fl_tbe_index_record *record, fl_tbe_index_record *mirror);
 
 /* Copies the record to the mirror and resets it on `stream`, waits for the stream; the

@@ -3,10 +3,8 @@
 #ifndef FLAME_WITH_CUDA
 #include "kernels/kernels_gpu.h"
 
-flame_status fl_gpu_tbe_record_create(int device, const fl_tbe_table *tables, int num_tables,
-                                      fl_tbe_index_record **record, fl_tbe_index_record **mirror)
+flame_status fl_gpu_tbe_record_create(int device, fl_tbe_index_record **record, fl_tbe_index_record **mirror)
 {
-    (void)tables, (void)num_tables;
     *record = *mirror = NULL;
     return fl_gpu_kernels_device(device);
 }
