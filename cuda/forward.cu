@@ -88,7 +88,7 @@ struct pass {
     fl_kv_ticket ticket{};
     // a pass padded to a batch profile (see the top of this file): the shape, and the tokens
     // and scores of its real requests
-    bool prof = false;
+    bool prof = false, warm = false; // warm: a warm-up pass (not counted in the stats)
     fl_batch_profile shape{};
     int64_t real_tokens = 0, real_scores = 0;
 };
@@ -931,7 +931,7 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
     FL_CUDA_TRY(cudaEventRecord(x->ev[3], x->stream));
     FL_CUDA_TRY(cudaStreamSynchronize(x->stream));
     for (size_t r = 0; tk && r < p.n; r++) FL_TRY(topk_finish(p, b, th, *tk, r));
-    if (p.prof) {
+    if (p.prof && !p.warm) {
         p.g->profile_passes.fetch_add(1, std::memory_order_relaxed);
         p.g->profile_padding.fetch_add((uint64_t)(p.T - p.real_tokens), std::memory_order_relaxed);
     }
@@ -1084,6 +1084,7 @@ template <typename T> static flame_status warm_pass(fl_cuda_engine *g, fl_cuda_e
     std::vector<float> scores(U * C * (size_t)c.num_tasks);
     pass p{g, x, reqs.data(), U};
     p.prof = fl_batch_profile_route(g->profiles.load(std::memory_order_acquire), c.max_len, p.reqs, p.n, &p.shape);
+    p.warm = true;
     return run<T>(g, p, scores.data(), nullptr);
 }
 
