@@ -56,8 +56,11 @@ def test_json_csv_png_through_the_scheduler(tmp_path):
         args += ["--png", str(out_png)]
     p = bench(*args)
     doc = json.loads(p.stdout)
-    assert set(doc) == {"levels", "scheduler_overhead_us", "scheduler_cpu"}
+    assert set(doc) == {"levels", "scheduler_overhead_us", "scheduler_cpu", "engine"}
     check_levels(doc["levels"], 2)
+    # a CPU engine: requests scored, no graphs, no padded passes
+    assert doc["engine"]["requests"] > 0
+    assert doc["engine"]["graph_captures"] == doc["engine"]["profile_passes"] == 0
     assert doc["scheduler_overhead_us"] >= 0
     check_cpu(doc["scheduler_cpu"], 100000, 1, 2, True)
     assert "offered/s" in p.stderr  # the table goes to stderr with --json

@@ -87,7 +87,8 @@ def test_engine_stats_count_calls_and_requests(dot_engine):
                            "device_bytes", "device_weight_bytes", "graph_captures", "graph_replays",
                            "user_cache_hits", "user_cache_misses", "kv_cache_hits", "kv_cache_misses",
                            "kv_cache_extensions", "kv_cache_evictions", "kv_cache_bytes", "kv_cache_peak_bytes",
-                           "kv_cache_budget_bytes", "kv_cache_tokens_computed", "kv_cache_tokens_saved"}
+                           "kv_cache_budget_bytes", "kv_cache_tokens_computed", "kv_cache_tokens_saved",
+                           "profile_passes", "profile_padding_tokens"}
     assert before["device_bytes"] == 0  # a CPU engine holds no GPU memory
     e.score([1, 2], [3])
     e.score([1], [3, 4])
