@@ -375,6 +375,54 @@ static void test_topk_padded(void **state)
     flame_model_destroy(m);
 }
 
+static void assert_profile(const fl_batch_profile *p, int32_t users, int32_t candidates)
+{
+    assert_int_equal(p->users, users);
+    assert_int_equal(p->candidates, candidates);
+    assert_int_equal(p->history, 0);
+}
+
+/* A scheduler's profiles first, then power-of-two user ladders below each, smallest rung of
+ * every profile first, no duplicates, at most FL_MAX_BATCH_PROFILES. */
+static void test_scheduler_ladder(void **state)
+{
+    (void)state;
+    fl_batch_profiles ps;
+    const flame_batch_profile three[] = {{16, 128}, {8, 256}, {4, 512}};
+    fl_batch_profiles_for_scheduler(three, 3, &ps);
+    assert_int_equal(ps.n, 3 + 4 + 3 + 2);
+    assert_profile(&ps.p[0], 16, 128);
+    assert_profile(&ps.p[1], 8, 256);
+    assert_profile(&ps.p[2], 4, 512);
+    assert_profile(&ps.p[3], 1, 128);
+    assert_profile(&ps.p[4], 1, 256);
+    assert_profile(&ps.p[5], 1, 512);
+    assert_profile(&ps.p[6], 2, 128);
+    assert_profile(&ps.p[9], 4, 128);
+    assert_profile(&ps.p[10], 4, 256);
+    assert_profile(&ps.p[11], 8, 128);
+    /* a lone request of 100 candidates routes to 1x128 */
+    flame_request r = req(10, 100);
+    fl_batch_profile sh;
+    assert_true(fl_batch_profile_route(&ps, 64, &r, 1, &sh));
+    assert_int_equal(sh.users, 1);
+    assert_int_equal(sh.candidates, 128);
+    /* one profile of 1 user: nothing to add; a duplicate profile is held once */
+    const flame_batch_profile dup[] = {{1, 64}, {1, 64}, {3, 64}};
+    fl_batch_profiles_for_scheduler(dup, 3, &ps);
+    assert_int_equal(ps.n, 3);
+    assert_profile(&ps.p[0], 1, 64);
+    assert_profile(&ps.p[1], 3, 64);
+    assert_profile(&ps.p[2], 2, 64);
+    /* many profiles: the scheduler's own come first, the ladder fills what is left */
+    flame_batch_profile many[12];
+    for (int i = 0; i < 12; i++) many[i] = (flame_batch_profile){64, (uint32_t)(i + 1)};
+    fl_batch_profiles_for_scheduler(many, 12, &ps);
+    assert_int_equal(ps.n, FL_MAX_BATCH_PROFILES);
+    for (int i = 0; i < 12; i++) assert_profile(&ps.p[i], 64, i + 1);
+    for (int i = 12; i < 16; i++) assert_profile(&ps.p[i], 1, i - 11);
+}
+
 /* A scheduler created on a GPU engine without profiles gives it its own; an engine with
  * profiles keeps them; a CPU engine has none to take. */
 static void test_scheduler_gives_profiles(void **state)
@@ -394,6 +442,15 @@ static void test_scheduler_gives_profiles(void **state)
     assert_int_equal(flame_scheduler_create(e, &sp, &s), FLAME_OK);
     free(score(e, &b, 3));
     assert_int_equal(stats(e).profile_passes, 1);
+    /* a lone request runs on the ladder's 1x48, not padded to 4 users: a 20-item history is
+     * bucketed to 32, capped at max_len 24, so 1 x (24 + 48) tokens hold 20 + 40 */
+    batch one;
+    make_batch_full(&one, m, 1, 20, 40, true);
+    const uint64_t pad = stats(e).profile_padding_tokens;
+    free(score(e, &one, 1));
+    assert_int_equal(stats(e).profile_passes, 2);
+    assert_int_equal(stats(e).profile_padding_tokens - pad, (24 + 48) - (20 + 40));
+    free_batch(&one);
     flame_scheduler_destroy(s);
     /* an engine's own profiles stay: 1x8 holds none of these batches */
     flame_engine *own = engine(m, "cuda", "fp32", "1x8");
@@ -438,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_padded_wide_model),
         cmocka_unit_test(test_replay_bitwise),
         cmocka_unit_test(test_topk_padded),
+        cmocka_unit_test(test_scheduler_ladder),
         cmocka_unit_test(test_scheduler_gives_profiles),
     };
     return cmocka_run_group_tests(tests, tu_gpu_setup, NULL);

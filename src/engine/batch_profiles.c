@@ -86,3 +86,24 @@ bool fl_batch_profile_route(const fl_batch_profiles *ps, int32_t max_len, const 
     *shape = (fl_batch_profile){ps->p[best].users, ps->p[best].candidates, (int32_t)best_hist};
     return true;
 }
+
+static bool add_profile(fl_batch_profiles *ps, int32_t users, int32_t candidates)
+{
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i].users == users && ps->p[i].candidates == candidates && ps->p[i].history == 0) return true;
+    if (ps->n == FL_MAX_BATCH_PROFILES) return false;
+    ps->p[ps->n++] = (fl_batch_profile){users, candidates, 0};
+    return true;
+}
+
+void fl_batch_profiles_for_scheduler(const flame_batch_profile *p, int n, fl_batch_profiles *out)
+{
+    fl_batch_profiles ps = {0};
+    if (n > FL_MAX_BATCH_PROFILES) n = FL_MAX_BATCH_PROFILES;
+    for (int i = 0; i < n; i++) add_profile(&ps, (int32_t)p[i].max_users, (int32_t)p[i].max_candidates);
+    /* rung k of every ladder before rung k+1 of any: the smallest batches are the common ones */
+    for (int64_t users = 1; users < MAX_USERS && ps.n < FL_MAX_BATCH_PROFILES; users *= 2)
+        for (int i = 0; i < n && ps.n < FL_MAX_BATCH_PROFILES; i++)
+            if (users < (int64_t)p[i].max_users) add_profile(&ps, (int32_t)users, (int32_t)p[i].max_candidates);
+    *out = ps;
+}

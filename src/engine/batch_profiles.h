@@ -40,6 +40,16 @@ flame_status fl_batch_profiles_parse(const char *s, fl_batch_profiles *out);
 bool fl_batch_profile_route(const fl_batch_profiles *ps, int32_t max_len, const flame_request *reqs, size_t n,
                             fl_batch_profile *shape);
 
+/* The engine's profiles for a scheduler's (users x candidates bounds, n of them): each
+ * scheduler profile, then for each a ladder of power-of-two user counts below its users
+ * (1, 2, 4, ...) with its candidates, added smallest first and round-robin across the
+ * profiles until FL_MAX_BATCH_PROFILES are held; duplicates are dropped. Why: the scheduler
+ * sends a batch as soon as its wait ends, so at low traffic most batches hold one or two
+ * users; padding those to the profile's full user count multiplies their tokens (a lone
+ * request of a 16-user profile runs 16x its work). At most one padding factor of 2 in users
+ * remains. Profiles beyond FL_MAX_BATCH_PROFILES are ignored. */
+void fl_batch_profiles_for_scheduler(const flame_batch_profile *p, int n, fl_batch_profiles *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -37,7 +37,7 @@ flame_status fl_engine_check_candidate_bags(const flame_engine *e, const flame_b
 void fl_engine_adopt_profiles(flame_engine *e, const flame_batch_profile *p, int n)
 {
     if (!e->ops->adopt_profiles || e->model->cfg.head != FLAME_HEAD_SUMI) return;
-    fl_batch_profiles ps = {.n = n < FL_MAX_BATCH_PROFILES ? n : FL_MAX_BATCH_PROFILES};
-    for (int i = 0; i < ps.n; i++) ps.p[i] = (fl_batch_profile){(int32_t)p[i].max_users, (int32_t)p[i].max_candidates, 0};
+    fl_batch_profiles ps;
+    fl_batch_profiles_for_scheduler(p, n, &ps);
     e->ops->adopt_profiles(e, &ps);
 }
