@@ -147,7 +147,7 @@ def entry(name, value, unit, peer, peer_value):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", required=True, help="raw outputs go here (the lead passes $OUT)")
+    ap.add_argument("--out-dir", required=True, help="raw outputs go here")
     ap.add_argument("--work-dir", default=os.path.join(ROOT, "build", "gpu-bench"), help="model files (large)")
     ap.add_argument("--machine", help="name in bench/results/<machine>-<date>.json (default: from the GPU name)")
     ap.add_argument("--calls", type=int, default=1000)

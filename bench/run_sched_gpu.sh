@@ -5,7 +5,8 @@
 #   direct     --threads caller threads (default: the machine's cores) calling flame_score;
 #   scheduler  the same engine behind a scheduler (profiles, adaptive wait bounded at WAIT_US).
 # Both sweep the same levels (doubling from QPS until the achieved rate falls under 90% of the
-# offered one), then each runs once more at 80% of its peak sustainable level. Writes one JSON
+# offered one), refine their peak with three levels between the last sustained level and the
+# next double, then each runs once more at 80% of its peak sustainable level. Writes one JSON
 # (default $OUT/sched-gpu.json, or $1) with both sweeps and the three comparisons:
 #   sustainable_ratio     the highest level each sustains with P99 <= the bound (the direct
 #                         callers' P99 at their peak, or P99_BOUND_US), scheduler / direct;
@@ -38,7 +39,28 @@ bench() { ./examples/flame-bench "${common[@]}" "$@" 2>>"$work/stderr.log"; }
 bench --direct --threads "$threads" --sweep auto --qps "$qps" >"$work/direct.json"
 bench "${sched[@]}" --sweep auto --qps "$qps" >"$work/sched.json"
 peak() { python3 -c 'import json,sys; L=json.load(open(sys.argv[1]))["levels"]; ok=[l for l in L if l["achieved_qps"]>=0.9*l["offered_qps"]]; print(max([l["offered_qps"] for l in ok] or [L[0]["offered_qps"]]))' "$1"; }
+# Doubling resolves the peak only to a factor of 2: three levels between each mode's last
+# sustained level and the next double refine it to an eighth. Each flame-bench run starts a
+# fresh engine, whose first seconds are slower (lazy CUDA module loading, first captures): a
+# level at a quarter of the peak runs first and is dropped.
+refine() {
+    python3 -c 'import sys; p=float(sys.argv[1]); print(",".join(str(round(p*f, 1)) for f in (0.25, 1.25, 1.5, 1.75)))' "$1"
+}
+merge() { python3 - "$1" "$2" <<'PY'
+import json, sys
+main, extra = (json.load(open(f)) for f in sys.argv[1:])
+main["levels"] = sorted(main["levels"] + extra["levels"][1:], key=lambda l: l["offered_qps"])
+json.dump(main, open(sys.argv[1], "w"))
+PY
+}
 pd=$(peak "$work/direct.json")
+bench --direct --threads "$threads" --sweep "$(refine "$pd")" >"$work/direct-refine.json"
+merge "$work/direct.json" "$work/direct-refine.json"
+pd=$(peak "$work/direct.json")
+# the scheduler also runs at the direct callers' refined peak (the P99 comparison there)
+ps=$(peak "$work/sched.json")
+bench "${sched[@]}" --sweep "$(refine "$ps"),$pd" >"$work/sched-refine.json"
+merge "$work/sched.json" "$work/sched-refine.json"
 ps=$(peak "$work/sched.json")
 bench --direct --threads "$threads" --qps "$(python3 -c "print(0.8*$pd)")" >"$work/direct80.json"
 bench "${sched[@]}" --qps "$(python3 -c "print(0.8*$ps)")" >"$work/sched80.json"
