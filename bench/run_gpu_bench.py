@@ -134,6 +134,16 @@ def make_models(args, work):
     return ref, (beauty, ckpt), seqs
 
 
+def nvidia_gpu():
+    """The GPU's name from nvidia-smi, for runs whose steps did not report it (None without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0] if out else None
+
+
 def pick(cases, name):
     return next((c for c in (cases or {}).get("cases", []) if c["name"] == name), None)
 
@@ -341,7 +351,7 @@ def main(argv=None):
                      peer.get("users_per_s")))
 
     machine = args.machine
-    gpu = (emb or {}).get("device") or (te2e or {}).get("gpu") or "cpu"
+    gpu = (emb or {}).get("device") or (te2e or {}).get("gpu") or (None if args.cpu else nvidia_gpu()) or "cpu"
     if not machine:
         machine = "cpu-test" if args.cpu else gpu.lower().replace("nvidia", "").strip().replace(" ", "-") or "gpu"
     date = datetime.date.today().isoformat()
