@@ -298,40 +298,20 @@ __global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ 
     const int t = (int)blockIdx.y;
     const tbe_check_table &c = a.t[t];
     const int64_t noff = c.offsets ? a.batch + 1 : 0, n = described ? 0 : noff + c.num_ids;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    constexpr int UNROLL = 4; // four loads in flight a thread: one at a time left the pass latency-bound
     unsigned long long mine = NO_KEY;
-    for (int64_t j0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j0 < n && mine == NO_KEY;
-         j0 += UNROLL * stride) {
-        int64_t v[UNROLL], prev[UNROLL];
-        float w[UNROLL];
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) { // the loads first, then the checks
-            const int64_t j = j0 + k * stride;
-            v[k] = prev[k] = 0;
-            w[k] = 0.f;
-            if (j >= n) continue;
-            if (j < noff) {
-                v[k] = c.offsets[j];
-                if (j > 0) prev[k] = c.offsets[j - 1];
-            } else {
-                v[k] = c.ids[j - noff];
-                if (c.weights) w[k] = c.weights[j - noff];
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) { // in position order: the first bad one has the smallest key
-            const int64_t j = j0 + k * stride;
-            if (j >= n || mine != NO_KEY) continue;
-            if (j < noff) {
-                const int64_t o = v[k];
-                const bool bad = (j == 0 ? o != 0 : (o < prev[k] || o > c.num_ids)) || (j == a.batch && o != c.num_ids);
-                if (bad) mine = bad_key(t, 0, j, 0);
-            } else if (v[k] < 0 || v[k] >= c.rows) {
-                mine = bad_key(t, 1, j - noff, 0);
-            } else if (c.weights && !isfinite(w[k])) {
-                mine = bad_key(t, 1, j - noff, 1);
-            }
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n && mine == NO_KEY;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        if (j < noff) {
+            const int64_t o = c.offsets[j];
+            const bool bad = (j == 0 ? o != 0 : (o < c.offsets[j - 1] || o > c.num_ids)) ||
+                             (j == a.batch && o != c.num_ids);
+            if (bad) mine = bad_key(t, 0, j, 0);
+        } else {
+            const int64_t i = j - noff, id = c.ids[i];
+            if (id < 0 || id >= c.rows)
+                mine = bad_key(t, 1, i, 0);
+            else if (c.weights && !isfinite(c.weights[i]))
+                mine = bad_key(t, 1, i, 1);
         }
     }
     // a thread stops at its first bad value: later positions of its stride have larger keys
@@ -492,9 +472,9 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
             a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows};
             most = std::max(most, lk.num_ids + (lk.offsets ? batch + 1 : 0));
         }
-        // four values a thread at least (one unrolled step), and about 4096 blocks in all at
-        // most: every block ends with one atomicAdd on the record's count, so tens of thousands of
-        // one-value blocks would queue on that word
+        // four values a thread at least, and about 4096 blocks in all at most: every block ends
+        // with one atomicAdd on the record's count, so tens of thousands of one-value blocks would
+        // queue on that word
         const unsigned blocks =
             (unsigned)std::min<int64_t>((most + 1023) / 1024, std::max(1, 4096 / num_tables));
         tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), 256, 0, s>>>(a, record);
