@@ -110,13 +110,6 @@ static int64_t pow2_at_least(int64_t v)
     return p;
 }
 
-static bool contiguous(const int64_t *ids, size_t n)
-{
-    for (size_t i = 1; i < n; i++)
-        if (ids[i] != ids[0] + (int64_t)i) return false;
-    return true;
-}
-
 void plan(pass &p)
 {
     fl_cuda_engine *g = p.g;
@@ -157,16 +150,13 @@ void plan(pass &p)
             for (int64_t i = s.p0; p.single[slot] && ho && i < s.n; i++) p.single[slot] = ho[i + 1] - ho[i] == 1;
             for (int64_t i = 0; p.single[slot] && co && i < s.m; i++) p.single[slot] = co[i + 1] - co[i] == 1;
         }
-        // dot head: a run of consecutive ids is one GEMM, anything else is gathered. Requests
-        // sharing one candidate array (a full sort: every user scores all items) are tested
-        // once, not once a user: the test reads every id
+        // dot head: a run of consecutive ids is one GEMM, anything else is gathered (the shared
+        // plan's test, which answers a user scoring the previous user's array without a scan)
         s.contig = false;
         if (!sumi && s.nsel && q.num_candidates) {
-            const flame_request *prev = r ? &p.reqs[r - 1] : nullptr;
-            s.contig = prev && prev->candidates == q.candidates && prev->num_candidates == q.num_candidates &&
-                               x->seqs[r - 1].nsel
-                           ? x->seqs[r - 1].contig
-                           : contiguous(q.candidates, q.num_candidates);
+            const bool prev_tested = r && x->seqs[r - 1].nsel && p.reqs[r - 1].num_candidates;
+            const int64_t prev_start = prev_tested && x->seqs[r - 1].contig ? p.reqs[r - 1].candidates[0] : -1;
+            s.contig = fl_plan_dot_contiguous_start(&q, prev_tested ? &p.reqs[r - 1] : nullptr, prev_start) >= 0;
             if (!s.contig) p.gathered += (int64_t)q.num_candidates;
         }
     }

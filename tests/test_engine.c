@@ -10,6 +10,7 @@
 #include "cpu/kernels.h"
 #include "engine/engine.h"
 #include "engine/cpu_plan.h"
+#include "engine/plan.h"
 
 /* sumi ranker with two side features (sum and mean) on concat + projection */
 static const char *sumi_config = TU_SUMI_SIDE_CONFIG(100, 12, 13, gelu_tanh);
@@ -931,9 +932,35 @@ static void test_beauty_sized_scratch(void **state)
     flame_model_destroy(m);
 }
 
+
+/* The dot head's contiguity test of the shared plan: a run of consecutive ids gives its first
+ * id, anything else -1; a request scoring the previous one's array takes the previous answer
+ * without reading it (shown by an answer the ids would contradict), an equal copy of it does not. */
+static void test_dot_contiguous_start(void **state)
+{
+    (void)state;
+    int64_t run[40], copy[40], holes[40];
+    for (int i = 0; i < 40; i++) run[i] = copy[i] = holes[i] = 100 + i;
+    holes[39] = 5;
+    const flame_request a = {.candidates = run, .num_candidates = 40}, b = {.candidates = copy, .num_candidates = 40},
+                        h = {.candidates = holes, .num_candidates = 40}, none = {.candidates = run, .num_candidates = 0},
+                        shorter = {.candidates = run, .num_candidates = 39};
+    assert_int_equal(fl_plan_dot_contiguous_start(&a, NULL, -1), 100);
+    assert_int_equal(fl_plan_dot_contiguous_start(&h, NULL, -1), -1);
+    assert_int_equal(fl_plan_dot_contiguous_start(&none, NULL, -1), -1);
+    /* the same array as the previous request: its answer, even one its ids contradict */
+    assert_int_equal(fl_plan_dot_contiguous_start(&a, &a, -1), -1);
+    assert_int_equal(fl_plan_dot_contiguous_start(&h, &h, 100), 100);
+    /* another array, or the same array with another count: scanned */
+    assert_int_equal(fl_plan_dot_contiguous_start(&b, &a, -1), 100);
+    assert_int_equal(fl_plan_dot_contiguous_start(&shorter, &a, -1), 100);
+    assert_int_equal(fl_plan_dot_contiguous_start(&h, &b, 100), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dot_contiguous_start),
         cmocka_unit_test(test_bad_item_ids),
         cmocka_unit_test(test_item_ids_fit_every_item_table),
         cmocka_unit_test(test_bad_side_features),

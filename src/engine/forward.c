@@ -347,12 +347,6 @@ static void block(batch *b, int bi, bool last)
     }
 }
 
-/* First candidate id if ids are c0, c0+1, ..., else -1. */
-static int64_t contiguous_start(const int64_t *ids, size_t n)
-{
-    return fl_cpu_ids_contiguous(ids, n) ? ids[0] : -1;
-}
-
 /* Dot head. Consecutive requests that score the same contiguous id range (a full catalogue,
  * a shard) share one GEMM against the table slice; other requests gather rows. An int8 table
  * is scored straight from its int8 rows, one user at a time (no float copy of it exists). */
@@ -380,12 +374,11 @@ static void head_dot(batch *b, float *scores)
         }
         const float *h = b->XS + s->sel0 * d;
         /* int8 tables gather every row; a contiguous range may be shared with the next users */
-        const int64_t c0 = table_q8 ? -1 : contiguous_start(q->candidates, (size_t)mcand);
+        const int64_t c0 = table_q8 ? -1 : fl_plan_dot_contiguous_start(q, NULL, -1);
         size_t g = 1;
         while (c0 >= 0 && r + g < b->n && b->reqs[r + g].num_candidates == (size_t)mcand && b->seqs[r + g].nsel == 1 &&
                b->reqs[r + g].candidates[0] == c0 &&
-               (b->reqs[r + g].candidates == q->candidates || /* the same array: scanned already */
-                contiguous_start(b->reqs[r + g].candidates, (size_t)mcand) == c0))
+               fl_plan_dot_contiguous_start(&b->reqs[r + g], &b->reqs[r + g - 1], c0) == c0)
             g++;
         if (g == 1)
             fl_cpu_dot_user(m, b->plan, h, q->candidates, mcand, c0, out, b->threads);

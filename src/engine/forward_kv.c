@@ -269,7 +269,7 @@ static void head_dot(const kv_pass *k, float *scores)
     float *h = k->Xh + (int64_t)(k->p.n - 1 - k->p.cached) * d;
     if (k->c->final_layernorm) layernorm(k, 1, h, NULL, &m->w.final_ln, h);
     if (mc == 0) return;
-    const int64_t c0 = fl_cpu_ids_contiguous(k->q->candidates, (size_t)mc) ? k->q->candidates[0] : -1;
+    const int64_t c0 = fl_plan_dot_contiguous_start(k->q, NULL, -1);
     fl_cpu_dot_user(m, k->e->cpu, h, k->q->candidates, mc, c0, scores, k->threads);
 }
 

@@ -1,6 +1,8 @@
 /* Which rows a request computes against one history (plan.h). */
 #include "engine/plan.h"
 
+#include "cpu/kernels.h"
+
 int64_t fl_plan_pos_none(const fl_model_cfg *c, int64_t i, int64_t n)
 {
     (void)c, (void)i, (void)n;
@@ -89,4 +91,11 @@ void fl_plan_request(const fl_model_cfg *c, size_t history_len, size_t num_candi
     p->q0 = sumi ? p->n : (p->n > 0 ? p->n - 1 : 0);
     p->m = sumi ? (int32_t)num_candidates : 0;
     p->chunk = p->m > 0 ? fl_plan_chunk(c, p->n, p->m) : 0;
+}
+
+int64_t fl_plan_dot_contiguous_start(const flame_request *q, const flame_request *prev, int64_t prev_start)
+{
+    if (q->num_candidates == 0) return -1;
+    if (prev && prev->candidates == q->candidates && prev->num_candidates == q->num_candidates) return prev_start;
+    return fl_cpu_ids_contiguous(q->candidates, q->num_candidates) ? q->candidates[0] : -1;
 }

@@ -55,6 +55,14 @@ int32_t fl_plan_chunk(const fl_model_cfg *c, int32_t n, int32_t m);
 void fl_plan_request(const fl_model_cfg *c, size_t history_len, size_t num_candidates, int32_t cached,
                      fl_kv_plan *p);
 
+/* Dot head: the first id of q's candidates when they are one run of consecutive ids, scored
+ * as one GEMM against that slice of the item table (and shared by consecutive users of the same
+ * range), else -1: its rows are gathered. A request that scores the same array as the one
+ * before it (`prev`, whose answer was `prev_start`; NULL for none) takes that answer without
+ * reading every id again: a full sort hands every user the whole catalogue. -1 without
+ * candidates. */
+int64_t fl_plan_dot_contiguous_start(const flame_request *q, const flame_request *prev, int64_t prev_start);
+
 #ifdef __cplusplus
 }
 #endif
