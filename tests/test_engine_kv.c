@@ -10,6 +10,7 @@
  * tests/test_cuda.c); they skip without a GPU (fail with FLAME_REQUIRE_GPU set). */
 #include <pthread.h>
 
+#include "flame/scheduler.h"
 #include "testutil.h"
 #include "tu_gpu.h"
 #include "tu_models.h"
@@ -336,6 +337,59 @@ static void test_micro_batched(void **state)
     flame_model_destroy(m);
 }
 
+static flame_scheduler_stats sched_stats(flame_scheduler *s)
+{
+    flame_scheduler_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_scheduler_get_stats(s, &st), FLAME_OK);
+    return st;
+}
+
+/* Through a scheduler whose profiles hold 64 candidates, a KV-cache request of 300 goes whole:
+ * one lookup (a miss, then a hit), not one a part, no split, the same scores as flame_score on
+ * an engine with its own cache; the same request without kv_cache is still cut into parts. */
+static void test_scheduler_sends_whole(void **state)
+{
+    (void)state;
+    char cfg[2048];
+    sumi_cfg(cfg, sizeof cfg, "from_recent", "pre");
+    flame_model *m = NULL;
+    assert_int_equal(flame_model_create_random(cfg, tu_u64(), &m), FLAME_OK);
+    flame_engine *direct = engine(m, 1 << 22, 16), *on = engine(m, 1 << 22, 16);
+    const flame_batch_profile prof[] = {{4, 64}, {1, 64}};
+    flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = prof, .num_profiles = 2};
+    flame_scheduler *s = NULL;
+    assert_int_equal(flame_scheduler_create(on, &sp, &s), FLAME_OK);
+    enum { M = 300 };
+    int64_t h[MAX_LEN], c[M];
+    fill(h, MAX_LEN);
+    fill(c, M);
+    flame_request r = req(9, h, MAX_LEN, c, M, 1);
+    float *want = score(direct, &r, 2 * M), got[2 * M];
+    for (int visit = 0; visit < 2; visit++) { /* a miss, then a hit */
+        for (size_t i = 0; i < 2 * M; i++) got[i] = NAN;
+        assert_int_equal(flame_scheduler_score(s, &r, got, 2 * M), FLAME_OK);
+        assert_close(got, want, 2 * M);
+        assert_int_equal(stats(on).kv_cache_misses, 1);
+        assert_int_equal(stats(on).kv_cache_hits, (uint64_t)visit);
+        assert_int_equal(sched_stats(s).split, 0);
+    }
+    assert_int_equal(sched_stats(s).parts, 2);
+    /* without the cache: five parts of at most 64, as before */
+    r.kv_cache = 0;
+    float *plain = score(direct, &r, 2 * M);
+    assert_int_equal(flame_scheduler_score(s, &r, got, 2 * M), FLAME_OK);
+    assert_int_equal(sched_stats(s).split, 1);
+    assert_int_equal(sched_stats(s).parts, 2 + 5);
+    assert_int_equal(stats(on).kv_cache_misses + stats(on).kv_cache_hits, 2);
+    assert_close(got, plain, 2 * M);
+    free(plain);
+    free(want);
+    flame_scheduler_destroy(s);
+    flame_engine_destroy(on);
+    flame_engine_destroy(direct);
+    flame_model_destroy(m);
+}
+
 /* A batch mixing cached and uncached requests equals the requests one by one. */
 static void test_mixed_batch(void **state)
 {
@@ -639,6 +693,7 @@ GPU_CASE(gpu_fp16_dot_head, test_dot_head, "fp16", 1e-2)
 GPU_CASE(gpu_fp16_side_features, test_side_features, "fp16", 1e-2)
 GPU_CASE(gpu_fp32_eviction, test_eviction, "fp32", 1e-5) /* fp32: its byte counts are of 4-byte elements */
 GPU_CASE(gpu_fp16_micro_batched, test_micro_batched, "fp16", 1e-2)
+GPU_CASE(gpu_fp16_scheduler_sends_whole, test_scheduler_sends_whole, "fp16", 1e-2)
 GPU_CASE(gpu_fp32_mixed_batch, test_mixed_batch, "fp32", 1e-5)
 GPU_CASE(gpu_fp16_versions, test_versions, "fp16", 1e-2)
 GPU_CASE(gpu_fp32_version_recorded, test_version_recorded, "fp32", 1e-5)
@@ -687,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_side_features),
         cmocka_unit_test(test_eviction),
         cmocka_unit_test(test_micro_batched),
+        cmocka_unit_test(test_scheduler_sends_whole),
         cmocka_unit_test(test_mixed_batch),
         cmocka_unit_test(test_versions),
         cmocka_unit_test(test_version_recorded),
@@ -704,6 +760,7 @@ int main(void)
         cmocka_unit_test_setup(gpu_fp16_side_features, on_cpu),
         cmocka_unit_test_setup(gpu_fp32_eviction, on_cpu),
         cmocka_unit_test_setup(gpu_fp16_micro_batched, on_cpu),
+        cmocka_unit_test_setup(gpu_fp16_scheduler_sends_whole, on_cpu),
         cmocka_unit_test_setup(gpu_fp32_mixed_batch, on_cpu),
         cmocka_unit_test_setup(gpu_fp16_versions, on_cpu),
         cmocka_unit_test_setup(gpu_fp32_version_recorded, on_cpu),

@@ -8,7 +8,9 @@
  * serving threads submit one user's request at a time; the scheduler groups queued requests
  * into batches that fit one of its batch profiles (at most max_users requests of at most
  * max_candidates candidates each), splits a request with more candidates than any profile
- * holds into parts, optionally waits up to max_wait_us for a batch to fill when traffic is
+ * holds into parts (except one scored against the engine's KV cache, kv_cache = 1, which goes
+ * whole: a batch of its own when no profile holds it), optionally waits up to max_wait_us for
+ * a batch to fill when traffic is
  * low, and runs each batch as one flame_score_batch call on one of its worker threads (on a
  * GPU engine, one worker per executor, so consecutive batches overlap). docs/scheduler.md.
  */

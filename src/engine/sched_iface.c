@@ -29,6 +29,11 @@ size_t fl_engine_max_candidates(void)
     return FL_MAX_CANDIDATES;
 }
 
+bool fl_engine_kv_request(const flame_engine *e, const flame_request *q)
+{
+    return e->kv && q->kv_cache == 1;
+}
+
 flame_status fl_engine_check_candidate_bags(const flame_engine *e, const flame_bags *side, size_t n)
 {
     return fl_check_side_bags(e->model, 0, "candidate", side, n);

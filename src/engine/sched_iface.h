@@ -25,6 +25,11 @@ int32_t fl_engine_num_side(const flame_engine *e);
 bool fl_engine_candidates_are_tokens(const flame_engine *e);
 /* The most candidates one request may have. */
 size_t fl_engine_max_candidates(void);
+/* Whether the engine scores q against its KV cache (kv_cache = 1 on an engine with a cache):
+ * such a request is scored alone against its history, its candidates in chunks the engine
+ * sizes, so the scheduler sends it whole: cut into parts, each part would look up and gather the
+ * cached history again (and a miss would compute it once a part). */
+bool fl_engine_kv_request(const flame_engine *e, const flame_request *q);
 /* The CSR structure of a request's candidate side bags (n candidates), as validation checks
  * it; for a caller that cuts the bags before validation runs. FLAME_ERR_INVALID_ARG naming
  * the slot and value. */

@@ -24,6 +24,10 @@ void fl_queue_push(flame_scheduler *s, fl_job *j)
         for (size_t k = 0; k < j->nparts; k++) {
             const uint64_t c = j->parts[k].cand_n > lv->form_cands ? j->parts[k].cand_n : lv->form_cands;
             if (fl_profiles_fit(&s->profiles, lv->form_n + 1, c) < 0) {
+                if (lv->form_n == 0) { /* a whole KV-cache request larger than every profile: alone */
+                    lv->form_n = 1;
+                    lv->form_cands = c;
+                }
                 lv->form_closed = true;
                 break;
             }
@@ -129,6 +133,10 @@ size_t fl_queue_form(flame_scheduler *s, int l, bool *closed)
             if (fl_profiles_fit(ps, n + 1, c) < 0) break;
             cands = c;
             n++;
+        }
+        if (n == 0 && lv->head) { /* a whole KV-cache request larger than every profile: alone (closed: p is it) */
+            n = 1;
+            cands = lv->head->cand_n;
         }
         lv->form_n = n;
         lv->form_cands = cands;

@@ -342,7 +342,7 @@ static size_t next_batch(flame_scheduler *s, fl_part **into, fl_part **expired, 
     const int l = fl_queue_pick(s, &aged);
     if (l < 0) return 0;
     bool closed;
-    const size_t n = fl_queue_form(s, l, &closed); /* >= 1: every part fits the profile of the largest max_candidates */
+    const size_t n = fl_queue_form(s, l, &closed); /* >= 1: a part no profile holds is a batch of its own */
     if (!closed && !s->stopping && !aged && s->max_wait_us) {
         const uint64_t due = fl_queue_due(s, l);
         if (now < due) { /* wait for more, for the oldest part's due time, or for the next deadline */
@@ -669,7 +669,9 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
         done(user, st, st ? message : NULL);
         return FLAME_OK;
     }
-    const size_t nparts = fl_profiles_parts(&s->profiles, q.num_candidates);
+    /* a KV-cache request goes whole (fl_engine_kv_request says why), in a batch of its own
+     * when no profile holds it */
+    const size_t nparts = fl_engine_kv_request(s->engine, &q) ? 1 : fl_profiles_parts(&s->profiles, q.num_candidates);
     if (nparts > s->max_queue) /* never accepted, however empty the queue: not a transient refusal */
         return fl_error(FLAME_ERR_INVALID_ARG, "request: %zu candidates make %zu parts of at most %u, more than "
                         "max_queue %u", q.num_candidates, nparts, s->profiles.max_candidates, s->max_queue);
