@@ -19,12 +19,6 @@ flame_status fl_dev_reserve(fl_cuda_engine *g, uint64_t bytes, const char *what)
     return FLAME_OK;
 }
 
-void fl_graphs_clear(fl_cuda_executor *x)
-{
-    for (fl_graph &gr : x->graphs) cudaGraphExecDestroy(gr.exec);
-    x->graphs.clear();
-}
-
 // A tracked weight allocation of `bytes` (within the budget).
 static flame_status dev_alloc(fl_cuda_engine *g, size_t bytes, void **dst)
 {
@@ -266,7 +260,7 @@ static flame_status make_executor(fl_cuda_engine *g, const struct flame_config *
 static void free_executor(fl_cuda_executor *x)
 {
     if (x->stream) cudaStreamSynchronize(x->stream);
-    fl_graphs_clear(x);
+    fl_graph_clear(&x->graphs);
     if (x->arena) cudaFree(x->arena);
     fl_gemm_destroy(&x->gemm);
     for (cudaEvent_t ev : x->ev)
@@ -374,8 +368,8 @@ extern "C" void fl_cuda_graph_counts(const fl_cuda_engine *g, uint64_t *captures
 {
     *captures = *replays = 0;
     for (int i = 0; i < g->num_ex; i++) {
-        *captures += g->ex[i].captures.load(std::memory_order_relaxed);
-        *replays += g->ex[i].replays.load(std::memory_order_relaxed);
+        *captures += g->ex[i].graphs.captures.load(std::memory_order_relaxed);
+        *replays += g->ex[i].graphs.replays.load(std::memory_order_relaxed);
     }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gemm.cuh"
+#include "graphs.cuh"
 #include "kernels.cuh"
 
 extern "C" {
@@ -49,14 +50,6 @@ struct fl_dot_group {
     int64_t sel0, count, first_id, num, out;
 };
 
-// A captured forward pass, replayed for passes with the same signature (shapes, index
-// layout and head groups): every pointer and launch parameter in it is then the same.
-struct fl_graph {
-    std::vector<int64_t> signature;
-    cudaGraphExec_t exec = nullptr;
-    uint64_t last_use = 0;
-};
-
 struct fl_cuda_executor {
     cudaStream_t stream = nullptr;
     bool own_stream = false;
@@ -71,11 +64,8 @@ struct fl_cuda_executor {
     // padded passes: the largest capacity of each multi-id side slot's ids so far (a power of
     // two); it only grows, so a profile's signature settles after a few passes
     int64_t side_cap[FL_MAX_FEATURES] = {};
-    std::vector<int64_t> signature;
-    std::vector<fl_graph> graphs;
-    std::vector<std::vector<int64_t>> seen; // signatures run once (eagerly), captured when seen again
-    uint64_t clock = 0;
-    std::atomic<uint64_t> replays{0}, captures{0};
+    std::vector<int64_t> signature; // this pass's (its memory kept from call to call)
+    fl_graph_cache graphs;
     // the stage timers of a pass (flame/metrics.h): before the upload, after it (uncaptured
     // passes only), after the forward pass, after the scores' copy back
     cudaEvent_t ev[4] = {};
@@ -133,4 +123,3 @@ struct fl_cuda_engine {
 // Checks that `bytes` more fit the engine's memory budget (FLAME_ERR_NOMEM naming the numbers).
 flame_status fl_dev_reserve(fl_cuda_engine *g, uint64_t bytes, const char *what);
 // Drops an executor's captured graphs (its buffers moved).
-void fl_graphs_clear(fl_cuda_executor *x);

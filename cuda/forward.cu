@@ -463,7 +463,7 @@ size_t carve_buffers(const pass &p, size_t esize, uint8_t *base, size_t offset, 
 flame_status grow(fl_cuda_engine *g, fl_cuda_executor *x, size_t staging, size_t arena)
 {
     if (staging > x->staging_bytes) { // from the engine's pinned pool (pageable if pinning fails)
-        fl_graphs_clear(x);
+        fl_graph_clear(&x->graphs);
         if (x->staging) flame_pinned_free(g->pinned, x->staging);
         x->staging = nullptr;
         x->staging_bytes = 0;
@@ -473,7 +473,7 @@ flame_status grow(fl_cuda_engine *g, fl_cuda_executor *x, size_t staging, size_t
         x->staging_bytes = staging + staging / 4;
     }
     if (arena > x->arena_bytes) {
-        fl_graphs_clear(x);
+        fl_graph_clear(&x->graphs);
         const size_t want = arena + arena / 4;
         if (x->arena) cudaFree(x->arena);
         pthread_mutex_lock(&g->pool_lock);
@@ -731,62 +731,13 @@ void signature(const pass &p, size_t idx_bytes, std::vector<int64_t> &sig)
     for (const fl_dot_group &gr : x->groups) sig.insert(sig.end(), {gr.sel0, gr.count, gr.first_id, gr.num, gr.out});
 }
 
-#define MAX_GRAPHS 32
-#define MAX_SEEN 32 // shapes run once, not captured yet
-
-// Replays the graph of this signature, capturing it first if it was seen once before. *done
-// false: the pass is to run uncaptured (first sight of the shape, or the capture failed).
+// Replays the graph of this pass's signature (graphs.cuh: captured on its second sight). *done
+// false: the pass is to run uncaptured.
 template <typename T> flame_status run_graph(fl_cuda_engine *g, pass &p, buffers &b, size_t idx_bytes, bool *done)
 {
     fl_cuda_executor *x = p.x;
-    *done = false;
     signature(p, idx_bytes, x->signature);
-    fl_graph *hit = nullptr;
-    for (fl_graph &gr : x->graphs)
-        if (gr.signature == x->signature) hit = &gr;
-    if (!hit) {
-        // the first pass of a shape runs eagerly, the second is captured: one-off shapes (a
-        // varying history length) never pay for a capture (hundreds of us) nor hold a graph
-        bool seen = false;
-        for (size_t i = 0; i < x->seen.size() && !seen; i++)
-            if (x->seen[i] == x->signature) {
-                seen = true;
-                x->seen.erase(x->seen.begin() + (long)i);
-            }
-        if (!seen) {
-            if (x->seen.size() == MAX_SEEN) x->seen.erase(x->seen.begin()); // the oldest
-            x->seen.push_back(x->signature);
-            return FLAME_OK;
-        }
-        cudaGraph_t graph = nullptr;
-        FL_CUDA_TRY(cudaStreamBeginCapture(x->stream, cudaStreamCaptureModeThreadLocal));
-        flame_status st = enqueue<T>(g, p, b, idx_bytes);
-        cudaError_t e = cudaStreamEndCapture(x->stream, &graph);
-        cudaGraphExec_t exec = nullptr;
-        if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
-        if (graph) cudaGraphDestroy(graph);
-        if (st || e != cudaSuccess) { // not capturable: say so once in the log, run uncaptured
-            (void)cudaGetLastError();
-            fl_log(FLAME_LOG_WARN, "CUDA graph capture failed (%s); running uncaptured",
-                   st ? flame_last_error() : cudaGetErrorString(e));
-            return FLAME_OK;
-        }
-        if (x->graphs.size() == MAX_GRAPHS) { // drop the least recently used
-            size_t lru = 0;
-            for (size_t i = 1; i < x->graphs.size(); i++)
-                if (x->graphs[i].last_use < x->graphs[lru].last_use) lru = i;
-            cudaGraphExecDestroy(x->graphs[lru].exec);
-            x->graphs.erase(x->graphs.begin() + (long)lru);
-        }
-        x->graphs.push_back({x->signature, exec, 0});
-        hit = &x->graphs.back();
-        x->captures++;
-    }
-    hit->last_use = ++x->clock;
-    FL_CUDA_TRY(cudaGraphLaunch(hit->exec, x->stream));
-    x->replays++;
-    *done = true;
-    return FLAME_OK;
+    return fl_graph_run(&x->graphs, x->stream, x->signature, [&] { return enqueue<T>(g, p, b, idx_bytes); }, done);
 }
 
 uint64_t host_us()
