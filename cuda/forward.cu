@@ -103,13 +103,6 @@ static int64_t slot_tiles(int64_t queries, int64_t tq, int segments)
     return t < queries ? t : queries;
 }
 
-static int64_t pow2_at_least(int64_t v)
-{
-    int64_t p = 1;
-    while (p < v) p *= 2;
-    return p;
-}
-
 void plan(pass &p)
 {
     fl_cuda_engine *g = p.g;
@@ -172,7 +165,7 @@ void plan(pass &p)
                 p.side_total[slot] = p.T;
                 continue;
             }
-            const int64_t cap = pow2_at_least(p.side_total[slot]);
+            const int64_t cap = fl_pow2_at_least(p.side_total[slot], 1);
             if (cap > x->side_cap[slot]) x->side_cap[slot] = cap;
             p.side_total[slot] = x->side_cap[slot];
         }

@@ -53,13 +53,6 @@ flame_status fl_batch_profiles_parse(const char *s, fl_batch_profiles *out)
     return FLAME_OK;
 }
 
-static int64_t pow2_at_least(int64_t v)
-{
-    int64_t p = FL_PROFILE_MIN_HISTORY;
-    while (p < v) p *= 2;
-    return p;
-}
-
 bool fl_batch_profile_route(const fl_batch_profiles *ps, int32_t max_len, const flame_request *reqs, size_t n,
                             fl_batch_profile *shape)
 {
@@ -70,7 +63,7 @@ bool fl_batch_profile_route(const fl_batch_profiles *ps, int32_t max_len, const 
         if ((int64_t)reqs[r].num_candidates > most_m) most_m = (int64_t)reqs[r].num_candidates;
         if (w > most_n) most_n = w;
     }
-    int64_t bucket = pow2_at_least(most_n);
+    int64_t bucket = fl_pow2_at_least(most_n, FL_PROFILE_MIN_HISTORY);
     if (bucket > max_len) bucket = max_len;
     int best = -1;
     int64_t best_tokens = 0, best_hist = 0;
