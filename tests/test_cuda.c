@@ -7,6 +7,7 @@
 #include "testutil.h"
 #include "tu_gpu.h"
 #include "tu_model_file.h"
+#include "tu_requests.h"
 
 
 /* The variant matrix: every option of docs/model-format.md appears in at least one config. */
@@ -69,24 +70,11 @@ static const char *configs[] = {
     "\"head\":{\"type\":\"sumi\",\"tasks\":[{\"name\":\"a\",\"hidden\":[8],\"activation\":\"relu\"}]}}",
 };
 
+typedef tu_batch batch;
+
 /* Random requests for a model: histories of 0..1.5 max_len items (the window truncates),
  * candidates mixing a contiguous range (one GEMM) and random ids (gathered), side bags of
  * 0..3 ids. Storage is owned by the batch. */
-typedef struct batch {
-    flame_request req[8];
-    int64_t *bufs[64];
-    flame_bags bags[8][2][4];
-    int nbufs;
-    size_t total;
-} batch;
-
-static int64_t *alloc_ids(batch *b, size_t n)
-{
-    int64_t *p = calloc(n + 1, sizeof *p);
-    b->bufs[b->nbufs++] = p;
-    return p;
-}
-
 static void make_batch(batch *b, flame_model *m, size_t nreq)
 {
     memset(b, 0, sizeof *b);
@@ -96,35 +84,22 @@ static void make_batch(batch *b, flame_model *m, size_t nreq)
     for (size_t r = 0; r < nreq; r++) {
         size_t n = r == 0 ? 0 : (size_t)tu_below(info.max_len + info.max_len / 2 + 1);
         size_t mc = r == 1 ? 0 : 1 + (size_t)tu_below(40);
-        int64_t *hist = alloc_ids(b, n), *cand = alloc_ids(b, mc);
+        int64_t *hist = tu_batch_ids(b, n), *cand = tu_batch_ids(b, mc);
         for (size_t i = 0; i < n; i++) hist[i] = tu_below(info.num_items);
         int64_t c0 = tu_below(info.num_items - (int64_t)mc);
         bool range = r % 3 != 2;
         for (size_t i = 0; i < mc; i++) cand[i] = range ? c0 + (int64_t)i : tu_below(info.num_items);
-        flame_request *q = &b->req[r];
-        *q = (flame_request){.struct_size = sizeof *q, .history = hist, .history_len = n, .candidates = cand,
-                             .num_candidates = mc, .num_side_features = (size_t)info.num_side_features};
-        for (int part = 0; part < 2 && info.num_side_features; part++) {
-            size_t count = part ? mc : n;
-            for (int s = 0; s < info.num_side_features; s++) {
-                int64_t *off = alloc_ids(b, count + 1), *ids = alloc_ids(b, 3 * count + 1);
-                for (size_t t = 0; t < count; t++) {
-                    int64_t k = tu_below(4);
-                    for (int64_t i = 0; i < k; i++) ids[off[t] + i] = tu_below(side_rows[s]);
-                    off[t + 1] = off[t] + k;
-                }
-                b->bags[r][part][s] = (flame_bags){off, ids, (size_t)off[count]};
-            }
-            if (part) q->candidate_side = b->bags[r][1];
-            else q->history_side = b->bags[r][0];
-        }
+        b->req[r] = (flame_request){.struct_size = sizeof(flame_request), .history = hist, .history_len = n,
+                                    .candidates = cand, .num_candidates = mc,
+                                    .num_side_features = (size_t)info.num_side_features};
+        tu_batch_side_bags(b, r, info.num_side_features, side_rows, n, mc, false);
         b->total += mc * (size_t)info.num_tasks;
     }
 }
 
 static void free_batch(batch *b)
 {
-    for (int i = 0; i < b->nbufs; i++) free(b->bufs[i]);
+    tu_batch_free(b);
 }
 
 static flame_engine *gpu_engine(flame_model *m, const char *dtype)

@@ -7,6 +7,7 @@
 #include "testutil.h"
 #include "tu_gpu.h"
 #include "tu_models.h"
+#include "tu_requests.h"
 
 #include "engine/batch_profiles.h"
 
@@ -135,23 +136,10 @@ static void test_route(void **state)
 
 /* ---------------------------------------------------------------- requests */
 
+typedef tu_batch batch;
+
 /* Requests: histories 0..hist_max (the window truncates), candidates 1..cand_max (random
  * ids), side bags of 0..3 ids when the model has side features. */
-typedef struct batch {
-    flame_request req[16];
-    flame_bags bags[16][2][2];
-    int64_t *bufs[160];
-    int nbufs;
-    size_t total;
-} batch;
-
-static int64_t *ids_buf(batch *b, size_t n)
-{
-    int64_t *p = calloc(n + 1, sizeof *p);
-    b->bufs[b->nbufs++] = p;
-    return p;
-}
-
 static void make_batch_full(batch *b, flame_model *m, size_t users, size_t hist_max, size_t cand_max, bool full)
 {
     memset(b, 0, sizeof *b);
@@ -161,26 +149,13 @@ static void make_batch_full(batch *b, flame_model *m, size_t users, size_t hist_
     for (size_t r = 0; r < users; r++) {
         const size_t n = full ? hist_max : (size_t)tu_below((int64_t)hist_max + 1),
                      mc = full ? cand_max : 1 + (size_t)tu_below((int64_t)cand_max);
-        int64_t *hist = ids_buf(b, n), *cand = ids_buf(b, mc);
+        int64_t *hist = tu_batch_ids(b, n), *cand = tu_batch_ids(b, mc);
         for (size_t i = 0; i < n; i++) hist[i] = tu_below(info.num_items);
         for (size_t i = 0; i < mc; i++) cand[i] = tu_below(info.num_items);
-        flame_request *q = &b->req[r];
-        *q = (flame_request){.struct_size = sizeof *q, .history = hist, .history_len = n, .candidates = cand,
-                             .num_candidates = mc, .num_side_features = (size_t)info.num_side_features};
-        for (int part = 0; part < 2 && info.num_side_features; part++) {
-            const size_t count = part ? mc : n;
-            for (int s = 0; s < info.num_side_features; s++) {
-                int64_t *off = ids_buf(b, count + 1), *ids = ids_buf(b, 3 * count + 1);
-                for (size_t t = 0; t < count; t++) {
-                    const int64_t k = full ? 3 : tu_below(4);
-                    for (int64_t i = 0; i < k; i++) ids[off[t] + i] = tu_below(side_rows[s]);
-                    off[t + 1] = off[t] + k;
-                }
-                b->bags[r][part][s] = (flame_bags){off, ids, (size_t)off[count]};
-            }
-            if (part) q->candidate_side = b->bags[r][1];
-            else q->history_side = b->bags[r][0];
-        }
+        b->req[r] = (flame_request){.struct_size = sizeof(flame_request), .history = hist, .history_len = n,
+                                    .candidates = cand, .num_candidates = mc,
+                                    .num_side_features = (size_t)info.num_side_features};
+        tu_batch_side_bags(b, r, info.num_side_features, side_rows, n, mc, full);
         b->total += mc * (size_t)info.num_tasks;
     }
 }
@@ -194,7 +169,7 @@ static void make_batch(batch *b, flame_model *m, size_t users, size_t hist_max, 
 
 static void free_batch(batch *b)
 {
-    for (int i = 0; i < b->nbufs; i++) free(b->bufs[i]);
+    tu_batch_free(b);
 }
 
 static flame_engine *engine(flame_model *m, const char *device, const char *dtype, const char *profiles)
