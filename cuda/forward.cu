@@ -114,8 +114,9 @@ void plan(pass &p)
     for (size_t r = 0; r < p.n; r++) {
         const flame_request &q = p.reqs[r];
         fl_seq_plan &s = x->seqs[r];
-        s.n = q.history_len < (size_t)c.max_len ? (int64_t)q.history_len : c.max_len;
-        s.start = (int64_t)q.history_len - s.n;
+        int32_t window = 0;
+        fl_plan_window(&c, q.history_len, &s.start, &window); // the most recent max_len items
+        s.n = window;
         s.m = sumi ? (int64_t)q.num_candidates : 0;
         s.p0 = p.kv ? p.cached : 0;
         s.kv = p.KT;
