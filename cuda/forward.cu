@@ -122,7 +122,7 @@ void plan(pass &p)
         s.kv = p.KT;
         s.off = p.T;
         s.sel0 = p.S;
-        s.nsel = sumi ? s.m : (s.n > 0 && q.num_candidates > 0);
+        s.nsel = fl_plan_selected_count(&c, s.n, q.num_candidates);
         s.out = p.total_scores;
         if (p.prof) { // user r's slot; the history window ends where the candidates begin
             const int64_t slot = (int64_t)p.shape.history + p.shape.candidates;
@@ -381,7 +381,7 @@ void fill(pass &p)
             h.tiles_full[tf++] = {kv_row, (int32_t)s.n, (int32_t)(s.n + s.m - q0 < p.tq_full ? s.n + s.m - q0 : p.tq_full),
                                   s.off + q0 - s.p0, (int32_t)q0, -1};
         for (int64_t i = 0; i < s.nsel; i++) {
-            const int64_t pos = c.head == FLAME_HEAD_SUMI ? s.n + i : s.n - 1;
+            const int64_t pos = fl_plan_selected_position(&c, s.n, i);
             h.sel[s.sel0 + i] = s.off + pos - s.p0;
             h.qpos[s.sel0 + i] = (int32_t)pos;
         }

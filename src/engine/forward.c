@@ -107,12 +107,13 @@ static void plan_layout(batch *b)
     for (size_t r = 0; r < b->n; r++) {
         const flame_request *q = &b->reqs[r];
         seq *s = b->seqs ? &b->seqs[r] : &scratch_seq; /* no table: totals only */
-        s->n = q->history_len < (size_t)c->max_len ? (int64_t)q->history_len : c->max_len;
-        s->start = (int64_t)q->history_len - s->n;
+        int32_t window = 0;
+        fl_plan_window(c, q->history_len, &s->start, &window);
+        s->n = window;
         s->m = sumi ? (int64_t)q->num_candidates : 0;
         s->off = T;
         s->sel0 = S;
-        s->nsel = sumi ? s->m : (s->n > 0 && q->num_candidates > 0);
+        s->nsel = fl_plan_selected_count(c, s->n, q->num_candidates);
         T += s->n + s->m;
         S += s->nsel;
         if (s->n > max_n) max_n = s->n;
@@ -127,7 +128,7 @@ static void fill_selection(batch *b)
     for (size_t r = 0; r < b->n; r++) {
         const seq *s = &b->seqs[r];
         for (int64_t i = 0; i < s->nsel; i++) {
-            int64_t pos = b->model->cfg.head == FLAME_HEAD_SUMI ? s->n + i : s->n - 1;
+            const int64_t pos = fl_plan_selected_position(&b->model->cfg, s->n, i);
             b->sel[s->sel0 + i] = s->off + pos;
             b->qpos[s->sel0 + i] = (int32_t)pos;
         }

@@ -99,3 +99,14 @@ int64_t fl_plan_dot_contiguous_start(const flame_request *q, const flame_request
     if (prev && prev->candidates == q->candidates && prev->num_candidates == q->num_candidates) return prev_start;
     return fl_cpu_ids_contiguous(q->candidates, q->num_candidates) ? q->candidates[0] : -1;
 }
+
+int64_t fl_plan_selected_count(const fl_model_cfg *c, int64_t n, size_t num_candidates)
+{
+    if (c->head == FLAME_HEAD_SUMI) return (int64_t)num_candidates;
+    return n > 0 && num_candidates > 0;
+}
+
+int64_t fl_plan_selected_position(const fl_model_cfg *c, int64_t n, int64_t i)
+{
+    return c->head == FLAME_HEAD_SUMI ? n + i : n - 1;
+}

@@ -55,6 +55,13 @@ int32_t fl_plan_chunk(const fl_model_cfg *c, int32_t n, int32_t m);
 void fl_plan_request(const fl_model_cfg *c, size_t history_len, size_t num_candidates, int32_t cached,
                      fl_kv_plan *p);
 
+/* The rows of a request's token sequence (n history tokens, then its candidate tokens under
+ * the sumi head) that the head reads: under the sumi head every candidate (count
+ * num_candidates, position n + i), under the dot head the last history row (count 1, position
+ * n - 1), and none without a history or without candidates (the dot head then scores 0). */
+int64_t fl_plan_selected_count(const fl_model_cfg *c, int64_t n, size_t num_candidates);
+int64_t fl_plan_selected_position(const fl_model_cfg *c, int64_t n, int64_t i);
+
 /* Dot head: the first id of q's candidates when they are one run of consecutive ids, scored
  * as one GEMM against that slice of the item table (and shared by consecutive users of the same
  * range), else -1: its rows are gathered. A request that scores the same array as the one
