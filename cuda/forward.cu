@@ -391,8 +391,8 @@ void fill(pass &p)
         const int64_t m = (int64_t)q.num_candidates;
         if (s.contig) {
             fl_dot_group *last = x->groups.empty() ? nullptr : &x->groups.back();
-            if (last && last->first_id == q.candidates[0] && last->num == m && last->sel0 + last->count == s.sel0 &&
-                last->out + last->count * m == s.out)
+            if (last && fl_plan_dot_joins_group(last->first_id, (size_t)last->num, q.candidates[0], q.num_candidates) &&
+                last->sel0 + last->count == s.sel0 && last->out + last->count * m == s.out)
                 last->count++; // the next user of the same range: one more row of the same GEMM
             else
                 x->groups.push_back({s.sel0, 1, q.candidates[0], m, s.out});

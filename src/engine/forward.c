@@ -377,9 +377,11 @@ static void head_dot(batch *b, float *scores)
         /* int8 tables gather every row; a contiguous range may be shared with the next users */
         const int64_t c0 = table_q8 ? -1 : fl_plan_dot_contiguous_start(q, NULL, -1);
         size_t g = 1;
-        while (c0 >= 0 && r + g < b->n && b->reqs[r + g].num_candidates == (size_t)mcand && b->seqs[r + g].nsel == 1 &&
-               b->reqs[r + g].candidates[0] == c0 &&
-               fl_plan_dot_contiguous_start(&b->reqs[r + g], &b->reqs[r + g - 1], c0) == c0)
+        while (c0 >= 0 && r + g < b->n && b->seqs[r + g].nsel == 1 && b->reqs[r + g].num_candidates == (size_t)mcand &&
+               b->reqs[r + g].candidates[0] == c0 && /* cheap refusal before the test reads every id */
+               fl_plan_dot_joins_group(c0, (size_t)mcand,
+                                       fl_plan_dot_contiguous_start(&b->reqs[r + g], &b->reqs[r + g - 1], c0),
+                                       b->reqs[r + g].num_candidates))
             g++;
         if (g == 1)
             fl_cpu_dot_user(m, b->plan, h, q->candidates, mcand, c0, out, b->threads);

@@ -110,3 +110,8 @@ int64_t fl_plan_selected_position(const fl_model_cfg *c, int64_t n, int64_t i)
 {
     return c->head == FLAME_HEAD_SUMI ? n + i : n - 1;
 }
+
+bool fl_plan_dot_joins_group(int64_t group_start, size_t group_num, int64_t start, size_t num_candidates)
+{
+    return start >= 0 && start == group_start && num_candidates == group_num;
+}

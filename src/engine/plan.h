@@ -69,6 +69,11 @@ int64_t fl_plan_selected_position(const fl_model_cfg *c, int64_t n, int64_t i);
  * reading every id again: a full sort hands every user the whole catalogue. -1 without
  * candidates. */
 int64_t fl_plan_dot_contiguous_start(const flame_request *q, const flame_request *prev, int64_t prev_start);
+/* Dot head: whether a request whose candidates start at `start` (fl_plan_dot_contiguous_start)
+ * joins the group of users before it, one GEMM against the table slice [group_start,
+ * group_start + group_num): the same contiguous range, and both backends batch consecutive
+ * requests only. */
+bool fl_plan_dot_joins_group(int64_t group_start, size_t group_num, int64_t start, size_t num_candidates);
 
 #ifdef __cplusplus
 }
