@@ -955,12 +955,34 @@ static void test_dot_contiguous_start(void **state)
     assert_int_equal(fl_plan_dot_contiguous_start(&b, &a, -1), 100);
     assert_int_equal(fl_plan_dot_contiguous_start(&shorter, &a, -1), 100);
     assert_int_equal(fl_plan_dot_contiguous_start(&h, &b, 100), -1);
+    /* a group: the same range, the same count; gathered requests (-1) never join */
+    assert_true(fl_plan_dot_joins_group(100, 40, 100, 40));
+    assert_false(fl_plan_dot_joins_group(100, 40, 100, 39));
+    assert_false(fl_plan_dot_joins_group(100, 40, 101, 40));
+    assert_false(fl_plan_dot_joins_group(-1, 40, -1, 40));
+}
+
+/* The rows the head reads: every candidate under the sumi head (n + i), the last history row
+ * under the dot head (n - 1), none without history (dot) or candidates. */
+static void test_selected_rows(void **state)
+{
+    (void)state;
+    fl_model_cfg sumi = {.head = FLAME_HEAD_SUMI}, dot = {.head = FLAME_HEAD_DOT};
+    assert_int_equal(fl_plan_selected_count(&sumi, 7, 5), 5);
+    assert_int_equal(fl_plan_selected_count(&sumi, 0, 5), 5);
+    assert_int_equal(fl_plan_selected_count(&sumi, 7, 0), 0);
+    assert_int_equal(fl_plan_selected_position(&sumi, 7, 2), 9);
+    assert_int_equal(fl_plan_selected_count(&dot, 7, 5), 1);
+    assert_int_equal(fl_plan_selected_count(&dot, 0, 5), 0);
+    assert_int_equal(fl_plan_selected_count(&dot, 7, 0), 0);
+    assert_int_equal(fl_plan_selected_position(&dot, 7, 0), 6);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dot_contiguous_start),
+        cmocka_unit_test(test_selected_rows),
         cmocka_unit_test(test_bad_item_ids),
         cmocka_unit_test(test_item_ids_fit_every_item_table),
         cmocka_unit_test(test_bad_side_features),
