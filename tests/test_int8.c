@@ -5,6 +5,7 @@
  * head agree to the bit; the int8 dot head (scale <h, q> + bias sum(h)) to float32 rounding. */
 #include "testutil.h"
 #include "tu_model_file.h"
+#include "tu_requests.h"
 
 static int setup(void **state)
 {
@@ -59,62 +60,34 @@ static const q8_case cases[] = {
      1},
 };
 
+typedef tu_batch batch;
+
 /* Random requests: histories of 0..1.5 max_len items, candidates a contiguous range or random
- * ids, side bags of 0..3 ids. */
-typedef struct batch {
-    flame_request req[8];
-    int64_t *bufs[80];
-    flame_bags bags[8][2][4];
-    int nbufs;
-    size_t total;
-} batch;
-
-static int64_t *alloc_ids(batch *b, size_t n)
-{
-    int64_t *p = calloc(n + 1, sizeof *p);
-    b->bufs[b->nbufs++] = p;
-    return p;
-}
-
+ * ids, side bags of 0..3 ids (below the rows of each side slot's table). */
 static void make_batch(batch *b, const struct flame_model *m, size_t nreq)
 {
     memset(b, 0, sizeof *b);
     const fl_model_cfg *c = &m->cfg;
+    int64_t side_rows[TU_BATCH_SIDE] = {0};
+    for (int f = 0; f < c->num_features; f++)
+        if (c->features[f].side_slot >= 0) side_rows[c->features[f].side_slot] = c->tables[c->features[f].table].rows;
     for (size_t r = 0; r < nreq; r++) {
         size_t n = r == 0 ? 0 : (size_t)tu_below(c->max_len + c->max_len / 2 + 1);
         size_t mc = r == 1 ? 0 : 1 + (size_t)tu_below(40);
-        int64_t *hist = alloc_ids(b, n), *cand = alloc_ids(b, mc);
+        int64_t *hist = tu_batch_ids(b, n), *cand = tu_batch_ids(b, mc);
         for (size_t i = 0; i < n; i++) hist[i] = tu_below(m->num_items);
         int64_t c0 = tu_below(m->num_items - (int64_t)mc);
         for (size_t i = 0; i < mc; i++) cand[i] = r % 3 != 2 ? c0 + (int64_t)i : tu_below(m->num_items);
-        flame_request *q = &b->req[r];
-        *q = (flame_request){.struct_size = sizeof *q, .history = hist, .history_len = n, .candidates = cand,
-                             .num_candidates = mc, .num_side_features = (size_t)c->num_side};
-        for (int part = 0; part < 2 && c->num_side; part++) {
-            size_t count = part ? mc : n;
-            for (int f = 0; f < c->num_features; f++) {
-                const int s = c->features[f].side_slot;
-                if (s < 0) continue;
-                int64_t *off = alloc_ids(b, count + 1), *ids = alloc_ids(b, 3 * count + 1);
-                for (size_t t = 0; t < count; t++) {
-                    int64_t k = tu_below(4);
-                    for (int64_t i = 0; i < k; i++) ids[off[t] + i] = tu_below(c->tables[c->features[f].table].rows);
-                    off[t + 1] = off[t] + k;
-                }
-                b->bags[r][part][s] = (flame_bags){off, ids, (size_t)off[count]};
-            }
-            if (part)
-                q->candidate_side = b->bags[r][1];
-            else
-                q->history_side = b->bags[r][0];
-        }
+        b->req[r] = (flame_request){.struct_size = sizeof(flame_request), .history = hist, .history_len = n,
+                                    .candidates = cand, .num_candidates = mc, .num_side_features = (size_t)c->num_side};
+        tu_batch_side_bags(b, r, c->num_side, side_rows, n, mc, false);
         b->total += mc * (size_t)c->num_tasks;
     }
 }
 
 static void free_batch(batch *b)
 {
-    for (int i = 0; i < b->nbufs; i++) free(b->bufs[i]);
+    tu_batch_free(b);
 }
 
 static void check_case(int ci)
