@@ -74,27 +74,19 @@ typedef tu_batch batch;
 
 /* Random requests for a model: histories of 0..1.5 max_len items (the window truncates),
  * candidates mixing a contiguous range (one GEMM) and random ids (gathered), side bags of
- * 0..3 ids. Storage is owned by the batch. */
+ * 0..3 ids; request 0 has no history, request 1 no candidates. Storage is owned by the batch. */
 static void make_batch(batch *b, flame_model *m, size_t nreq)
 {
-    memset(b, 0, sizeof *b);
+    static const int64_t side_rows[4] = {30, 9, 9, 9}; /* smallest side table in the configs above */
     flame_model_info info = {.struct_size = sizeof info};
-    flame_model_get_info(m, &info);
-    const int64_t side_rows[4] = {30, 9, 9, 9}; /* smallest side table in the configs above */
-    for (size_t r = 0; r < nreq; r++) {
-        size_t n = r == 0 ? 0 : (size_t)tu_below(info.max_len + info.max_len / 2 + 1);
-        size_t mc = r == 1 ? 0 : 1 + (size_t)tu_below(40);
-        int64_t *hist = tu_batch_ids(b, n), *cand = tu_batch_ids(b, mc);
-        for (size_t i = 0; i < n; i++) hist[i] = tu_below(info.num_items);
-        int64_t c0 = tu_below(info.num_items - (int64_t)mc);
-        bool range = r % 3 != 2;
-        for (size_t i = 0; i < mc; i++) cand[i] = range ? c0 + (int64_t)i : tu_below(info.num_items);
-        b->req[r] = (flame_request){.struct_size = sizeof(flame_request), .history = hist, .history_len = n,
-                                    .candidates = cand, .num_candidates = mc,
-                                    .num_side_features = (size_t)info.num_side_features};
-        tu_batch_side_bags(b, r, info.num_side_features, side_rows, n, mc, false);
-        b->total += mc * (size_t)info.num_tasks;
-    }
+    assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
+    const tu_batch_spec spec = {.users = nreq,
+                                .hist_max = (size_t)(info.max_len + info.max_len / 2),
+                                .cand_max = 40,
+                                .edges = true,
+                                .ranges = true,
+                                .side_rows = side_rows};
+    tu_make_batch(b, m, &spec);
 }
 
 static void free_batch(batch *b)

@@ -142,22 +142,10 @@ typedef tu_batch batch;
  * ids), side bags of 0..3 ids when the model has side features. */
 static void make_batch_full(batch *b, flame_model *m, size_t users, size_t hist_max, size_t cand_max, bool full)
 {
-    memset(b, 0, sizeof *b);
-    flame_model_info info = {.struct_size = sizeof info};
-    assert_int_equal(flame_model_get_info(m, &info), FLAME_OK);
-    static const int64_t side_rows[2] = {20, 5};
-    for (size_t r = 0; r < users; r++) {
-        const size_t n = full ? hist_max : (size_t)tu_below((int64_t)hist_max + 1),
-                     mc = full ? cand_max : 1 + (size_t)tu_below((int64_t)cand_max);
-        int64_t *hist = tu_batch_ids(b, n), *cand = tu_batch_ids(b, mc);
-        for (size_t i = 0; i < n; i++) hist[i] = tu_below(info.num_items);
-        for (size_t i = 0; i < mc; i++) cand[i] = tu_below(info.num_items);
-        b->req[r] = (flame_request){.struct_size = sizeof(flame_request), .history = hist, .history_len = n,
-                                    .candidates = cand, .num_candidates = mc,
-                                    .num_side_features = (size_t)info.num_side_features};
-        tu_batch_side_bags(b, r, info.num_side_features, side_rows, n, mc, full);
-        b->total += mc * (size_t)info.num_tasks;
-    }
+    static const int64_t side_rows[2] = {20, 5}; /* the side tables of TU_SUMI_SIDE_CONFIG */
+    const tu_batch_spec spec = {
+        .users = users, .hist_max = hist_max, .cand_max = cand_max, .full = full, .side_rows = side_rows};
+    tu_make_batch(b, m, &spec);
 }
 
 /* n_users random requests (make_batch_full with every length at its bound and every bag of

@@ -66,23 +66,17 @@ typedef tu_batch batch;
  * ids, side bags of 0..3 ids (below the rows of each side slot's table). */
 static void make_batch(batch *b, const struct flame_model *m, size_t nreq)
 {
-    memset(b, 0, sizeof *b);
     const fl_model_cfg *c = &m->cfg;
     int64_t side_rows[TU_BATCH_SIDE] = {0};
     for (int f = 0; f < c->num_features; f++)
         if (c->features[f].side_slot >= 0) side_rows[c->features[f].side_slot] = c->tables[c->features[f].table].rows;
-    for (size_t r = 0; r < nreq; r++) {
-        size_t n = r == 0 ? 0 : (size_t)tu_below(c->max_len + c->max_len / 2 + 1);
-        size_t mc = r == 1 ? 0 : 1 + (size_t)tu_below(40);
-        int64_t *hist = tu_batch_ids(b, n), *cand = tu_batch_ids(b, mc);
-        for (size_t i = 0; i < n; i++) hist[i] = tu_below(m->num_items);
-        int64_t c0 = tu_below(m->num_items - (int64_t)mc);
-        for (size_t i = 0; i < mc; i++) cand[i] = r % 3 != 2 ? c0 + (int64_t)i : tu_below(m->num_items);
-        b->req[r] = (flame_request){.struct_size = sizeof(flame_request), .history = hist, .history_len = n,
-                                    .candidates = cand, .num_candidates = mc, .num_side_features = (size_t)c->num_side};
-        tu_batch_side_bags(b, r, c->num_side, side_rows, n, mc, false);
-        b->total += mc * (size_t)c->num_tasks;
-    }
+    const tu_batch_spec spec = {.users = nreq,
+                                .hist_max = (size_t)(c->max_len + c->max_len / 2),
+                                .cand_max = 40,
+                                .edges = true,
+                                .ranges = true,
+                                .side_rows = side_rows};
+    tu_make_batch(b, m, &spec);
 }
 
 static void free_batch(batch *b)
