@@ -122,4 +122,3 @@ struct fl_cuda_engine {
 
 // Checks that `bytes` more fit the engine's memory budget (FLAME_ERR_NOMEM naming the numbers).
 flame_status fl_dev_reserve(fl_cuda_engine *g, uint64_t bytes, const char *what);
-// Drops an executor's captured graphs (its buffers moved).

@@ -41,6 +41,7 @@ static inline uint64_t fl_sat_add_u64(uint64_t a, uint64_t b)
     uint64_t s;
     return __builtin_add_overflow(a, b, &s) ? UINT64_MAX : s;
 }
+
 /* The smallest power of two >= v and >= lo (lo a power of two >= 1). */
 static inline int64_t fl_pow2_at_least(int64_t v, int64_t lo)
 {
