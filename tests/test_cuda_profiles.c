@@ -9,6 +9,7 @@
 #include "tu_models.h"
 #include "tu_requests.h"
 
+#include "core/common.h"
 #include "engine/batch_profiles.h"
 
 /* the sumi ranker with two multi-id side features; history window 24 */
@@ -132,6 +133,23 @@ static void test_route(void **state)
     fl_batch_profiles none = {0};
     assert_false(fl_batch_profile_route(&none, 1000, r, 1, &sh));
     assert_false(fl_batch_profile_route(NULL, 1000, r, 1, &sh));
+}
+
+/* The power-of-two buckets of padded shapes: profile histories start at 16, the side ids'
+ * capacities at 1; a value on a power of two stays, one past it doubles. */
+static void test_pow2_buckets(void **state)
+{
+    (void)state;
+    const int64_t big = (int64_t)1 << 40;
+    const int64_t cases[][3] = {
+        /* v, least, want */
+        {0, 1, 1}, {1, 1, 1}, {2, 1, 2}, {3, 1, 4}, {5, 1, 8}, {big, 1, big},
+        {0, 16, 16}, {16, 16, 16}, {17, 16, 32}, {1000, 16, 1024}, {big + 1, 16, 2 * big},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        if (fl_pow2_at_least(cases[i][0], cases[i][1]) != cases[i][2])
+            fail_msg("fl_pow2_at_least(%lld, %lld) = %lld, want %lld", (long long)cases[i][0], (long long)cases[i][1],
+                     (long long)fl_pow2_at_least(cases[i][0], cases[i][1]), (long long)cases[i][2]);
 }
 
 /* ---------------------------------------------------------------- requests */
@@ -452,6 +470,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_route),
+        cmocka_unit_test(test_pow2_buckets),
         cmocka_unit_test(test_cpu_ignores_profiles),
         cmocka_unit_test(test_padded_matches_fp32),
         cmocka_unit_test(test_padded_matches_fp16),
