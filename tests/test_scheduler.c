@@ -265,6 +265,100 @@ static void test_dot_head_is_never_split(void **state)
     flame_scheduler_destroy(s);
 }
 
+/* A sumi engine with the user-history KV cache. */
+static flame_engine *kv_engine(flame_model *m)
+{
+    flame_config *cfg = NULL;
+    assert_int_equal(flame_config_create(&cfg), FLAME_OK);
+    assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_KV_CACHE_BYTES, 4 << 20), FLAME_OK);
+    assert_int_equal(flame_config_set_int(cfg, FLAME_OPT_KV_CACHE_BLOCK_TOKENS, 16), FLAME_OK);
+    flame_engine *e = NULL;
+    if (flame_engine_create(m, cfg, &e)) fail_msg("kv engine: %s", flame_last_error());
+    flame_config_destroy(cfg);
+    return e;
+}
+
+static uint64_t kv_lookups(flame_engine *e)
+{
+    flame_engine_stats es = {.struct_size = sizeof es};
+    assert_int_equal(flame_engine_get_stats(e, &es), FLAME_OK);
+    return es.kv_cache_hits + es.kv_cache_misses;
+}
+
+/* A kv_cache request longer than every profile is one job and one engine call: one cache
+ * lookup, not one a part; its scores are flame_score's on the same engine bitwise (the same
+ * chunks: the engine took the profiles' largest max_candidates); it still holds the places of
+ * max_queue its parts would; a request of the same size without the cache is still split. */
+static void test_kv_cache_request_is_not_split(void **state)
+{
+    fixture *f = *state;
+    flame_engine *e = kv_engine(f->sumi);
+    assert_int_equal(atomic_load(&e->kv_chunk), 0); /* no scheduler yet: fl_plan_chunk's default */
+    flame_scheduler *s = make_sched(e, NULL, 0, 0, 1, 0);
+    assert_int_equal(atomic_load(&e->kv_chunk), 128); /* the default profiles' largest max_candidates */
+    static req q, ref;
+    make_req(&q, 10, 300, true); /* 3 parts of 100 if it were split (largest profile 128) */
+    q.r.kv_cache = 1;
+    q.r.user_id = 7;
+    memcpy(&ref, &q, sizeof q);
+    ref.r.user_id = 8; /* another user: a miss too, so the direct call computes as the scheduled one */
+    ref.r.history = ref.hist, ref.r.candidates = ref.cand, ref.r.history_side = ref.hs, ref.r.candidate_side = ref.cs;
+    for (int sl = 0; sl < SLOTS; sl++) {
+        ref.hs[sl].offsets = ref.hoff[sl], ref.hs[sl].ids = ref.hids[sl];
+        ref.cs[sl].offsets = ref.coff[sl], ref.cs[sl].ids = ref.cids[sl];
+    }
+    uint64_t before = kv_lookups(e);
+    tu_poison(ref.scores, MAXC * 2);
+    assert_int_equal(flame_score(e, &ref.r, ref.scores, MAXC * 2), FLAME_OK);
+    assert_int_equal(kv_lookups(e), before + 1);
+
+    before = kv_lookups(e);
+    assert_int_equal(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_OK);
+    assert_int_equal(kv_lookups(e), before + 1); /* one lookup for the whole request */
+    assert_memory_equal(q.scores, ref.scores, 300 * 2 * sizeof(float));
+    flame_scheduler_stats st = stats_of(s);
+    assert_int_equal(st.split, 0);
+    assert_int_equal(st.parts, 1);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.completed, 1);
+    assert_int_equal(st.queued, 0);
+
+    /* again: a hit, still one lookup, the same scores within float rounding */
+    before = kv_lookups(e);
+    tu_poison(q.scores, MAXC * 2);
+    assert_int_equal(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_OK);
+    assert_int_equal(kv_lookups(e), before + 1);
+    for (size_t i = 0; i < 300 * 2; i++) q.want[i] = ref.scores[i];
+    assert_matches(&q, 2);
+
+    /* without the cache the same request is split as before */
+    static req plain;
+    make_req(&plain, 10, 300, true);
+    direct(e, &plain);
+    before = kv_lookups(e);
+    assert_int_equal(flame_scheduler_score(s, &plain.r, plain.scores, MAXC * 2), FLAME_OK);
+    assert_int_equal(kv_lookups(e), before);
+    assert_matches(&plain, 2);
+    st = stats_of(s);
+    assert_int_equal(st.split, 1);
+    assert_int_equal(st.parts, 1 + 1 + 3);
+    flame_scheduler_destroy(s);
+
+    /* the three places of max_queue it would have held as parts: refused where 2 are allowed */
+    s = make_sched(e, NULL, 0, 0, 1, 2);
+    assert_int_equal(flame_scheduler_score(s, &q.r, q.scores, MAXC * 2), FLAME_ERR_INVALID_ARG);
+    assert_non_null(strstr(flame_last_error(), "max_queue 2"));
+    make_req(&plain, 10, 200, true); /* 2 places: accepted, one part */
+    plain.r.kv_cache = 1;
+    plain.r.user_id = 9;
+    assert_int_equal(flame_scheduler_score(s, &plain.r, plain.scores, MAXC * 2), FLAME_OK);
+    st = stats_of(s);
+    assert_int_equal(st.split, 0);
+    assert_int_equal(st.parts, 1);
+    flame_scheduler_destroy(s);
+    flame_engine_destroy(e);
+}
+
 /* ------------------------------------------------------------------ batching */
 
 /* 8 requests that fit {4 users x 64}: two full batches go at once, long before max_wait */
@@ -1349,6 +1443,7 @@ int main(void)
         T(test_scores_match_direct_calls),
         T(test_split_parts_and_stats),
         T(test_dot_head_is_never_split),
+        T(test_kv_cache_request_is_not_split),
         T(test_full_batches_do_not_wait),
         T(test_waiting_and_arrival_order),
         T(test_bad_request_fails_alone),

@@ -57,6 +57,10 @@ struct flame_engine {
     struct fl_kv_cache *kv;
     uint8_t *kv_blocks;
     fl_kv_layout kv_lay;
+    /* candidate tokens per chunk of a kv_cache request on the CPU: the largest max_candidates
+     * of the profiles a scheduler gave last (fl_engine_adopt_profiles), so a request the
+     * scheduler keeps whole runs in the chunks its batches would have had; 0: fl_plan_chunk's */
+    atomic_int kv_chunk;
 };
 
 

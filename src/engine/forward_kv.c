@@ -83,10 +83,19 @@ static size_t carve(kv_pass *k, fl_workspace *ws)
     return total;
 }
 
+/* The request's plan with `cached` rows from the cache, its candidate chunk the engine's
+ * (kv_chunk: read once a call by the caller, so the scratch sized and carved agree), else
+ * fl_plan_chunk's. */
+static void plan(kv_pass *k, int32_t chunk, int32_t cached)
+{
+    fl_plan_request(k->c, k->q->history_len, k->q->num_candidates, cached, &k->p);
+    if (chunk > 0 && k->p.m > 0) k->p.chunk = k->p.m < chunk ? k->p.m : chunk;
+}
+
 size_t fl_forward_kv_bytes(const struct flame_engine *e, const flame_request *q)
 {
     kv_pass k = {.e = e, .m = e->model, .c = &e->model->cfg, .q = q, .threads = e->threads};
-    fl_plan_request(k.c, q->history_len, q->num_candidates, 0, &k.p); /* a miss: the most rows */
+    plan(&k, atomic_load(&e->kv_chunk), 0); /* a miss: the most rows */
     return carve(&k, NULL);
 }
 
@@ -304,7 +313,8 @@ flame_status fl_forward_cpu_kv(struct flame_engine *e, fl_workspace *ws, const f
 {
     const fl_model_cfg *c = &e->model->cfg;
     kv_pass k = {.e = e, .m = e->model, .c = c, .q = q, .threads = e->threads};
-    fl_plan_request(c, q->history_len, q->num_candidates, 0, &k.p);
+    const int32_t chunk = atomic_load(&e->kv_chunk);
+    plan(&k, chunk, 0);
     flame_status st = fl_workspace_reserve(e, ws, carve(&k, NULL)); /* a no-op after fl_forward_bytes */
     if (st) return st;
     if (c->head == FLAME_HEAD_DOT && (k.p.n == 0 || q->num_candidates == 0)) { /* no user state: zeros */
@@ -317,7 +327,7 @@ flame_status fl_forward_cpu_kv(struct flame_engine *e, fl_workspace *ws, const f
     const bool cached = e->kv && q->kv_cache == 1 && k.p.n > 0;
     if (cached) {
         lookup(&k, &t);
-        fl_plan_request(c, q->history_len, q->num_candidates, t.cached, &k.p);
+        plan(&k, chunk, t.cached);
         k.store = t.writer && fl_kv_reserve(e->kv, &t);
     }
     k.t = &t;

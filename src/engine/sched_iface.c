@@ -41,6 +41,10 @@ flame_status fl_engine_check_candidate_bags(const flame_engine *e, const flame_b
 
 void fl_engine_adopt_profiles(flame_engine *e, const flame_batch_profile *p, int n)
 {
+    uint32_t largest = 0;
+    for (int i = 0; i < n; i++)
+        if (p[i].max_candidates > largest) largest = p[i].max_candidates;
+    if (largest > 0 && largest <= INT32_MAX) atomic_store(&e->kv_chunk, (int)largest);
     if (!e->ops->adopt_profiles || e->model->cfg.head != FLAME_HEAD_SUMI) return;
     fl_batch_profiles ps;
     fl_batch_profiles_for_scheduler(p, n, &ps);

@@ -37,7 +37,9 @@ flame_status fl_engine_check_candidate_bags(const flame_engine *e, const flame_b
 
 /* Gives a GPU engine without batch profiles of its own (FLAME_OPT_BATCH_PROFILES) the
  * scheduler's, users x candidates with histories in power-of-two buckets, so that its batches
- * replay one CUDA graph a shape; nothing on the CPU or under the dot head. */
+ * replay one CUDA graph a shape (nothing on the CPU or under the dot head); and on every
+ * engine makes the largest max_candidates the chunk of a kv_cache request's candidates (the
+ * scheduler keeps such a request whole: fl_engine_kv_request). */
 void fl_engine_adopt_profiles(flame_engine *e, const flame_batch_profile *p, int n);
 
 #endif

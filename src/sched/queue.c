@@ -41,8 +41,10 @@ void fl_queue_push(flame_scheduler *s, fl_job *j)
     if (lv->tail) lv->tail->next = &j->parts[0];
     else lv->head = &j->parts[0];
     lv->tail = &j->parts[j->nparts - 1];
-    lv->queued += j->nparts;
-    s->queued += j->nparts;
+    uint64_t weight = 0;
+    for (size_t k = 0; k < j->nparts; k++) weight += j->parts[k].weight;
+    lv->queued += weight;
+    s->queued += weight;
     if (j->deadline_us < s->next_deadline) s->next_deadline = j->deadline_us;
 }
 
@@ -64,21 +66,24 @@ int fl_queue_pick(const flame_scheduler *s, bool *aged)
 void fl_queue_take(flame_scheduler *s, int l, fl_part **out, size_t n)
 {
     fl_level *lv = &s->levels[l];
+    uint64_t weight = 0;
     for (size_t i = 0; i < n; i++) {
         out[i] = lv->head;
         lv->head = lv->head->next;
         out[i]->job->taken++;
+        weight += out[i]->weight;
     }
     if (!lv->head) lv->tail = NULL;
     lv->form_ok = false;
-    lv->queued -= n;
-    s->queued -= n;
+    lv->queued -= weight;
+    s->queued -= weight;
     lv->bypassed = 0;
     for (int k = l + 1; k < FL_LEVELS; k++) /* lower levels that waited through this batch */
         if (s->levels[k].head) s->levels[k].bypassed++;
 }
 
-/* Unlinks the parts of level lv for which drop(part) holds, appending them to *out. */
+/* Unlinks the parts of level lv for which drop(part) holds, appending them to *out; *removed
+ * grows by their places of max_queue. */
 static void unlink_if(fl_level *lv, bool (*drop)(const fl_part *, const void *), const void *arg, fl_part ***out,
                       uint64_t *removed)
 {
@@ -90,9 +95,9 @@ static void unlink_if(fl_level *lv, bool (*drop)(const fl_part *, const void *),
             p->next = NULL;
             **out = p;
             *out = &p->next;
-            lv->queued--;
+            lv->queued -= p->weight;
             lv->form_ok = false;
-            (*removed)++;
+            *removed += p->weight;
         } else {
             prev = p;
             link = &p->next;

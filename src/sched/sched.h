@@ -25,7 +25,8 @@ flame_status fl_profiles_init(fl_profiles *ps, const flame_batch_profile *p, siz
 /* The smallest profile (max_users * max_candidates, then the first given) that holds `users`
  * requests of at most `candidates` candidates each; -1 if none does. */
 int fl_profiles_fit(const fl_profiles *ps, uint64_t users, uint64_t candidates);
-/* Parts a request of n candidates is cut into (1 when it fits whole). */
+/* Parts a request of n candidates is cut into (1 when it fits whole); a kv_cache request is
+ * kept whole but still holds this many places of max_queue. */
 size_t fl_profiles_parts(const fl_profiles *ps, size_t n);
 
 /* ---- jobs and parts */
@@ -36,6 +37,8 @@ typedef struct fl_part {
     fl_job *job;
     size_t cand_off, cand_n;   /* the job's candidates [cand_off, cand_off + cand_n) */
     const flame_bags *cand_side; /* this slice's candidate bags (rebased), or the request's own */
+    size_t weight;             /* places of max_queue it holds: 1, or for a kv_cache request kept
+                                * whole the parts it would have been cut into */
 } fl_part;
 
 struct fl_job {
@@ -63,7 +66,7 @@ struct fl_job {
 
 typedef struct fl_level {
     fl_part *head, *tail;
-    uint64_t queued;           /* parts */
+    uint64_t queued;           /* places of max_queue its parts hold (fl_part.weight) */
     uint32_t bypassed;         /* batches of higher levels taken while this level waited */
     uint64_t last_arrival;     /* the scheduler's clock at the latest push (0: none yet) */
     double gap_us;             /* moving average of the gaps between pushes (the adaptive wait) */
@@ -119,7 +122,7 @@ struct flame_scheduler {
     fl_job *pool;              /* free one-part jobs, reused by submit (no malloc a request) */
     uint32_t pool_n;
     fl_level levels[FL_LEVELS];
-    uint64_t queued;           /* parts of all levels */
+    uint64_t queued;           /* places of max_queue the parts of all levels hold */
     uint64_t next_id;          /* the last ticket given */
     uint64_t next_deadline;    /* no queued job's deadline is earlier (UINT64_MAX: none) */
     bool stopping;
@@ -137,7 +140,8 @@ int fl_queue_pick(const flame_scheduler *s, bool *aged);
 /* Removes the first n parts of level `lv` into out[] and counts the batch for the rule. */
 void fl_queue_take(flame_scheduler *s, int lv, fl_part **out, size_t n);
 /* The parts at the head of level l that form the next batch (>= 1; the level is not empty): as
- * many as some profile holds, in arrival order. *closed: no further part could join (the next
+ * many as some profile holds, in arrival order; a head part no profile holds (a kv_cache
+ * request kept whole) alone. *closed: no further part could join (the next
  * one does not fit, or no profile holds one more user). Cached in the level. */
 size_t fl_queue_form(flame_scheduler *s, int l, bool *closed);
 /* When the batch forming at level l goes at the latest (the scheduler's clock): its oldest

@@ -607,6 +607,7 @@ static fl_job *make_job(const flame_scheduler *s, const flame_request *q, size_t
         p->cand_off = at;
         p->cand_n = base + (k < extra);
         p->cand_side = q->candidate_side;
+        p->weight = 1;
         if (split && slots) { /* the slice's bags: offsets rebased to 0, ids from the slice's first */
             for (size_t sl = 0; sl < slots; sl++) {
                 const flame_bags *b = &q->candidate_side[sl];
@@ -669,12 +670,16 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
         done(user, st, st ? message : NULL);
         return FLAME_OK;
     }
-    /* a KV-cache request goes whole (fl_engine_kv_request says why), in a batch of its own
-     * when no profile holds it */
-    const size_t nparts = fl_engine_kv_request(s->engine, &q) ? 1 : fl_profiles_parts(&s->profiles, q.num_candidates);
-    if (nparts > s->max_queue) /* never accepted, however empty the queue: not a transient refusal */
+    /* a kv_cache request is one engine call whatever its length: one cache lookup and one gather
+     * of the cached K/V, its candidates in chunks of the largest max_candidates (the engine
+     * adopted the profiles); cut into parts, each would look up and gather again, and on a miss
+     * compute the history again or wait on the first part's computation. It still holds the
+     * places of max_queue its parts would, so the queue bounds the same work. */
+    const size_t weight = fl_profiles_parts(&s->profiles, q.num_candidates);
+    const size_t nparts = fl_engine_kv_request(s->engine, &q) ? 1 : weight;
+    if (weight > s->max_queue) /* never accepted, however empty the queue: not a transient refusal */
         return fl_error(FLAME_ERR_INVALID_ARG, "request: %zu candidates make %zu parts of at most %u, more than "
-                        "max_queue %u", q.num_candidates, nparts, s->profiles.max_candidates, s->max_queue);
+                        "max_queue %u", q.num_candidates, weight, s->profiles.max_candidates, s->max_queue);
     /* the parts get rebased slices of the candidate bags: check their structure first, or a bad
      * offsets[0] would be rebased away (validation then sees 0) */
     if (nparts > 1 && q.candidate_side &&
@@ -684,7 +689,7 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     if (nparts > 1 && !(j = make_job(s, &q, nparts)))
         return fl_error(FLAME_ERR_NOMEM, "out of memory queueing a request of %zu candidates", q.num_candidates);
     pthread_mutex_lock(&s->mu);
-    const bool stopping = s->stopping, full = s->queued + nparts > s->max_queue;
+    const bool stopping = s->stopping, full = s->queued + weight > s->max_queue;
     const uint64_t queued = s->queued;
     bool nomem = false;
     if (!stopping && !full && !j) {
@@ -692,7 +697,8 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
             j->nparts = 1;
             j->gather = NULL;
             j->taken = 0;
-            j->parts[0] = (fl_part){.job = j, .cand_n = q.num_candidates, .cand_side = q.candidate_side};
+            j->parts[0] = (fl_part){.job = j, .cand_n = q.num_candidates, .cand_side = q.candidate_side,
+                                    .weight = weight};
         }
         nomem = !j;
     }
@@ -724,7 +730,7 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
         free(j); /* NULL or a split job: a pooled one is taken only when accepted */
         if (stopping) return fl_error(FLAME_ERR_UNAVAILABLE, "the scheduler is being destroyed");
         return fl_error(FLAME_ERR_UNAVAILABLE, "scheduler queue full: %llu part(s) waiting, this request needs %zu, "
-                        "max_queue %u", (unsigned long long)queued, nparts, s->max_queue);
+                        "max_queue %u", (unsigned long long)queued, weight, s->max_queue);
     }
     return FLAME_OK;
 }
