@@ -49,7 +49,8 @@ typedef struct flame_scheduler_params {
     uint32_t workers;                    /* threads calling the engine = batches in flight; 0 = the GPU
                                           * engine's executors (FLAME_OPT_CUDA_EXECUTORS), 1 on the CPU
                                           * (its BLAS uses the cores). 1..64 */
-    uint32_t max_queue;                  /* parts (requests, or the parts of split ones) waiting at most;
+    uint32_t max_queue;                  /* parts (requests, or the parts of split ones; a kv_cache
+                                          * request kept whole as the parts it would make) waiting at most;
                                           * a submit beyond is refused (load shedding). 0 = 65536 */
     uint32_t max_bypass;                 /* the no-starvation rule of the priority levels: batches of
                                           * higher levels that may go ahead of a waiting lower-level
@@ -133,7 +134,14 @@ FLAME_API void flame_scheduler_destroy(flame_scheduler *scheduler);
  * max_wait_us. A request with more candidates than the largest max_candidates is split into
  * ceil(n / largest) parts of equal size (within one), scored as separate requests of the same
  * user (candidates never see each other under SUMI, so the scores are those of the whole
- * request, up to the float rounding of another batch shape). A batch whose flame_score_batch
+ * request, up to the float rounding of another batch shape). A request with kv_cache = 1 on an
+ * engine with the KV cache (FLAME_OPT_KV_CACHE_BYTES) is never split: it is one job and one
+ * engine call, so one cache lookup and one gather of the cached K/V (parts would each look up
+ * and gather again, and on a miss compute the history again); no profile holding it, it is a
+ * batch of its own, and the engine scores its candidates in chunks of the largest
+ * max_candidates (this scheduler's profiles, given to the engine at creation; the last created
+ * scheduler's where several share an engine). It holds ceil(n / largest) places of max_queue,
+ * as many as its parts would. A batch whose flame_score_batch
  * fails with FLAME_ERR_INVALID_ARG is scored request by request, so one bad request fails
  * alone and the others succeed; any other failure (FLAME_ERR_UNAVAILABLE of a feature store,
  * FLAME_ERR_NOMEM) fails every request of the batch. A request without candidates is only
@@ -269,7 +277,7 @@ typedef struct flame_scheduler_stats {
     uint64_t parts;                 /* parts scored (a request not split is one part) */
     uint64_t batches;               /* flame_score_batch calls (isolating retries not counted) */
     uint64_t isolated;              /* batches rescored request by request after FLAME_ERR_INVALID_ARG */
-    uint64_t queued;                /* parts waiting now */
+    uint64_t queued;                /* parts waiting now (a kv_cache request kept whole: as its parts) */
     uint64_t profile_batches[FLAME_SCHED_MAX_PROFILES]; /* batches by the smallest profile holding them
                                                          * (profiles in the order given) */
     /* Latency, in us, of the requests completed since creation or the last
