@@ -377,11 +377,11 @@ static void head_dot(batch *b, float *scores)
         /* int8 tables gather every row; a contiguous range may be shared with the next users */
         const int64_t c0 = table_q8 ? -1 : fl_plan_dot_contiguous_start(q, NULL, -1);
         size_t g = 1;
-        while (c0 >= 0 && r + g < b->n && b->seqs[r + g].nsel == 1 && b->reqs[r + g].num_candidates == (size_t)mcand &&
-               b->reqs[r + g].candidates[0] == c0 && /* cheap refusal before the test reads every id */
-               fl_plan_dot_joins_group(c0, (size_t)mcand,
-                                       fl_plan_dot_contiguous_start(&b->reqs[r + g], &b->reqs[r + g - 1], c0),
-                                       b->reqs[r + g].num_candidates))
+        /* the group's rule on the first id (cheap; nsel 1: it has candidates), then the
+         * contiguity test that reads every id */
+        while (c0 >= 0 && r + g < b->n && b->seqs[r + g].nsel == 1 &&
+               fl_plan_dot_joins_group(c0, (size_t)mcand, b->reqs[r + g].candidates[0], b->reqs[r + g].num_candidates) &&
+               fl_plan_dot_contiguous_start(&b->reqs[r + g], &b->reqs[r + g - 1], c0) == c0)
             g++;
         if (g == 1)
             fl_cpu_dot_user(m, b->plan, h, q->candidates, mcand, c0, out, b->threads);
