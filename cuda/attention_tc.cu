@@ -75,21 +75,24 @@ __device__ __forceinline__ float raise_max(row_state &r, float mx, float &base)
     return alpha;
 }
 
-// Warps per tile: 4 for head dims up to 64, 2 above (the staged keys must fit in 48 KiB).
+// Warps per tile: 4 for head dims up to 64, 2 above (the staged keys fit in the default 48 KiB
+// of shared memory). A launch of fewer tiles than the GPU has SMs (a few queries against a long
+// history, as re-scoring a cached user is) takes twice as many: each SM then holds one CTA, and
+// more warps walking its keys is the only parallelism there is.
 template <int DH> __host__ __device__ constexpr int split_of() { return DH <= 64 ? 4 : 2; }
-template <typename T, int DH> constexpr size_t smem_of()
+template <int DH> __host__ __device__ constexpr int wide_split_of() { return 2 * split_of<DH>(); }
+template <typename T, int DH, int SPLIT> constexpr size_t smem_of()
 {
-    const size_t staging = (size_t)split_of<DH>() * 2 * KT * (DH + 8) * sizeof(T);
-    const size_t merge = (size_t)split_of<DH>() * FL_ATTN_QT * (DH + 2) * sizeof(float);
+    const size_t staging = (size_t)SPLIT * 2 * KT * (DH + 8) * sizeof(T);
+    const size_t merge = (size_t)SPLIT * FL_ATTN_QT * (DH + 2) * sizeof(float);
     return staging > merge ? staging : merge;
 }
 
-template <typename T, int DH>
-__global__ void __launch_bounds__(32 * split_of<DH>())
+template <typename T, int DH, int SPLIT>
+__global__ void __launch_bounds__(32 * SPLIT)
     attn_tc_kernel(const fl_attn_tile *tiles, const int32_t *qpos, float scale_log2, const T *q, int64_t ldq,
                    const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
 {
-    constexpr int SPLIT = split_of<DH>();
     constexpr int DHP = DH + 8;     // smem row stride in elements: rows start 4 banks apart
     constexpr int NT_O = DH / 8;    // output n-tiles
     constexpr int KS = DH / 16;     // k-steps of Q K^T
@@ -300,12 +303,24 @@ __global__ void __launch_bounds__(32 * split_of<DH>())
 }
 
 template <typename T, int DH>
-void launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, float scale_log2,
-            const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s)
+flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
+                    float scale_log2, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
+                    int64_t ldo, bool wide, cudaStream_t s)
 {
-    static_assert(smem_of<T, DH>() <= 48 * 1024, "the default shared-memory limit");
-    attn_tc_kernel<T, DH><<<dim3((unsigned)num_tiles, (unsigned)heads), 32 * split_of<DH>(), smem_of<T, DH>(), s>>>(
-        tiles, qpos, scale_log2, q, ldq, k, v, ldkv, out, ldo);
+    constexpr int SPLIT = split_of<DH>(), WIDE = wide_split_of<DH>();
+    static_assert(smem_of<T, DH, SPLIT>() <= 48 * 1024, "the default shared-memory limit");
+    static_assert(smem_of<T, DH, WIDE>() <= 227 * 1024, "shared memory of one CTA");
+    const dim3 grid((unsigned)num_tiles, (unsigned)heads);
+    if (!wide) {
+        attn_tc_kernel<T, DH, SPLIT><<<grid, 32 * SPLIT, smem_of<T, DH, SPLIT>(), s>>>(tiles, qpos, scale_log2, q, ldq,
+                                                                                      k, v, ldkv, out, ldo);
+        return FLAME_OK;
+    }
+    constexpr int smem = (int)smem_of<T, DH, WIDE>();
+    // above the default 48 KiB; set on every launch, as the attribute is per device
+    FL_CUDA_TRY(cudaFuncSetAttribute(attn_tc_kernel<T, DH, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attn_tc_kernel<T, DH, WIDE><<<grid, 32 * WIDE, smem, s>>>(tiles, qpos, scale_log2, q, ldq, k, v, ldkv, out, ldo);
+    return FLAME_OK;
 }
 
 } // namespace
@@ -328,16 +343,22 @@ flame_status fl_cuda_attention_tc(const fl_attn_tile *tiles, int64_t num_tiles, 
     if (!fl_cuda_attention_tc_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
         return fl_error(FLAME_ERR_UNSUPPORTED, "tensor-core attention: head dim %d or the row strides do not fit", dh);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)dh); // softmax in base 2
+    int device = 0, sms = 0;
+    FL_CUDA_TRY(cudaGetDevice(&device));
+    FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const bool wide = num_tiles * heads < sms;
+    flame_status st = FLAME_OK;
     switch (dh / 16) {
-    case 1: launch<T, 16>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
-    case 2: launch<T, 32>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
-    case 3: launch<T, 48>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
-    case 4: launch<T, 64>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
-    case 5: launch<T, 80>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
-    case 6: launch<T, 96>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
-    case 7: launch<T, 112>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
-    default: launch<T, 128>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, s); break;
+    case 1: st = launch<T, 16>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    case 2: st = launch<T, 32>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    case 3: st = launch<T, 48>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    case 4: st = launch<T, 64>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    case 5: st = launch<T, 80>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    case 6: st = launch<T, 96>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    case 7: st = launch<T, 112>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    default: st = launch<T, 128>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
     }
+    FL_TRY(st);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }

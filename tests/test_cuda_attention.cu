@@ -221,6 +221,38 @@ static void test_tensor_cores_bf16(void **state)
     check<__nv_bfloat16>("tc bf16", TENSOR_CORES, tc_dhs, 5, 8e-3);
 }
 
+/* Both widths of the tensor-core kernel: a launch of fewer CTAs than SMs (a few candidates
+ * against a long history, as a KV-cache hit) takes twice the warps per tile; one of more CTAs
+ * than SMs the usual count. Each problem is sized so that it takes the width it names here. */
+template <typename T> static void check_widths(const char *name, double tol)
+{
+    int device = 0, sms = 0;
+    CK(cudaGetDevice(&device));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int heads = 2;
+    for (int dh : {64, 128}) {
+        double worst;
+        // wide: one user, 128 candidates (8 tiles a head) against 1,100 history keys
+        const double wide = run_problem<T>({{1100, 128, 0}}, dh, heads, true, TENSOR_CORES, 0, 1, &worst);
+        fprintf(stderr, "# %s dh %d wide (16 CTAs): relative error %.2e\n", name, dh, wide);
+        if (!(wide < tol)) fail_msg("%s dh %d wide: relative error %.3g >= %.3g", name, dh, wide, tol);
+        // usual: enough users that the tiles outnumber the SMs
+        const int users = (sms + 2 * heads * 25 - 1) / (heads * 25) + 1; // 25 tiles a user a head
+        std::vector<seq> many((size_t)users, seq{300, 100, 0});
+        if (users * 25 * heads < sms) fail_msg("%d users make %d CTAs, fewer than %d SMs", users, users * 25 * heads, sms);
+        const double usual = run_problem<T>(many, dh, heads, false, TENSOR_CORES, 0, 7, &worst);
+        fprintf(stderr, "# %s dh %d usual (%d CTAs): relative error %.2e\n", name, dh, users * 25 * heads, usual);
+        if (!(usual < tol)) fail_msg("%s dh %d usual: relative error %.3g >= %.3g", name, dh, usual, tol);
+    }
+}
+
+static void test_tensor_cores_widths(void **state)
+{
+    TU_NEED_GPU();
+    check_widths<__half>("tc fp16", 2e-3);
+    check_widths<__nv_bfloat16>("tc bf16", 8e-3);
+}
+
 /* The dispatcher: fp32 always runs the exact CUDA-core kernel; fp16 head dims that are not a
  * multiple of 16 (8, 24) run it too. */
 static void test_dispatch(void **state)
@@ -374,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_wg_refuses),
         cmocka_unit_test(test_tensor_cores_fp16),
         cmocka_unit_test(test_tensor_cores_bf16),
+        cmocka_unit_test(test_tensor_cores_widths),
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_tc_refuses),
     };
