@@ -16,6 +16,7 @@
 // MAX_POOL_BYTES (host bytes; the device twins as many), beyond which the oldest is waited for
 // (back-pressure on a caller that enqueues faster than its stream runs).
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -287,34 +288,53 @@ __device__ __forceinline__ void tbe_describe(const tbe_check_args &a, fl_tbe_ind
     rec->detail_key = key;
 }
 
-// blockIdx.y = table; threads stride over offsets[0..batch] (phase 0) and ids/weights (phase 1)
-// and lower rec->key to the smallest bad position's key. An earlier forward's error, once
-// described, stays: the record keeps the first error until it is read. The last block to finish
-// (counted in rec->blocks_done, set back to 0 by it) describes the key, so the lookup launched
-// next finds the record complete without a third launch.
-__global__ void __launch_bounds__(256) tbe_check_kernel(const __grid_constant__ tbe_check_args a, fl_tbe_index_record *rec)
+// Values a thread of tbe_check_kernel loads before it checks any: all in flight at once, so a
+// launch of about one wave reads the ids at the memory's bandwidth instead of one dependent
+// load after another.
+constexpr int CHECK_THREADS = 256, CHECK_UNROLL = 8;
+
+// blockIdx.y = table; each block checks chunks of CHECK_THREADS x CHECK_UNROLL consecutive
+// positions of offsets[0..batch] (phase 0) then ids/weights (phase 1), and lowers rec->key to
+// the smallest bad position's key. An earlier forward's error, once described, stays: the record
+// keeps the first error until it is read. The last block to finish (counted in
+// rec->blocks_done, set back to 0 by it) describes the key, so the lookup launched next finds the
+// record complete without a third launch.
+__global__ void __launch_bounds__(CHECK_THREADS) tbe_check_kernel(const __grid_constant__ tbe_check_args a,
+                                                                  fl_tbe_index_record *rec)
 {
     const bool described = *reinterpret_cast<volatile unsigned long long *>(&rec->detail_key) != NO_KEY;
     const int t = (int)blockIdx.y;
     const tbe_check_table &c = a.t[t];
     const int64_t noff = c.offsets ? a.batch + 1 : 0, n = described ? 0 : noff + c.num_ids;
+    constexpr int64_t CHUNK = (int64_t)CHECK_THREADS * CHECK_UNROLL;
     unsigned long long mine = NO_KEY;
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n && mine == NO_KEY;
-         j += (int64_t)gridDim.x * blockDim.x) {
-        if (j < noff) {
-            const int64_t o = c.offsets[j];
-            const bool bad = (j == 0 ? o != 0 : (o < c.offsets[j - 1] || o > c.num_ids)) ||
-                             (j == a.batch && o != c.num_ids);
-            if (bad) mine = bad_key(t, 0, j, 0);
-        } else {
-            const int64_t i = j - noff, id = c.ids[i];
-            if (id < 0 || id >= c.rows)
-                mine = bad_key(t, 1, i, 0);
-            else if (c.weights && !isfinite(c.weights[i]))
-                mine = bad_key(t, 1, i, 1);
+    for (int64_t base = blockIdx.x * CHUNK + threadIdx.x; base < n && mine == NO_KEY; base += gridDim.x * CHUNK) {
+        int64_t v[CHECK_UNROLL], prev[CHECK_UNROLL];
+        float w[CHECK_UNROLL];
+#pragma unroll
+        for (int u = 0; u < CHECK_UNROLL; u++) {
+            const int64_t j = base + (int64_t)u * CHECK_THREADS;
+            const bool off = j < noff, id = !off && j < n;
+            v[u] = off ? c.offsets[j] : id ? c.ids[j - noff] : 0;
+            prev[u] = off && j > 0 ? c.offsets[j - 1] : 0;
+            w[u] = id && c.weights ? c.weights[j - noff] : 0.0f;
+        }
+        // in position order: a thread's first bad value is its smallest key
+#pragma unroll
+        for (int u = 0; u < CHECK_UNROLL; u++) {
+            const int64_t j = base + (int64_t)u * CHECK_THREADS;
+            if (mine != NO_KEY || j >= n) continue;
+            if (j < noff) {
+                const int64_t o = v[u];
+                if ((j == 0 ? o != 0 : (o < prev[u] || o > c.num_ids)) || (j == a.batch && o != c.num_ids))
+                    mine = bad_key(t, 0, j, 0);
+            } else if (v[u] < 0 || v[u] >= c.rows) {
+                mine = bad_key(t, 1, j - noff, 0);
+            } else if (!isfinite(w[u])) {
+                mine = bad_key(t, 1, j - noff, 1);
+            }
         }
     }
-    // a thread stops at its first bad value: later positions of its stride have larger keys
     if (mine != NO_KEY) {
         atomicMin(reinterpret_cast<unsigned long long *>(&rec->key), mine);
         __threadfence();
@@ -472,12 +492,22 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
             a.t[t] = {lk.ids, lk.offsets, lk.weights, lk.num_ids, tables[t].rows};
             most = std::max(most, lk.num_ids + (lk.offsets ? batch + 1 : 0));
         }
-        // four values a thread at least, and about 4096 blocks in all at most: every block ends
-        // with one atomicAdd on the record's count, so tens of thousands of one-value blocks would
-        // queue on that word
+        // about one wave of blocks in all (each thread's loads all in flight, see CHECK_UNROLL):
+        // more would wait for a second wave, and every block ends with an atomicAdd on the
+        // record's one count
+        int sms = 0;
+        FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        // (blocks an SM holds: asked once a process; only the grid's size depends on it)
+        static std::atomic<int> per_sm{0};
+        if (per_sm.load(std::memory_order_relaxed) == 0) {
+            int k = 0;
+            FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, tbe_check_kernel, CHECK_THREADS, 0));
+            per_sm.store(k > 0 ? k : 1, std::memory_order_relaxed);
+        }
+        const int64_t chunk = (int64_t)CHECK_THREADS * CHECK_UNROLL, wave = (int64_t)sms * per_sm.load();
         const unsigned blocks =
-            (unsigned)std::min<int64_t>((most + 1023) / 1024, std::max(1, 4096 / num_tables));
-        tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), 256, 0, s>>>(a, record);
+            (unsigned)std::min<int64_t>((most + chunk - 1) / chunk, std::max<int64_t>(1, wave / num_tables));
+        tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), CHECK_THREADS, 0, s>>>(a, record);
         FL_CUDA_TRY(cudaGetLastError());
     } else {
         // the lengths first (num_ids >= 0 sizes the block), then the values as they are packed

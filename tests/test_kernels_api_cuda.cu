@@ -73,8 +73,12 @@ template <typename X> static X *dev_copy(const X *h, size_t n)
 }
 
 // dst (device) = bytes of src (host), finished before anything enqueued after it on any stream
+/* Writes device memory between forwards: the work already enqueued on the tests' non-blocking
+ * streams finishes first (cudaMemcpy's legacy stream does not wait for them), so a forward sees
+ * the values poked before it and never those poked after it. */
 static void poke(void *dst, const void *src, size_t bytes)
 {
+    CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     CK(cudaDeviceSynchronize());
 }
