@@ -491,6 +491,18 @@ int main(int argc, char **argv)
 
     flame_engine_stats es = {.struct_size = sizeof es};
     CHECK(flame_engine_get_stats(engine, &es));
+    /* where a call's time goes: the engine's own stage timers (P50 since creation, warm-up
+     * included; host copies and device compute come from CUDA events on the GPU) */
+    static const char *const stage_names[] = {"features", "tokens", "h2d", "compute", "d2h", "total"};
+    char stages[512];
+    size_t sl = (size_t)snprintf(stages, sizeof stages, "{");
+    for (int k = FLAME_STAGE_FEATURES; k <= FLAME_STAGE_TOTAL; k++) {
+        flame_latency lt = {.struct_size = sizeof lt};
+        CHECK(flame_engine_get_latency(engine, (flame_stage)k, &lt));
+        sl += (size_t)snprintf(stages + sl, sizeof stages - sl, "%s\"%s\":%llu", k > FLAME_STAGE_FEATURES ? "," : "",
+                               stage_names[k - FLAME_STAGE_FEATURES], (unsigned long long)lt.p50_us);
+    }
+    snprintf(stages + sl, sizeof stages - sl, "}");
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const double p50 = percentile(lat, o.calls, 0.50), p99 = percentile(lat, o.calls, 0.99);
@@ -505,7 +517,8 @@ int main(int argc, char **argv)
                "\"load_us\":%.0f,\"engine_create_us\":%.0f,"
                "\"d_model\":%d,\"num_blocks\":%d,\"num_heads\":%d,\"ffn_dim\":%d,\"max_len\":%d,\"num_tasks\":%d,"
                "\"num_side_features\":%d,\"num_items\":%lld,\"head\":\"%s\",\"score_checksum\":%.6g,"
-               "\"nonfinite_scores\":%zu,\"graph_captures\":%llu,\"graph_replays\":%llu,\"libflame\":\"%s\"}\n",
+               "\"nonfinite_scores\":%zu,\"graph_captures\":%llu,\"graph_replays\":%llu,\"stage_p50_us\":%s,"
+               "\"libflame\":\"%s\"}\n",
                o.model ? o.model : o.config ? o.config : "(embedded default)", o.device, o.dtype, o.users,
                o.sequences ? (size_t)0 : o.history, o.sequences ? (size_t)0 : o.history_min ? o.history_min : o.history, M,
                o.sequences ? "\"" : "", o.sequences ? o.sequences : "null",
@@ -515,7 +528,7 @@ int main(int argc, char **argv)
                (unsigned long long)ru.ru_maxrss * 1024ull, load_us, create_us, info.d_model, info.num_blocks,
                info.num_heads, info.ffn_dim, info.max_len, info.num_tasks, info.num_side_features,
                (long long)info.num_items, head, checksum, bad, (unsigned long long)es.graph_captures,
-               (unsigned long long)es.graph_replays, flame_version_string());
+               (unsigned long long)es.graph_replays, stages, flame_version_string());
     } else {
         printf("model %s: d_model %d, %d blocks, %d heads, ffn %d, %s head, %d tasks, %d side slots, %lld items\n",
                o.model ? o.model : o.config ? o.config : "(embedded default)", info.d_model, info.num_blocks,
@@ -530,6 +543,7 @@ int main(int argc, char **argv)
         printf("device %s, dtype %s: B=%zu users/call, L=%s, M=%zu candidates, %zu calls after %zu warm-up\n",
                o.device, o.dtype, o.users, hist, M, o.calls, o.warmup);
         printf("latency per call: p50 %.1f us, p99 %.1f us, mean %.1f us, min %.1f us\n", p50, p99, mean, lat[0]);
+        printf("stage P50s (us): %s\n", stages);
         printf("throughput: %.1f requests/s, %.0f candidates/s\n", rps, cps);
         printf("memory: device %llu bytes (weights %llu), host peak RSS %llu bytes\n",
                (unsigned long long)es.device_bytes, (unsigned long long)es.device_weight_bytes,
