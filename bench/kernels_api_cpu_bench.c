@@ -112,7 +112,7 @@ int main(int argc, char **argv)
     float *qkv = malloc((size_t)rows * 3 * W * sizeof(float));
     for (size_t i = 0; i < (size_t)rows * 3 * W; i++) qkv[i] = (float)(int)(next() % 255 - 127) / 128.0f;
     float *a1 = malloc((size_t)rows * W * sizeof(float)), *a2 = malloc((size_t)rows * W * sizeof(float));
-    float *scratch = malloc(fl_cpu_attention_scratch(L) * sizeof(float));
+    float *scratch = malloc(fl_cpu_attention_scratch(L, DH) * sizeof(float));
     int64_t ch[S + 1], cc[S + 1];
     for (int s = 0; s <= S; s++) ch[s] = (int64_t)s * L, cc[s] = (int64_t)s * M;
     flame_attention_params ap = {0};

@@ -502,7 +502,7 @@ static void check_attention(int64_t nh, int64_t nc, int32_t H, int32_t dh, bool 
     }
     float *out = malloc((size_t)((nq + 1) * d) * sizeof(float));
     tu_poison(out, (size_t)((nq + 1) * d));
-    float *scratch = malloc(fl_cpu_attention_scratch(nh) * sizeof(float));
+    float *scratch = malloc(fl_cpu_attention_scratch(nh, dh) * sizeof(float));
     fl_cpu_attention_sumi(nh, nc, H, dh, q, d, subset ? qpos : NULL, nq, k, v, d, valid, out, d, scratch);
     double *want = malloc((size_t)((nq + 1) * d) * sizeof(double));
     attention_ref(nh, nc, H, dh, q, subset ? qpos : NULL, nq, k, v, valid, want);

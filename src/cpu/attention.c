@@ -1,22 +1,37 @@
 /* SUMI attention on the CPU (contract in kernels.h).
- * Row by row: the logits against the visible history keys, the softmax, the weighted sum of
- * the history values, then a candidate's own key/value term. Candidates never see each other,
- * so no candidate-candidate block is ever computed. No BLAS call: a history is a few to a few
- * hundred keys (tiny GEMMs a BLAS packs for), and the engine runs requests and heads on its
- * own threads, where BLAS threads would oversubscribe the cores. */
+ * Blocks of QB query rows, so that each key and value row is read once per block instead of
+ * once per query row (row by row the kernel was bound by re-reading K and V). Per block and head:
+ *   1. logits S[j][r] = q_r . k_j / sqrt(dh) for every key some row of the block may see, with
+ *      the block's queries transposed to [dh][QB]: one key's products for all rows are a vector;
+ *   2. each row's softmax over its own visible keys (the others are -inf, weight 0);
+ *   3. O[e][r] = sum_j w_j[r] v_j[e], EC columns e at a time held in registers;
+ *   4. out_r = O[.][r] / sum_r plus a candidate's own key/value term.
+ * Each lane runs the same operations in the same order whichever rows share its block (an
+ * invisible key adds exact zeros to sums that start at +0), so a row's output depends only on
+ * its query and its visible keys, and every clone gives the same bits. Candidates never see
+ * each other, so no candidate-candidate block is computed. No BLAS call: a history is a few to
+ * a few thousand keys (tiny GEMMs a BLAS packs for), and the engine runs requests and heads on
+ * its own threads, where BLAS threads would oversubscribe the cores. */
 #include <math.h>
 
 #include "cpu/clones.h"
+#include "cpu/expf.h"
 #include "cpu/kernels.h"
 
+enum {
+    QB = 16, /* query rows per block: one AVX-512 vector of float32 */
+    KB = 8,  /* keys in flight in the logit loop (independent add chains) */
+    EC = 8,  /* output columns accumulated in registers in the P.V loop */
+};
+_Static_assert(KB == 8 && EC == 8, "the logit and P.V loops name their 8 accumulators one by one");
 
-size_t fl_cpu_attention_scratch(int64_t n_hist)
+size_t fl_cpu_attention_scratch(int64_t n_hist, int32_t dh)
 {
-    return (size_t)(n_hist > 0 ? n_hist : 1); /* one query row's weights */
+    const size_t keys = (size_t)(n_hist > 0 ? n_hist : 0), width = (size_t)(dh > 0 ? dh : 1);
+    return (keys + width) * QB; /* logits then weights [n_hist][QB], transposed queries [dh][QB] */
 }
 
-/* q . k over n in a fixed order (16 partial sums, then a fixed tree); vectorised by the
- * compiler for the CPU it is compiled for, the same bits for every version. */
+/* q . k over n in a fixed order (16 partial sums, then a fixed tree); a candidate's own key. */
 static inline float dot(const float *a, const float *b, int32_t n)
 {
     float acc[16] = {0};
@@ -30,45 +45,152 @@ static inline float dot(const float *a, const float *b, int32_t n)
     return s;
 }
 
-/* One query row: w[j] = softmax weights over the visible history keys (0 elsewhere), *self_w
- * its own key's weight (candidates), then out = sum_j w[j] v_j + self_w v_p. */
-FL_CLONES static void attend_row(int64_t n_hist, int64_t p, int32_t dh, float scale, const float *qi, const float *k,
-                                 const float *v, int64_t ldkv, const uint8_t *key_valid, float *w, float *o)
+/* s[j][r] = scale * (qt[.][r] . k_j) for j < nk, each lane summed over e in ascending order. */
+static inline void logits(const float *qt, int32_t dh, const float *k, int64_t ldkv, int64_t nk, float scale,
+                          float *s)
 {
-    const bool cand = p >= n_hist;
-    const int64_t nvis = cand ? n_hist : p + 1; /* history keys 0..nvis-1 may be visible */
-    const bool self_ok = cand && (!key_valid || key_valid[p]);
-    const float self_logit = self_ok ? scale * dot(qi, k + p * ldkv, dh) : 0.0f;
-    float mx = self_ok ? self_logit : -INFINITY;
-    for (int64_t j = 0; j < nvis; j++) {
-        if (key_valid && !key_valid[j]) {
-            w[j] = -INFINITY;
-            continue;
+    int64_t j = 0;
+    for (; j + KB <= nk; j += KB) {
+        /* KB separate accumulators in one lane loop: GCC keeps each in a vector register */
+        float acc[KB][QB] = {{0}};
+        float *a0 = acc[0], *a1 = acc[1], *a2 = acc[2], *a3 = acc[3], *a4 = acc[4], *a5 = acc[5], *a6 = acc[6],
+              *a7 = acc[7];
+        const float *k0 = k + j * ldkv;
+        for (int32_t e = 0; e < dh; e++) {
+            const float *qe = qt + (size_t)e * QB, *ke = k0 + e;
+            const float x0 = ke[0], x1 = ke[ldkv], x2 = ke[2 * ldkv], x3 = ke[3 * ldkv], x4 = ke[4 * ldkv],
+                        x5 = ke[5 * ldkv], x6 = ke[6 * ldkv], x7 = ke[7 * ldkv];
+            for (int r = 0; r < QB; r++) {
+                const float qr = qe[r];
+                a0[r] += qr * x0;
+                a1[r] += qr * x1;
+                a2[r] += qr * x2;
+                a3[r] += qr * x3;
+                a4[r] += qr * x4;
+                a5[r] += qr * x5;
+                a6[r] += qr * x6;
+                a7[r] += qr * x7;
+            }
         }
-        w[j] = scale * dot(qi, k + j * ldkv, dh);
-        if (w[j] > mx) mx = w[j];
+        for (int b = 0; b < KB; b++)
+            for (int r = 0; r < QB; r++) s[(j + b) * QB + r] = scale * acc[b][r];
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < nvis; j++) {
-        const float e = w[j] == -INFINITY ? 0.0f : expf(w[j] - mx);
-        w[j] = e;
-        sum += e;
+    for (; j < nk; j++) {
+        float acc[QB] = {0};
+        const float *kj = k + j * ldkv;
+        for (int32_t e = 0; e < dh; e++)
+            for (int r = 0; r < QB; r++) acc[r] += qt[(size_t)e * QB + r] * kj[e];
+        for (int r = 0; r < QB; r++) s[j * QB + r] = scale * acc[r];
     }
-    const float es = self_ok ? expf(self_logit - mx) : 0.0f;
-    sum += es;
-    /* no visible key: every weight stays 0 and the output row is zeros, never NaN */
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int32_t e = 0; e < dh; e++) o[e] = 0.0f;
-    for (int64_t j = 0; j < nvis; j++) {
-        const float wj = w[j] * inv;
-        if (wj == 0.0f) continue;
-        const float *vj = v + j * ldkv;
-        for (int32_t e = 0; e < dh; e++) o[e] += wj * vj[e];
+}
+
+/* Per-row results of the softmax, applied when the output rows are written. */
+typedef struct row_norm {
+    float inv[QB];       /* 1 / sum of the row's weights (0 when it sees no key) */
+    float self_w[QB];    /* a candidate's own key's normalised weight (0 for history rows) */
+    const float *vp[QB]; /* a candidate's own value row */
+} row_norm;
+
+/* out[r][e0 + c] = acc[c][r] * inv[r] + self_w[r] * vp[r][e0 + c], c < ncol, r < nrows. */
+static inline void store_cols(const float *acc, int ncol, int32_t e0, const row_norm *rn, int64_t nrows, float *out,
+                              int64_t ldo)
+{
+    for (int64_t r = 0; r < nrows; r++) {
+        float *o = out + r * ldo + e0;
+        const float inv = rn->inv[r], sw = rn->self_w[r];
+        if (sw != 0.0f)
+            for (int c = 0; c < ncol; c++) o[c] = acc[c * QB + r] * inv + sw * rn->vp[r][e0 + c];
+        else
+            for (int c = 0; c < ncol; c++) o[c] = acc[c * QB + r] * inv;
     }
-    const float sw = es * inv;
-    if (sw != 0.0f) {
-        const float *vp = v + p * ldkv;
-        for (int32_t e = 0; e < dh; e++) o[e] += sw * vp[e];
+}
+
+/* One block of nrows <= QB query rows (positions pos[]) of one head. */
+FL_CLONES static void attend_block(int64_t n_hist, const int64_t *pos, int64_t nrows, int32_t dh, float scale,
+                                   const float *q, int64_t ldq, const float *k, const float *v, int64_t ldkv,
+                                   const uint8_t *key_valid, float *out, int64_t ldo, float *scratch)
+{
+    float *s = scratch, *qt = scratch + (size_t)(n_hist > 0 ? n_hist : 0) * QB;
+    int32_t lim[QB];   /* row r may see history keys j < lim[r] */
+    float self[QB];    /* a candidate's scaled own logit; -inf when it has none */
+    row_norm rn;
+    int64_t nk = 0;    /* keys any row of the block may see */
+    for (int64_t r = 0; r < QB; r++) {
+        const bool real = r < nrows, cand = real && pos[r] >= n_hist;
+        lim[r] = !real ? 0 : (int32_t)(cand ? n_hist : pos[r] + 1);
+        if (lim[r] > nk) nk = lim[r];
+        const bool self_ok = cand && (!key_valid || key_valid[pos[r]]);
+        self[r] = self_ok ? scale * dot(q + r * ldq, k + pos[r] * ldkv, dh) : -INFINITY;
+        rn.vp[r] = cand ? v + pos[r] * ldkv : NULL;
+        for (int32_t e = 0; e < dh; e++) qt[(size_t)e * QB + r] = real ? q[r * ldq + e] : 0.0f;
+    }
+
+    logits(qt, dh, k, ldkv, nk, scale, s);
+
+    float mx[QB], sum[QB];
+    for (int r = 0; r < QB; r++) mx[r] = self[r];
+    for (int64_t j = 0; j < nk; j++) {
+        float *sj = s + j * QB;
+        const int32_t jj = (int32_t)j;
+        const bool valid = !key_valid || key_valid[j];
+        for (int r = 0; r < QB; r++) {
+            const float x = valid && jj < lim[r] ? sj[r] : -INFINITY;
+            sj[r] = x;
+            mx[r] = x > mx[r] ? x : mx[r];
+        }
+    }
+    for (int r = 0; r < QB; r++) {
+        if (mx[r] == -INFINITY) mx[r] = 0.0f; /* no visible key: every weight is exp(-inf) = 0 */
+        sum[r] = 0.0f;
+    }
+    for (int64_t j = 0; j < nk; j++) {
+        float *sj = s + j * QB;
+        for (int r = 0; r < QB; r++) {
+            const float w = fl_cpu_expf(sj[r] - mx[r]);
+            sj[r] = w;
+            sum[r] += w;
+        }
+    }
+    for (int r = 0; r < QB; r++) {
+        const float es = fl_cpu_expf(self[r] - mx[r]);
+        sum[r] += es;
+        /* no visible key: the output row is zeros, never NaN */
+        rn.inv[r] = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+        rn.self_w[r] = es * rn.inv[r];
+    }
+
+    int32_t e0 = 0;
+    for (; e0 + EC <= dh; e0 += EC) {
+        /* EC separate accumulators in one lane loop: GCC keeps each in a vector register */
+        float acc[EC][QB] = {{0}};
+        float *a0 = acc[0], *a1 = acc[1], *a2 = acc[2], *a3 = acc[3], *a4 = acc[4], *a5 = acc[5], *a6 = acc[6],
+              *a7 = acc[7];
+        for (int64_t j = 0; j < nk; j++) {
+            if (key_valid && !key_valid[j]) continue; /* a padding key's value row may hold anything */
+            const float *wj = s + j * QB, *vj = v + j * ldkv + e0;
+            const float x0 = vj[0], x1 = vj[1], x2 = vj[2], x3 = vj[3], x4 = vj[4], x5 = vj[5], x6 = vj[6], x7 = vj[7];
+            for (int r = 0; r < QB; r++) {
+                const float w = wj[r];
+                a0[r] += w * x0;
+                a1[r] += w * x1;
+                a2[r] += w * x2;
+                a3[r] += w * x3;
+                a4[r] += w * x4;
+                a5[r] += w * x5;
+                a6[r] += w * x6;
+                a7[r] += w * x7;
+            }
+        }
+        store_cols(&acc[0][0], EC, e0, &rn, nrows, out, ldo);
+    }
+    for (; e0 < dh; e0++) {
+        float acc[QB] = {0};
+        for (int64_t j = 0; j < nk; j++) {
+            if (key_valid && !key_valid[j]) continue;
+            const float x = v[j * ldkv + e0], *wj = s + j * QB;
+            for (int r = 0; r < QB; r++) acc[r] += wj[r] * x;
+        }
+        store_cols(acc, 1, e0, &rn, nrows, out, ldo);
     }
 }
 
@@ -78,12 +200,14 @@ void fl_cpu_attention_sumi(int64_t n_hist, int64_t n_cand, int32_t heads, int32_
 {
     (void)n_cand;
     const float scale = 1.0f / sqrtf((float)dh);
-    for (int32_t h = 0; h < heads; h++) {
-        const int64_t col = (int64_t)h * dh;
-        for (int64_t i = 0; i < nq; i++) {
-            const int64_t p = qpos ? qpos[i] : i;
-            attend_row(n_hist, p, dh, scale, q + i * ldq + col, k + col, v + col, ldkv, key_valid, scratch,
-                       out + i * ldo + col);
+    for (int64_t i0 = 0; i0 < nq; i0 += QB) {
+        const int64_t nrows = nq - i0 < QB ? nq - i0 : QB;
+        int64_t pos[QB];
+        for (int64_t r = 0; r < nrows; r++) pos[r] = qpos ? qpos[i0 + r] : i0 + r;
+        for (int32_t h = 0; h < heads; h++) {
+            const int64_t col = (int64_t)h * dh;
+            attend_block(n_hist, pos, nrows, dh, scale, q + i0 * ldq + col, ldq, k + col, v + col, ldkv, key_valid,
+                         out + i0 * ldo + col, ldo, scratch);
         }
     }
 }

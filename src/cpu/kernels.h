@@ -53,8 +53,9 @@ void fl_cpu_linear(int64_t rows, int32_t in, int32_t out, const float *x, int64_
  * gelu_tanh: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016); relu. */
 void fl_cpu_activation(int64_t rows, int32_t cols, float *x, int64_t ld, fl_act_kind act);
 
-/* Scratch floats fl_cpu_attention_sumi needs for a sequence of n_hist history tokens. */
-size_t fl_cpu_attention_scratch(int64_t n_hist);
+/* Scratch floats fl_cpu_attention_sumi needs for a sequence of n_hist history tokens and heads
+ * of width dh (one block of query rows' logits over the history, and its transposed queries). */
+size_t fl_cpu_attention_scratch(int64_t n_hist, int32_t dh);
 
 /* SUMI attention for one sequence of T = n_hist + n_cand tokens, H heads of width dh
  * (head h = columns h*dh .. h*dh+dh-1 of each row):
@@ -63,7 +64,7 @@ size_t fl_cpu_attention_scratch(int64_t n_hist);
  *   key_valid (optional, [T]) removes padding keys; a query that sees no key outputs zeros.
  * out_i = softmax_j(q_i . k_j / sqrt(dh)) v_j over the visible j (Vaswani et al. 2017).
  * q: [nq rows, ldq], the queries for positions qpos[0..nq) (NULL: positions 0..nq-1), ascending.
- * k, v: [T rows, ldkv]. out: [nq rows, ldo]. scratch: fl_cpu_attention_scratch(n_hist) floats. */
+ * k, v: [T rows, ldkv]. out: [nq rows, ldo]. scratch: fl_cpu_attention_scratch(n_hist, dh) floats. */
 void fl_cpu_attention_sumi(int64_t n_hist, int64_t n_cand, int32_t heads, int32_t dh, const float *q, int64_t ldq,
                            const int32_t *qpos, int64_t nq, const float *k, const float *v, int64_t ldkv,
                            const uint8_t *key_valid, float *out, int64_t ldo, float *scratch);

@@ -140,7 +140,7 @@ static size_t carve(batch *b, fl_workspace *ws)
 {
     const fl_model_cfg *c = &b->model->cfg;
     int64_t T = b->T > 0 ? b->T : 1, S = b->S > 0 ? b->S : 1, d = c->d_model;
-    b->att_per = fl_cpu_attention_scratch(b->max_n);
+    b->att_per = fl_cpu_attention_scratch(b->max_n, (int32_t)(d / c->num_heads));
     b->pack_per = c->head == FLAME_HEAD_DOT ? fl_cpu_gemm_nt_scratch((int32_t)d) : 0;
     int64_t widest = c->ffn_dim > d ? c->ffn_dim : d;
     for (int t = 0; c->head == FLAME_HEAD_SUMI && t < c->num_tasks; t++)

@@ -55,7 +55,7 @@ static size_t carve(kv_pass *k, fl_workspace *ws)
     int64_t R = nh > ch ? nh : ch;
     if (R < 1) R = 1;
     k->R = (int32_t)R;
-    k->att_per = fl_cpu_attention_scratch(n);
+    k->att_per = fl_cpu_attention_scratch(n, (int32_t)(d / c->num_heads));
     const int64_t widest = widest_of(c);
     struct {
         void **dst;

@@ -75,7 +75,7 @@ static void attn_seq(void *ctx, int64_t s, int worker)
     if (sq->len == 0) return;
     char *mine = j->mem + j->per * (size_t)worker;
     float *scratch = (float *)mine;
-    int32_t *qpos = j->none_mask ? (int32_t *)(mine + fl_cpu_attention_scratch(j->longest) * sizeof(float)) : NULL;
+    int32_t *qpos = j->none_mask ? (int32_t *)(mine + fl_cpu_attention_scratch(j->longest, j->dh) * sizeof(float)) : NULL;
     if (j->none_mask)
         for (int32_t i = 0; i < sq->len; i++) qpos[i] = sq->len - 1;
     fl_cpu_attention_sumi(sq->n_hist, sq->len - sq->n_hist, j->heads, j->dh, j->q + sq->row * j->ldq, j->ldq, qpos,
@@ -93,7 +93,7 @@ static flame_status cpu_attention(const fl_attn_seq *seqs, int64_t num_seqs, boo
     for (int64_t s = 0; s < num_seqs; s++) longest = seqs[s].len > longest ? seqs[s].len : longest;
     if (threads > num_seqs) threads = (int)num_seqs;
     /* every thread's scratch is allocated before anything is computed, so a failure writes nothing */
-    const size_t per = fl_cpu_attention_scratch(longest) * sizeof(float) + (none_mask ? (size_t)longest * 4 : 0);
+    const size_t per = fl_cpu_attention_scratch(longest, dh) * sizeof(float) + (none_mask ? (size_t)longest * 4 : 0);
     if (threads < 1) threads = 1;
     char *mem = malloc(per * (size_t)threads);
     if (!mem) return fl_error(FLAME_ERR_NOMEM, "attention: %zu bytes of scratch", per * (size_t)threads);
