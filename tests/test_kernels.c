@@ -1,6 +1,10 @@
 /* Every CPU kernel against an independent float64 reference on fresh random inputs
  * (normwise relative error < 1e-5); outputs are poisoned with NaN first. */
+#include <float.h>
+#include <string.h>
+
 #include "testutil.h"
+#include "cpu/expf.h"
 #include "cpu/kernels.h"
 
 #define TOL 1e-5
@@ -449,6 +453,59 @@ static void test_dot_rows_q8(void **state)
     }
 }
 
+/* ---- e^x of the attention softmax (cpu/expf.h) */
+
+static float float_of_bits(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* Every 127th float32 of [-104, 89] (every exponent, mantissas spread) plus fresh random
+ * arguments: relative error < 2e-7 wherever e^x is a normal float, within one subnormal step
+ * (2^-149) below FLT_MIN; exact at the ends. */
+static void test_expf_accuracy(void **state)
+{
+    double worst = 0.0, worst_x = 0.0;
+    uint32_t n = 0;
+    for (int sign = 0; sign < 2; sign++)
+        for (uint32_t b = 0; b <= 0x42d00000u; b += 127) { /* |x| from 0 to 104 */
+            const float x = sign ? -float_of_bits(b) : float_of_bits(b);
+            if (x > 89.0f || x < -104.0f) continue;
+            const double want = exp((double)x);
+            const float got = fl_cpu_expf(x);
+            n++;
+            if (want > FLT_MAX) {
+                if (!(isinf(got) && got > 0)) fail_msg("expf(%.9g) = %.9g, want +inf", x, got);
+            } else if (want >= FLT_MIN) {
+                const double rel = fabs((double)got - want) / want;
+                if (rel > worst) worst = rel, worst_x = x;
+            } else if (!(fabs((double)got - want) <= 0x1p-149)) {
+                fail_msg("expf(%.9g) = %.9g, want %.9g (subnormal)", x, got, want);
+            }
+        }
+    for (int i = 0; i < 1000000; i++) {
+        const float x = -87.0f * (tu_uniform() + 1.0f) * 0.5f; /* the softmax's arguments: x <= 0 */
+        const double want = exp((double)x), rel = fabs((double)fl_cpu_expf(x) - want) / want;
+        if (rel > worst) worst = rel, worst_x = x;
+    }
+    print_message("expf: %u grid points, worst relative error %.3g at x = %.9g\n", n, worst, worst_x);
+    if (!(worst < 2e-7)) fail_msg("expf relative error %.3g at x = %.9g", worst, worst_x);
+    assert_true(fl_cpu_expf(0.0f) == 1.0f);
+    assert_true(fl_cpu_expf(-0.0f) == 1.0f);
+    assert_true(fl_cpu_expf(-INFINITY) == 0.0f);
+    assert_true(fl_cpu_expf(-104.0f) == 0.0f);
+    assert_true(fl_cpu_expf(-1000.0f) == 0.0f);
+    assert_true(fl_cpu_expf(-FLT_MAX) == 0.0f);
+    assert_true(fl_cpu_expf(88.7228f) < INFINITY); /* just below ln(FLT_MAX) */
+    assert_true(isinf(fl_cpu_expf(88.73f)) && fl_cpu_expf(88.73f) > 0);
+    assert_true(isinf(fl_cpu_expf(INFINITY)) && fl_cpu_expf(INFINITY) > 0);
+    assert_true(isinf(fl_cpu_expf(FLT_MAX)));
+    assert_true(isnan(fl_cpu_expf(NAN)));
+    assert_true(fl_cpu_expf(-103.0f) > 0.0f); /* subnormal, not flushed */
+}
+
 /* ---- SUMI attention */
 
 /* Plain reference: explicit visibility test per (query, key), softmax in double. */
@@ -565,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_sigmoid_extremes),
         cmocka_unit_test(test_dot_gather),
         cmocka_unit_test(test_dot_rows_q8),
+        cmocka_unit_test(test_expf_accuracy),
         cmocka_unit_test(test_attention_causal_history_only),
         cmocka_unit_test(test_attention_sumi),
         cmocka_unit_test(test_attention_query_subset),
