@@ -598,14 +598,146 @@ static void test_attention_padding_mask_and_empty_rows(void **state)
     for (int rep = 0; rep < 10; rep++) check_attention(1 + tu_below(100), tu_below(30), 2, 8, rep & 1, true);
     /* every key masked: every row is zeros, never NaN */
     int64_t T = 6, d = 8;
-    float *k = randf(T * d), *v = randf(T * d), *q = randf(T * d), out[48], scratch[64 * 6];
+    float *k = randf(T * d), *v = randf(T * d), *q = randf(T * d), out[48];
+    float *scratch = malloc(fl_cpu_attention_scratch(4, 8) * sizeof(float));
     uint8_t none[6] = {0};
     tu_poison(out, 48);
     fl_cpu_attention_sumi(4, 2, 1, 8, q, d, NULL, T, k, v, d, none, out, d, scratch);
     for (int i = 0; i < 48; i++) assert_true(out[i] == 0.0f);
+    free(scratch);
     free(k);
     free(v);
     free(q);
+}
+
+/* Query positions of a call: all (qpos NULL), a random subset mixing history and candidate
+ * rows, the candidates only (a KV-cache hit), or every row at the last position (the
+ * NONE-mask caller, where a query sees every key). */
+typedef enum { QP_ALL, QP_SUBSET, QP_CANDS, QP_LAST } qpos_kind;
+
+/* The blocked kernel's edges (blocks of 16 query rows, 8 keys and 8 columns at a time) against
+ * the float64 reference with an explicit visibility test. Rows are strided with gaps that must
+ * stay untouched; a row that sees no key must be exactly zero. mask_every: 0 no key_valid, 1
+ * every key masked, n a key masked with probability 1/n. */
+static void check_attention_edges(int64_t nh, int64_t nc, int32_t H, int32_t dh, qpos_kind kind, int mask_every)
+{
+    const int64_t T = nh + nc, d = (int64_t)H * dh, ldq = d + 5, ldkv = d + 2, ldo = d + 3;
+    float *k = randf((size_t)(T * ldkv + 1)), *v = randf((size_t)(T * ldkv + 1));
+    for (int64_t i = 0; i < T * ldkv; i++) k[i] *= 3.0f; /* peaky softmax */
+    int32_t *qpos = malloc((size_t)(T + 1) * sizeof(int32_t));
+    int64_t nq = 0;
+    for (int64_t p = 0; p < T; p++) {
+        if (kind == QP_SUBSET && tu_below(3) == 0) continue;
+        if (kind == QP_CANDS && p < nh) continue;
+        qpos[nq++] = (int32_t)(kind == QP_LAST ? T - 1 : p);
+    }
+    uint8_t *valid = NULL;
+    if (mask_every) {
+        valid = malloc((size_t)T + 1);
+        for (int64_t j = 0; j < T; j++) valid[j] = tu_below(mask_every) != 0;
+    }
+    float *q = randf((size_t)(nq * ldq + 1)), *out = malloc((size_t)(nq * ldo + 1) * sizeof(float));
+    const size_t ns = fl_cpu_attention_scratch(nh, dh);
+    float *scratch = malloc(ns * sizeof(float));
+    tu_poison(out, (size_t)(nq * ldo + 1));
+    tu_poison(scratch, ns);
+    fl_cpu_attention_sumi(nh, nc, H, dh, q, ldq, kind == QP_ALL ? NULL : qpos, nq, k, v, ldkv, valid, out, ldo,
+                          scratch);
+
+    /* dense copies for the reference */
+    float *qd = malloc((size_t)(nq * d + 1) * sizeof(float)), *kd = malloc((size_t)(T * d + 1) * sizeof(float));
+    float *vd = malloc((size_t)(T * d + 1) * sizeof(float)), *got = malloc((size_t)(nq * d + 1) * sizeof(float));
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t c = 0; c < d; c++) qd[i * d + c] = q[i * ldq + c], got[i * d + c] = out[i * ldo + c];
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t c = 0; c < d; c++) kd[j * d + c] = k[j * ldkv + c], vd[j * d + c] = v[j * ldkv + c];
+    double *want = malloc((size_t)(nq * d + 1) * sizeof(double));
+    attention_ref(nh, nc, H, dh, qd, qpos, nq, kd, vd, valid, want);
+    if (nq) assert_rel_err_below(got, want, (size_t)(nq * d), TOL);
+    for (int64_t i = 0; i < nq; i++) {
+        for (int64_t g = d; g < ldo; g++)
+            if (!isnan(out[i * ldo + g])) fail_msg("row %lld: gap column %lld written", (long long)i, (long long)g);
+        int64_t seen = 0;
+        for (int64_t j = 0; j < T; j++) {
+            const bool vis = qpos[i] < nh ? j <= qpos[i] : (j < nh || j == qpos[i]);
+            seen += vis && (!valid || valid[j]);
+        }
+        for (int64_t c = 0; seen == 0 && c < d; c++)
+            if (got[i * d + c] != 0.0f)
+                fail_msg("row %lld (position %d) sees no key but column %lld is %g", (long long)i, qpos[i],
+                         (long long)c, got[i * d + c]);
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(qpos);
+    free(valid);
+    free(out);
+    free(scratch);
+    free(qd);
+    free(kd);
+    free(vd);
+    free(got);
+    free(want);
+}
+
+static void test_attention_block_edges(void **state)
+{
+    const int32_t dhs[] = {16, 24, 64, 128, 1, 5, 37};
+    const int64_t nhs[] = {0, 1, 15, 16, 17, 100};
+    const int masks[] = {0, 4, 1, 2};
+    int n = 0;
+    for (size_t a = 0; a < sizeof dhs / sizeof dhs[0]; a++)
+        for (size_t b = 0; b < sizeof nhs / sizeof nhs[0]; b++)
+            for (int kind = QP_ALL; kind <= QP_LAST; kind++, n++) {
+                const int64_t nc = n % 5 == 0 ? 0 : 1 + tu_below(40); /* n_cand 0 too */
+                check_attention_edges(nhs[b], nc, 1 + (int32_t)(n % 2), dhs[a], (qpos_kind)kind, masks[n % 4]);
+            }
+}
+
+/* A row's output is the same bits whichever rows share its block: a random subset of positions
+ * against the same rows computed among all positions. */
+static void test_attention_rows_independent_of_block(void **state)
+{
+    const int32_t dhs[] = {8, 24, 33, 64};
+    for (int rep = 0; rep < 16; rep++) {
+        const int64_t nh = tu_below(60), nc = 1 + tu_below(40), T = nh + nc;
+        const int32_t H = 1 + (int32_t)(rep % 2), dh = dhs[rep % 4];
+        const int64_t d = (int64_t)H * dh;
+        float *q = randf((size_t)(T * d)), *k = randf((size_t)(T * d)), *v = randf((size_t)(T * d));
+        uint8_t *valid = NULL;
+        if (rep & 2) {
+            valid = malloc((size_t)T);
+            for (int64_t j = 0; j < T; j++) valid[j] = tu_below(3) != 0;
+        }
+        float *all = malloc((size_t)(T * d) * sizeof(float)), *sub = malloc((size_t)(T * d) * sizeof(float));
+        float *qs = malloc((size_t)(T * d) * sizeof(float));
+        int32_t *qpos = malloc((size_t)T * sizeof(int32_t));
+        float *scratch = malloc(fl_cpu_attention_scratch(nh, dh) * sizeof(float));
+        int64_t nq = 0;
+        for (int64_t p = 0; p < T; p++)
+            if (tu_below(2)) {
+                memcpy(qs + nq * d, q + p * d, (size_t)d * sizeof(float));
+                qpos[nq++] = (int32_t)p;
+            }
+        tu_poison(all, (size_t)(T * d));
+        tu_poison(sub, (size_t)(T * d));
+        fl_cpu_attention_sumi(nh, nc, H, dh, q, d, NULL, T, k, v, d, valid, all, d, scratch);
+        fl_cpu_attention_sumi(nh, nc, H, dh, qs, d, qpos, nq, k, v, d, valid, sub, d, scratch);
+        for (int64_t i = 0; i < nq; i++)
+            if (memcmp(sub + i * d, all + qpos[i] * d, (size_t)d * sizeof(float)))
+                fail_msg("position %d: other bits in a block of other rows (n_hist %lld, dh %d)", qpos[i],
+                         (long long)nh, dh);
+        free(q);
+        free(k);
+        free(v);
+        free(valid);
+        free(all);
+        free(sub);
+        free(qs);
+        free(qpos);
+        free(scratch);
+    }
 }
 
 int main(void)
@@ -627,6 +759,8 @@ int main(void)
         cmocka_unit_test(test_attention_sumi),
         cmocka_unit_test(test_attention_query_subset),
         cmocka_unit_test(test_attention_padding_mask_and_empty_rows),
+        cmocka_unit_test(test_attention_block_edges),
+        cmocka_unit_test(test_attention_rows_independent_of_block),
     };
     return cmocka_run_group_tests_name("cpu kernels", tests, setup, NULL);
 }
