@@ -51,7 +51,8 @@ static inline void logits(const float *qt, int32_t dh, const float *k, int64_t l
 {
     int64_t j = 0;
     for (; j + KB <= nk; j += KB) {
-        /* KB separate accumulators in one lane loop: GCC keeps each in a vector register */
+        /* one statement per key in a single lane loop, each accumulator a vector register: written
+         * as a loop over the keys, GCC 12 vectorised across the keys with shuffles instead */
         float acc[KB][QB] = {{0}};
         float *a0 = acc[0], *a1 = acc[1], *a2 = acc[2], *a3 = acc[3], *a4 = acc[4], *a5 = acc[5], *a6 = acc[6],
               *a7 = acc[7];
@@ -161,7 +162,7 @@ FL_CLONES static void attend_block(int64_t n_hist, const int64_t *pos, int64_t n
 
     int32_t e0 = 0;
     for (; e0 + EC <= dh; e0 += EC) {
-        /* EC separate accumulators in one lane loop: GCC keeps each in a vector register */
+        /* one statement per column in a single lane loop, as in logits() */
         float acc[EC][QB] = {{0}};
         float *a0 = acc[0], *a1 = acc[1], *a2 = acc[2], *a3 = acc[3], *a4 = acc[4], *a5 = acc[5], *a6 = acc[6],
               *a7 = acc[7];

@@ -64,7 +64,9 @@ size_t fl_cpu_attention_scratch(int64_t n_hist, int32_t dh);
  *   key_valid (optional, [T]) removes padding keys; a query that sees no key outputs zeros.
  * out_i = softmax_j(q_i . k_j / sqrt(dh)) v_j over the visible j (Vaswani et al. 2017).
  * q: [nq rows, ldq], the queries for positions qpos[0..nq) (NULL: positions 0..nq-1), ascending.
- * k, v: [T rows, ldkv]. out: [nq rows, ldo]. scratch: fl_cpu_attention_scratch(n_hist, dh) floats. */
+ * k, v: [T rows, ldkv]. out: [nq rows, ldo]. scratch: fl_cpu_attention_scratch(n_hist, dh) floats.
+ * A row's output bits depend only on its query and its visible keys and values: not on the
+ * other rows of the call (qpos, nq) nor on the instruction set. */
 void fl_cpu_attention_sumi(int64_t n_hist, int64_t n_cand, int32_t heads, int32_t dh, const float *q, int64_t ldq,
                            const int32_t *qpos, int64_t nq, const float *k, const float *v, int64_t ldkv,
                            const uint8_t *key_valid, float *out, int64_t ldo, float *scratch);
