@@ -823,7 +823,16 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
     buffers b{};
     const size_t arena = carve_buffers(p, sizeof(T), nullptr, idx_bytes, b);
     topk_bufs th{}, td{};
-    const size_t staging_end = tk ? carve_topk(nullptr, idx_bytes, p.n, tk->k, th) : idx_bytes;
+    // Score rows up to STAGED_SCORES bytes come back through the executor's pinned staging and
+    // one memcpy: a device-to-host copy into the caller's pageable memory is staged by the driver
+    // and costs about 10 us at any size, a few times the call's other copies at batch 1. Larger
+    // rows (full sorts) go straight to the caller's memory, where that cost is amortised.
+    constexpr size_t STAGED_SCORES = 256 * 1024;
+    const size_t score_bytes = tk ? 0 : (size_t)(p.prof ? p.real_scores : p.total_scores) * sizeof(float);
+    const bool staged_scores = score_bytes <= STAGED_SCORES;
+    const size_t scores_at = (idx_bytes + 255) & ~(size_t)255;
+    const size_t staging_end = tk ? carve_topk(nullptr, idx_bytes, p.n, tk->k, th)
+                                  : staged_scores ? scores_at + score_bytes : idx_bytes;
     const size_t arena_end = tk ? carve_topk(nullptr, arena, p.n, tk->k, td) : arena;
     FL_TRY(grow(g, x, staging_end, arena_end));
     carve_indices(p, x->staging, p.host);
@@ -855,16 +864,14 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
     if (p.prof && !tk) // the real users' scores, in the caller's order
         FL_TRY(fl_cuda_copy_segments(b.scores, p.dev.segs, p.shape.users, b.packed, x->stream));
     FL_CUDA_TRY(cudaEventRecord(x->ev[2], x->stream));
+    float *back = staged_scores ? reinterpret_cast<float *>(x->staging + scores_at) : scores;
     if (tk)
         FL_CUDA_TRY(cudaMemcpyAsync(th.pos, td.pos, th.back_bytes, cudaMemcpyDeviceToHost, x->stream));
-    else if (p.prof)
-        FL_CUDA_TRY(cudaMemcpyAsync(scores, b.packed, (size_t)p.real_scores * sizeof(float), cudaMemcpyDeviceToHost,
-                                    x->stream));
     else
-        FL_CUDA_TRY(cudaMemcpyAsync(scores, b.scores, (size_t)p.total_scores * sizeof(float), cudaMemcpyDeviceToHost,
-                                    x->stream));
+        FL_CUDA_TRY(cudaMemcpyAsync(back, p.prof ? b.packed : b.scores, score_bytes, cudaMemcpyDeviceToHost, x->stream));
     FL_CUDA_TRY(cudaEventRecord(x->ev[3], x->stream));
     FL_CUDA_TRY(cudaStreamSynchronize(x->stream));
+    if (!tk && staged_scores) memcpy(scores, back, score_bytes);
     for (size_t r = 0; tk && r < p.n; r++) FL_TRY(topk_finish(p, b, th, *tk, r));
     if (p.prof && !p.warm) {
         p.g->profile_passes.fetch_add(1, std::memory_order_relaxed);
