@@ -7,6 +7,7 @@
 #include "testutil.h"
 #include "tu_gpu.h"
 #include "tu_model_file.h"
+#include "tu_models.h"
 #include "tu_requests.h"
 
 
@@ -316,6 +317,47 @@ static void test_graph_replay_matches_cpu(void **state)
     flame_model_destroy(m);
 }
 
+/* Score rows of either size on their way back: a call of a few candidates (its rows come back
+ * through the executor's pinned staging) and a full sort of 80,000 items for two users
+ * (640,000 bytes of scores, past the staging's 256 KiB: copied into the caller's memory
+ * directly), each against the CPU engine, the output poisoned and its end untouched. */
+static void test_score_rows_small_and_large(void **state)
+{
+    TU_NEED_GPU();
+    enum { ITEMS = 80000, R = 2 };
+    flame_model *m = NULL;
+    flame_engine *cpu = NULL;
+    assert_int_equal(flame_model_create_random(TU_DOT_CONFIG(80000, 1, ""), tu_u64(), &m), FLAME_OK);
+    assert_int_equal(flame_engine_create(m, NULL, &cpu), FLAME_OK);
+    flame_engine *gpu = gpu_engine(m, "fp32");
+    int64_t *all = malloc(ITEMS * sizeof *all), hist[R][6], few[5];
+    float *got = malloc((R * ITEMS + 1) * sizeof *got), *want = malloc(R * ITEMS * sizeof *want);
+    double *ref = malloc(R * ITEMS * sizeof *ref);
+    assert_non_null(all), assert_non_null(got), assert_non_null(want), assert_non_null(ref);
+    for (int i = 0; i < ITEMS; i++) all[i] = i;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 6; i++) hist[r][i] = tu_below(ITEMS);
+    for (int i = 0; i < 5; i++) few[i] = tu_below(ITEMS);
+    for (int big = 0; big < 2; big++) {
+        const size_t n = big ? R : 1, m_each = big ? ITEMS : 5, total = n * m_each;
+        flame_request req[R];
+        for (size_t r = 0; r < n; r++)
+            req[r] = (flame_request){.struct_size = sizeof req[r], .history = hist[r], .history_len = 6,
+                                     .candidates = big ? all : few, .num_candidates = m_each};
+        tu_poison(got, total + 1);
+        assert_int_equal(flame_score_batch(cpu, req, n, want, total), FLAME_OK);
+        if (flame_score_batch(gpu, req, n, got, total)) fail_msg("gpu: %s", flame_last_error());
+        for (size_t i = 0; i < total; i++) ref[i] = want[i];
+        assert_rel_err_below(got, ref, total, 1e-5);
+        assert_true(isnan(got[total]));
+        fprintf(stderr, "# %zu score bytes: GPU matches the CPU\n", total * sizeof(float));
+    }
+    free(all), free(got), free(want), free(ref);
+    flame_engine_destroy(gpu);
+    flame_engine_destroy(cpu);
+    flame_model_destroy(m);
+}
+
 /* A bag whose final offset contradicts its id count is refused by the GPU engine as by the
  * CPU one (validation is host-side and shared): same status, same message, nothing written. */
 static void test_bag_count_refused_like_cpu(void **state)
@@ -490,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_matrix_bf16),
         cmocka_unit_test(test_int8_tables_match_cpu),
         cmocka_unit_test(test_graph_replay_matches_cpu),
+        cmocka_unit_test(test_score_rows_small_and_large),
         cmocka_unit_test(test_bag_count_refused_like_cpu),
         cmocka_unit_test(test_attention_kernel_option),
         cmocka_unit_test(test_concurrent_callers),
