@@ -829,7 +829,7 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
     // rows (full sorts) go straight to the caller's memory, where that cost is amortised.
     constexpr size_t STAGED_SCORES = 256 * 1024;
     const size_t score_bytes = tk ? 0 : (size_t)(p.prof ? p.real_scores : p.total_scores) * sizeof(float);
-    const bool staged_scores = score_bytes <= STAGED_SCORES;
+    const bool staged_scores = !tk && score_bytes <= STAGED_SCORES;
     const size_t scores_at = (idx_bytes + 255) & ~(size_t)255;
     const size_t staging_end = tk ? carve_topk(nullptr, idx_bytes, p.n, tk->k, th)
                                   : staged_scores ? scores_at + score_bytes : idx_bytes;
@@ -871,7 +871,7 @@ template <typename T> flame_status run(fl_cuda_engine *g, pass &p, float *scores
         FL_CUDA_TRY(cudaMemcpyAsync(back, p.prof ? b.packed : b.scores, score_bytes, cudaMemcpyDeviceToHost, x->stream));
     FL_CUDA_TRY(cudaEventRecord(x->ev[3], x->stream));
     FL_CUDA_TRY(cudaStreamSynchronize(x->stream));
-    if (!tk && staged_scores) memcpy(scores, back, score_bytes);
+    if (staged_scores) memcpy(scores, back, score_bytes);
     for (size_t r = 0; tk && r < p.n; r++) FL_TRY(topk_finish(p, b, th, *tk, r));
     if (p.prof && !p.warm) {
         p.g->profile_passes.fetch_add(1, std::memory_order_relaxed);

@@ -292,6 +292,7 @@ __device__ __forceinline__ void tbe_describe(const tbe_check_args &a, fl_tbe_ind
 // launch of about one wave reads the ids at the memory's bandwidth instead of one dependent
 // load after another.
 constexpr int CHECK_THREADS = 256, CHECK_UNROLL = 8;
+constexpr int64_t CHECK_CHUNK = (int64_t)CHECK_THREADS * CHECK_UNROLL; // positions a block checks a step
 
 // blockIdx.y = table; each block checks chunks of CHECK_THREADS x CHECK_UNROLL consecutive
 // positions of offsets[0..batch] (phase 0) then ids/weights (phase 1), and lowers rec->key to
@@ -306,9 +307,9 @@ __global__ void __launch_bounds__(CHECK_THREADS) tbe_check_kernel(const __grid_c
     const int t = (int)blockIdx.y;
     const tbe_check_table &c = a.t[t];
     const int64_t noff = c.offsets ? a.batch + 1 : 0, n = described ? 0 : noff + c.num_ids;
-    constexpr int64_t CHUNK = (int64_t)CHECK_THREADS * CHECK_UNROLL;
     unsigned long long mine = NO_KEY;
-    for (int64_t base = blockIdx.x * CHUNK + threadIdx.x; base < n && mine == NO_KEY; base += gridDim.x * CHUNK) {
+    for (int64_t base = blockIdx.x * CHECK_CHUNK + threadIdx.x; base < n && mine == NO_KEY;
+         base += gridDim.x * CHECK_CHUNK) {
         int64_t v[CHECK_UNROLL], prev[CHECK_UNROLL];
         float w[CHECK_UNROLL];
 #pragma unroll
@@ -504,9 +505,9 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
             FL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, tbe_check_kernel, CHECK_THREADS, 0));
             per_sm.store(k > 0 ? k : 1, std::memory_order_relaxed);
         }
-        const int64_t chunk = (int64_t)CHECK_THREADS * CHECK_UNROLL, wave = (int64_t)sms * per_sm.load();
-        const unsigned blocks =
-            (unsigned)std::min<int64_t>((most + chunk - 1) / chunk, std::max<int64_t>(1, wave / num_tables));
+        const int64_t wave = (int64_t)sms * per_sm.load();
+        const unsigned blocks = (unsigned)std::min<int64_t>((most + CHECK_CHUNK - 1) / CHECK_CHUNK,
+                                                            std::max<int64_t>(1, wave / num_tables));
         tbe_check_kernel<<<dim3(blocks ? blocks : 1, (unsigned)num_tables), CHECK_THREADS, 0, s>>>(a, record);
         FL_CUDA_TRY(cudaGetLastError());
     } else {
