@@ -168,7 +168,7 @@ bench/cache-bench: bench/cache_bench.c $(SHLIB) lib/libflame.so
 bench/slot-pool-bench: bench/slot_pool_bench.c src/core/slot_pool.h $(STLIB)
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 # flame_score_batch end to end on any device (bench/run_gpu_bench.py drives it)
-bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h $(SHLIB) lib/libflame.so
+bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h bench/stage_p50.h $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ bench/e2e_bench.c bench/e2e_clients.c $(PROG_LDFLAGS) -lcjson
 # calls the internal kernel wrapper, so it links the static library and the CUDA libs
 bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
@@ -195,7 +195,7 @@ bench/tbe-pack-bench: bench/tbe_pack_bench.c src/kernels/tbe_pack.h $(STLIB)
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(STLIB) $(LDLIBS)
 bench/metrics-bench: bench/metrics_bench.c $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS)
-bench/kv-cache-bench: bench/kv_cache_bench.c $(SHLIB) lib/libflame.so
+bench/kv-cache-bench: bench/kv_cache_bench.c bench/stage_p50.h $(SHLIB) lib/libflame.so
 	$(CC) $(PROG_CFLAGS) -o $@ $< $(PROG_LDFLAGS) -lcjson
 
 # int8 tables: calls the internal CPU kernel, so it links the static library

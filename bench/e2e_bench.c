@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "e2e_bench.h"
+#include "stage_p50.h"
 
 
 double now_us(void)
@@ -493,16 +494,8 @@ int main(int argc, char **argv)
     CHECK(flame_engine_get_stats(engine, &es));
     /* where a call's time goes: the engine's own stage timers (P50 since creation, warm-up
      * included; host copies and device compute come from CUDA events on the GPU) */
-    static const char *const stage_names[] = {"features", "tokens", "h2d", "compute", "d2h", "total"};
     char stages[512];
-    size_t sl = (size_t)snprintf(stages, sizeof stages, "{");
-    for (int k = FLAME_STAGE_FEATURES; k <= FLAME_STAGE_TOTAL; k++) {
-        flame_latency lt = {.struct_size = sizeof lt};
-        CHECK(flame_engine_get_latency(engine, (flame_stage)k, &lt));
-        sl += (size_t)snprintf(stages + sl, sizeof stages - sl, "%s\"%s\":%llu", k > FLAME_STAGE_FEATURES ? "," : "",
-                               stage_names[k - FLAME_STAGE_FEATURES], (unsigned long long)lt.p50_us);
-    }
-    snprintf(stages + sl, sizeof stages - sl, "}");
+    CHECK(bench_stage_p50s(engine, stages, sizeof stages));
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const double p50 = percentile(lat, o.calls, 0.50), p99 = percentile(lat, o.calls, 0.99);

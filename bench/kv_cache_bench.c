@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "flame/flame.h"
+#include "stage_p50.h"
 
 static double now_us(void)
 {
@@ -217,20 +218,6 @@ static void new_candidates(tokens *c, const bench_model *bm, size_t m)
     for (size_t i = 0; i < m; i++) tokens_push(c, bm);
 }
 
-/* The engine's stage P50s as a JSON object (us; since creation): where a call's time goes. */
-static void stage_p50s(flame_engine *e, char *buf, size_t cap)
-{
-    static const char *const names[] = {"features", "tokens", "h2d", "compute", "d2h", "total"};
-    size_t n = (size_t)snprintf(buf, cap, "{");
-    for (int k = FLAME_STAGE_FEATURES; k <= FLAME_STAGE_TOTAL && n < cap; k++) {
-        flame_latency lt = {.struct_size = sizeof lt};
-        check(flame_engine_get_latency(e, (flame_stage)k, &lt), "flame_engine_get_latency");
-        n += (size_t)snprintf(buf + n, cap - n, "%s\"%s\":%llu", k > FLAME_STAGE_FEATURES ? "," : "",
-                              names[k - FLAME_STAGE_FEATURES], (unsigned long long)lt.p50_us);
-    }
-    if (n < cap) snprintf(buf + n, cap - n, "}");
-}
-
 /* ---- rescore: the full forward against re-scoring new candidates of a cached user */
 
 static void rescore(const char *json, const char *device, const char *dtype, int L, int reps, bool js)
@@ -257,8 +244,8 @@ static void rescore(const char *json, const char *device, const char *dtype, int
     flame_engine_stats st = {.struct_size = sizeof st};
     check(flame_engine_get_stats(on, &st), "flame_engine_get_stats");
     char so[256], sn[256]; /* the cache-on engine's P50s are its hits' (one miss, reps hits) */
-    stage_p50s(off, so, sizeof so);
-    stage_p50s(on, sn, sizeof sn);
+    check(bench_stage_p50s(off, so, sizeof so), "flame_engine_get_latency");
+    check(bench_stage_p50s(on, sn, sizeof sn), "flame_engine_get_latency");
     if (js)
         printf("{\"bench\":\"rescore\",\"L\":%d,\"M\":128,\"cache_off_us\":%.0f,\"kv_cache_rescore_l%d_m128_us\":%.0f,"
                "\"ratio\":%.4f,\"miss_us\":%.0f,\"kv_bytes\":%llu,\"reps\":%d,\"device\":\"%s\",\"dtype\":\"%s\","
