@@ -89,6 +89,7 @@ BENCHES  += bench/slot-pool-bench # executor hand-off: tail latency of concurren
 BENCHES  += bench/e2e-bench # end-to-end flame_score_batch (any device)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/embedding-bench) # the TBE kernel vs copy bandwidth (nvcc)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/attention-bench) # SUMI attention kernels (nvcc)
+BENCHES  += $(if $(filter 1,$(CUDA)),bench/activation-bench) # the erf-GELU pass vs a copy of the same bytes (nvcc)
 BENCHES  += $(if $(filter 1,$(CUDA)),bench/kernels-api-bench) # the public kernels vs the internal ones (nvcc)
 BENCHES  += bench/cpu-embedding-bench # int8 tables: the CPU embedding bag, float32 vs int8 rows
 BENCHES  += bench/kernels-api-cpu-bench # the public kernels on the CPU vs the engine's kernels called directly
@@ -177,10 +178,16 @@ bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh
 	$(CC) -o $@ build/bench/embedding_bench.o $(STLIB) $(LDLIBS)
 
 # SUMI attention: calls the internal kernel wrappers, so it links the static library and the CUDA libs
-bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_wgmma.cuh cuda/common.cuh $(STLIB)
+bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_tc.cuh cuda/attention_wgmma.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/attention_bench.o
 	$(CC) -o $@ build/bench/attention_bench.o $(STLIB) $(LDLIBS)
+
+# the erf-GELU pass: calls the internal wrapper, so it links the static library and the CUDA libs
+bench/activation-bench: bench/activation_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
+	@mkdir -p build/bench
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/activation_bench.o
+	$(CC) -o $@ build/bench/activation_bench.o $(STLIB) $(LDLIBS)
 
 # the public kernels (flame/kernels.h) against the internal kernels they wrap: links the static library
 bench/kernels-api-bench: bench/kernels_api_bench.cu cuda/kernels.cuh cuda/common.cuh include/flame/kernels.h $(STLIB)
