@@ -2,7 +2,11 @@
 // engine's layout: B users of L history items and M candidates each, packed as in the engine
 // (fused QKV rows [B (L + M), 3 H Dh], bf16), every token a query (a block before the last).
 //
-//   bench/attention-bench [--reps N] [--dump DIR] [--shape B,L,M,H,Dh ...]
+//   bench/attention-bench [--reps N] [--dump DIR] [--last] [--shape B,L,M,H,Dh ...]
+//
+// --last: only the candidates are queries, as in the last block and a KV-cache hit (M queries
+// a user against L + 1 keys each); it adds `tc16x1`, the tensor-core kernel without the
+// cluster split of small launches, to compare with tc16 (which takes it where it applies).
 //
 // Variants: tc16 (mma.sync, 16-query tiles); on compute capability 9.0 the wgmma kernels over
 // 128-query tiles, longest first as the engine orders them: lock64 / lock128 (lock-step, key
@@ -24,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_tc.cuh"
 #include "attention_wgmma.cuh"
 #include "kernels.cuh"
 
@@ -66,19 +71,24 @@ struct shape {
     int B, L, M, H, Dh;
 };
 
+static bool last_only = false; // --last: queries are the candidates only
+
 static std::string name_of(const shape &s)
 {
     char b[96];
-    snprintf(b, sizeof b, "b%d_l%d_m%d_h%d_dh%d", s.B, s.L, s.M, s.H, s.Dh);
+    snprintf(b, sizeof b, "b%d_l%d_m%d_h%d_dh%d%s", s.B, s.L, s.M, s.H, s.Dh, last_only ? "_last" : "");
     return b;
 }
+
+// the first query position of a user
+static int first_query(const shape &s) { return last_only ? s.L : 0; }
 
 static std::vector<fl_attn_tile> tiles_of(const shape &s, int tq)
 {
     std::vector<fl_attn_tile> t;
     const int S = s.L + s.M;
     for (int b = 0; b < s.B; b++)
-        for (int q0 = 0; q0 < S; q0 += tq)
+        for (int q0 = first_query(s); q0 < S; q0 += tq)
             t.push_back({(int64_t)b * S, s.L, S - q0 < tq ? S - q0 : tq, (int64_t)b * S + q0, q0, -1});
     if (tq == FL_ATTN_QT_WG) // longest first, as the engine orders them
         std::stable_sort(t.begin(), t.end(), [](const fl_attn_tile &a, const fl_attn_tile &b) {
@@ -127,12 +137,14 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc)
             dump = argv[++i];
+        else if (!strcmp(argv[i], "--last"))
+            last_only = true;
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
             shape s;
             if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &s.B, &s.L, &s.M, &s.H, &s.Dh) != 5) return 2;
             shapes.push_back(s);
         } else {
-            fprintf(stderr, "usage: %s [--reps N] [--dump DIR] [--shape B,L,M,H,Dh ...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--dump DIR] [--last] [--shape B,L,M,H,Dh ...]\n", argv[0]);
             return 2;
         }
     }
@@ -150,7 +162,7 @@ int main(int argc, char **argv)
     for (const shape &s : shapes) {
         const int d = s.H * s.Dh, S = s.L + s.M;
         const int64_t rows = (int64_t)s.B * S, ld = 3 * d;
-        const double flops = 4.0 * s.B * s.H * s.Dh * ((double)s.L * (s.L + 1) / 2 + (double)s.M * s.L + s.M);
+        const double flops = 4.0 * s.B * s.H * s.Dh * ((last_only ? 0.0 : (double)s.L * (s.L + 1) / 2) + (double)s.M * s.L + s.M);
         bf16 *qkv, *out, *ref;
         CK(cudaMalloc(&qkv, (size_t)(rows * ld) * sizeof(bf16)));
         CK(cudaMalloc(&out, (size_t)(rows * d) * sizeof(bf16)));
@@ -170,6 +182,7 @@ int main(int argc, char **argv)
             int tq, bn; // bn: the wgmma variant; < 0: through fl_cuda_attention
         };
         std::vector<variant> vs = {{"tc16", FL_ATTN_QT, -1}};
+        if (last_only) vs.push_back({"tc16x1", FL_ATTN_QT, -2}); // bn -2: fl_cuda_attention_tc, max_keys unknown: no cluster
         if (fl_cuda_attention_wg_device()) {
             vs.push_back({"lock64", FL_ATTN_QT_WG, FL_WG_LOCK64});
             vs.push_back({"lock128", FL_ATTN_QT_WG, FL_WG_LOCK128});
@@ -178,7 +191,7 @@ int main(int argc, char **argv)
             vs.push_back({"ovl64", FL_ATTN_QT_WG, FL_WG_OVL64});
             vs.push_back({"ovl128", FL_ATTN_QT_WG, FL_WG_OVL128});
         }
-        const int tq_auto = fl_cuda_attention_tile_queries(2, s.Dh, rows, s.H);
+        const int tq_auto = fl_cuda_attention_tile_queries(2, s.Dh, rows - (int64_t)s.B * first_query(s), s.H);
         vs.push_back({"auto", tq_auto, -1});
         std::vector<bf16> hout((size_t)(rows * d)), href((size_t)(rows * d));
         for (const variant &v : vs) {
@@ -188,10 +201,13 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(dt, t.data(), t.size() * sizeof(fl_attn_tile), cudaMemcpyHostToDevice));
             bf16 *o = v.bn < 0 && v.tq == FL_ATTN_QT && !strcmp(v.name, "tc16") ? ref : out;
             auto launch = [&]() {
-                if (v.bn < 0)
+                if (v.bn == -2)
+                    FK(fl_cuda_attention_tc<bf16>(dt, (int64_t)t.size(), nullptr, s.H, s.Dh, qkv, ld, qkv + d, qkv + 2 * d,
+                                                  ld, o, d, st, 0));
+                else if (v.bn < 0)
                     FK(fl_cuda_attention<bf16>({.tiles = dt, .num_tiles = (int64_t)t.size(), .heads = s.H, .dh = s.Dh,
                                                 .q = qkv, .ldq = ld, .k = qkv + d, .v = qkv + 2 * d, .ldkv = ld,
-                                                .out = o, .ldo = d, .tile_q = v.tq},
+                                                .out = o, .ldo = d, .tile_q = v.tq, .max_keys = s.L},
                                                st));
                 else
                     FK(fl_cuda_attention_wg<bf16>(dt, (int64_t)t.size(), nullptr, s.H, s.Dh, qkv, ld, qkv + d,
@@ -205,6 +221,7 @@ int main(int argc, char **argv)
             double vs_tc = 0.0, den_tc = 0.0;
             bool nan = false;
             for (size_t i = 0; i < h.size(); i++) {
+                if ((int)(i / d % S) < first_query(s)) continue; // not a query row: never written
                 const double a = bf(h[i]), b = bf(href[i]);
                 if (isnan(a)) nan = true;
                 vs_tc = std::max(vs_tc, fabs(a - b));
@@ -214,7 +231,8 @@ int main(int argc, char **argv)
             double num = 0.0, den = 0.0;
             std::vector<double> r(s.Dh);
             for (int k = 0; k < 64; k++) {
-                const int b = (int)(mix64(k * 7 + 1) % s.B), p = k < 2 ? (k ? S - 1 : s.L - 1) : (int)(mix64(k) % S);
+                const int q0 = first_query(s), b = (int)(mix64(k * 7 + 1) % s.B);
+                const int p = k < 2 ? (k ? S - 1 : std::max(q0, s.L - 1)) : q0 + (int)(mix64(k) % (S - q0));
                 for (int hh = 0; hh < s.H; hh++) {
                     reference(hq, s, b, p, hh, r.data());
                     for (int e = 0; e < s.Dh; e++) {

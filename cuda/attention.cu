@@ -186,7 +186,7 @@ template <typename T> flame_status fl_cuda_attention(const fl_attn_args<T> &a, c
                         FL_ATTN_QT_WG);
     if constexpr (!std::is_same<T, float>::value)
         if (fl_cuda_attention_tc_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
-            return fl_cuda_attention_tc<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s);
+            return fl_cuda_attention_tc<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s, a.max_keys);
     if (dh > 128) return fl_error(FLAME_ERR_UNSUPPORTED, "CUDA attention supports head dims up to 128, not %d", dh);
     const size_t smem = sizeof(float) * ((size_t)FL_ATTN_QT * dh + (size_t)KT * (dh + 1) + (size_t)KT * dh);
     const float scale = 1.0f / sqrtf((float)dh);

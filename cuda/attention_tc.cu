@@ -8,6 +8,14 @@
 // The warps' partial results are merged in shared memory with the usual rescaling
 // (flash-decoding: o = sum_w o_w 2^(m_w - M) / sum_w l_w 2^(m_w - M)).
 //
+// A launch too small to fill the GPU with long histories (a KV-cache hit: 128 candidates
+// against 1,024 cached keys are 8 tiles a head) splits each tile's keys further, across a
+// thread-block cluster of up to 8 CTAs, when each keeps at least two steps of keys (sm_90;
+// Flash-Decoding, Dao et al. 2023, with the cluster's distributed shared memory in place of a
+// workspace and a second launch): CTA z of the cluster takes key steps z * SPLIT + w, merges
+// its warps, and the CTAs then merge their partial states, each writing a share of the tile's
+// outputs, in a fixed order (the same bits on every run).
+//
 // Fragment layouts (PTX ISA, "mma.m16n8k16"): lane = 4 g + t. A (16x16, row major): a0 =
 // (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..). B (16x8): b0 = (k
 // 2t..2t+1, n g), b1 = (k 2t+8.., n g). C (16x8): c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..).
@@ -17,6 +25,7 @@
 // (hi + lo, 16 bits) so bf16 loses nothing to the 8-bit mantissa of P.
 #include <math.h>
 
+#include <cooperative_groups.h>
 #include <type_traits>
 
 #include "attention_tc.cuh"
@@ -81,10 +90,13 @@ __device__ __forceinline__ float raise_max(row_state &r, float mx, float &base)
 // more warps walking its keys is the only parallelism there is.
 template <int DH> __host__ __device__ constexpr int split_of() { return DH <= 64 ? 4 : 2; }
 template <int DH> __host__ __device__ constexpr int wide_split_of() { return 2 * split_of<DH>(); }
+constexpr int MAX_CLUSTER = 8; // CTAs a tile's keys are split across (the portable cluster size)
+// Shared memory: the staged keys, reused for the warps' partial states [SPLIT][16][DH + 2] and,
+// in a cluster, the CTA's merged state [16][DH + 2] after them.
 template <typename T, int DH, int SPLIT> constexpr size_t smem_of()
 {
     const size_t staging = (size_t)SPLIT * 2 * KT * (DH + 8) * sizeof(T);
-    const size_t merge = (size_t)SPLIT * FL_ATTN_QT * (DH + 2) * sizeof(float);
+    const size_t merge = (size_t)(SPLIT + 1) * FL_ATTN_QT * (DH + 2) * sizeof(float);
     return staging > merge ? staging : merge;
 }
 
@@ -137,7 +149,9 @@ __global__ void __launch_bounds__(32 * SPLIT)
 #pragma unroll
     for (int j = 0; j < NT_O; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-    for (int kb = warp * KT; kb < kend; kb += SPLIT * KT) {
+    // key steps: warp w of cluster rank z takes z * SPLIT + w, then every (CTAs x SPLIT)-th
+    const int z = (int)blockIdx.z, nz = (int)gridDim.z;
+    for (int kb = (z * SPLIT + warp) * KT; kb < kend; kb += nz * SPLIT * KT) {
         // stage K and V rows kb..kb+KT-1 (rows past kend as zeros: 0 * garbage could be NaN);
         // up to 8 chunks of each per lane are loaded before any is stored, so their memory
         // latencies overlap instead of adding up
@@ -237,10 +251,11 @@ __global__ void __launch_bounds__(32 * SPLIT)
         __syncwarp(); // the next step overwrites the staged rows
     }
 
-    // a candidate also sees its own key: one more softmax step with that single score (warp 0)
+    // a candidate also sees its own key: one more softmax step with that single score (warp 0
+    // of the cluster's first CTA)
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const bool self = warp == 0 && rs[i].pos >= n; // padding rows have pos -1
+        const bool self = warp == 0 && z == 0 && rs[i].pos >= n; // padding rows have pos -1
         const int64_t row = (tile.seq_row + (self ? rs[i].pos : 0)) * ldkv + col + 2 * t;
         float part = 0.0f;
         if (self)
@@ -281,6 +296,8 @@ __global__ void __launch_bounds__(32 * SPLIT)
             *reinterpret_cast<float2 *>(ob + r * DH + 8 * j + 2 * t) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
     }
     __syncthreads();
+    // the CTA's state per row: alone, the output; in a cluster, (o, m, l) for the cluster merge
+    float *cob = lb + SPLIT * FL_ATTN_QT, *cmb = cob + FL_ATTN_QT * DH, *clb = cmb + FL_ATTN_QT;
     for (int idx = threadIdx.x; idx < tile.nq * (DH / 2); idx += 32 * SPLIT) {
         const int r = idx / (DH / 2), c = 2 * (idx % (DH / 2));
         float mx = -INFINITY;
@@ -297,21 +314,54 @@ __global__ void __launch_bounds__(32 * SPLIT)
                 o0 += ov.x * f;
                 o1 += ov.y * f;
             }
+        if (nz > 1) {
+            *reinterpret_cast<float2 *>(cob + r * DH + c) = make_float2(o0, o1);
+            if (c == 0) cmb[r] = mx, clb[r] = l;
+            continue;
+        }
         const float inv = l > 0.0f ? 1.0f / l : 0.0f; // no visible key: zeros, never NaN
         *reinterpret_cast<uint32_t *>(out + (tile.q_row + r) * ldo + col + c) = pack<T>(o0 * inv, o1 * inv);
     }
+    if (nz == 1) return;
+#if __CUDA_ARCH__ >= 900
+    // merge the cluster's CTAs through distributed shared memory; rank z writes every nz-th pair
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync(); // every CTA's state is in its shared memory
+    // (a CTA's state is one mapa away: mapped in the loops, not kept in an indexed array, which
+    // would live in local memory)
+    for (int idx = z * 32 * SPLIT + threadIdx.x; idx < tile.nq * (DH / 2); idx += nz * 32 * SPLIT) {
+        const int r = idx / (DH / 2), c = 2 * (idx % (DH / 2));
+        float mx = -INFINITY;
+        for (int w = 0; w < nz; w++) mx = fmaxf(mx, cluster.map_shared_rank(cmb, w)[r]);
+        float l = 0.0f, o0 = 0.0f, o1 = 0.0f;
+        if (mx != -INFINITY)
+            for (int w = 0; w < nz; w++) {
+                const float f = fast_exp2(cluster.map_shared_rank(cmb, w)[r] - mx);
+                const float2 ov = *reinterpret_cast<const float2 *>(cluster.map_shared_rank(cob, w) + r * DH + c);
+                l += cluster.map_shared_rank(clb, w)[r] * f;
+                o0 += ov.x * f;
+                o1 += ov.y * f;
+            }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        *reinterpret_cast<uint32_t *>(out + (tile.q_row + r) * ldo + col + c) = pack<T>(o0 * inv, o1 * inv);
+    }
+    cluster.sync(); // no CTA exits while another still reads its shared memory
+#else
+    __trap(); // the host launches clusters only on compute capability 9.0 and later
+#endif
 }
 
 template <typename T, int DH>
 flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                     float scale_log2, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                    int64_t ldo, bool wide, cudaStream_t s)
+                    int64_t ldo, bool wide, int cluster, cudaStream_t s)
 {
     constexpr int SPLIT = split_of<DH>(), WIDE = wide_split_of<DH>();
     static_assert(smem_of<T, DH, SPLIT>() <= 48 * 1024, "the default shared-memory limit");
     static_assert(smem_of<T, DH, WIDE>() <= 227 * 1024, "shared memory of one CTA");
-    const dim3 grid((unsigned)num_tiles, (unsigned)heads);
     if (!wide) {
+        const dim3 grid((unsigned)num_tiles, (unsigned)heads);
         attn_tc_kernel<T, DH, SPLIT><<<grid, 32 * SPLIT, smem_of<T, DH, SPLIT>(), s>>>(tiles, qpos, scale_log2, q, ldq,
                                                                                       k, v, ldkv, out, ldo);
         return FLAME_OK;
@@ -319,7 +369,21 @@ flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t 
     constexpr int smem = (int)smem_of<T, DH, WIDE>();
     // above the default 48 KiB; set on every launch, as the attribute is per device
     FL_CUDA_TRY(cudaFuncSetAttribute(attn_tc_kernel<T, DH, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attn_tc_kernel<T, DH, WIDE><<<grid, 32 * WIDE, smem, s>>>(tiles, qpos, scale_log2, q, ldq, k, v, ldkv, out, ldo);
+    // a tile's CTAs along z, one cluster (z = 1: an ordinary launch)
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = (unsigned)cluster;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)num_tiles, (unsigned)heads, (unsigned)cluster);
+    cfg.blockDim = dim3(32 * WIDE);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = cluster > 1 ? &attr : nullptr;
+    cfg.numAttrs = cluster > 1 ? 1 : 0;
+    FL_CUDA_TRY(cudaLaunchKernelEx(&cfg, attn_tc_kernel<T, DH, WIDE>, tiles, qpos, scale_log2, q, ldq, k, v, ldkv,
+                                   out, ldo));
     return FLAME_OK;
 }
 
@@ -337,7 +401,7 @@ bool fl_cuda_attention_tc_fits(int32_t dh, const T *q, int64_t ldq, const T *k, 
 template <typename T>
 flame_status fl_cuda_attention_tc(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                                   int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                                  int64_t ldo, cudaStream_t s)
+                                  int64_t ldo, cudaStream_t s, int64_t max_keys)
 {
     if (num_tiles == 0) return FLAME_OK;
     if (!fl_cuda_attention_tc_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
@@ -346,18 +410,37 @@ flame_status fl_cuda_attention_tc(const fl_attn_tile *tiles, int64_t num_tiles, 
     int device = 0, sms = 0;
     FL_CUDA_TRY(cudaGetDevice(&device));
     FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const bool wide = num_tiles * heads < sms;
+    int cc_major = 0;
+    FL_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+    const int64_t ctas = num_tiles * heads;
+    const bool wide = ctas < sms;
+    // fewer CTAs than SMs: twice the warps a tile, and on sm_90 and later each tile's keys split
+    // across a cluster of as many CTAs as keep the launch within one wave, each CTA keeping at
+    // least two steps of its warps' keys (steps of 256 keys at head dim 64, 128 above). Measured
+    // on an H200 (docs/benchmarks.md), 128 candidates of one user: clusters of 2 take 21 us
+    // against 30 over 4,096 keys, and 18 against 24 over 1,024 at head dim 128, but 11.3 against
+    // 10.7 over 256 keys at head dim 128 (two steps split in one each: the merge costs more than
+    // the halved walk saves).
+    const int64_t per_step = 32 * (int64_t)(dh <= 64 ? wide_split_of<64>() : wide_split_of<128>());
+    const int64_t steps = (max_keys + per_step - 1) / per_step;
+    int64_t cluster = wide && cc_major >= 9 ? sms / ctas : 1;
+    cluster = cluster < MAX_CLUSTER ? cluster : MAX_CLUSTER;
+    cluster = cluster < steps / 2 ? cluster : steps / 2;
+    const int nz = cluster < 2 ? 1 : (int)cluster;
     flame_status st = FLAME_OK;
+#define TC_LAUNCH(D)                                                                                           \
+    st = launch<T, D>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, nz, s)
     switch (dh / 16) {
-    case 1: st = launch<T, 16>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
-    case 2: st = launch<T, 32>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
-    case 3: st = launch<T, 48>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
-    case 4: st = launch<T, 64>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
-    case 5: st = launch<T, 80>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
-    case 6: st = launch<T, 96>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
-    case 7: st = launch<T, 112>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
-    default: st = launch<T, 128>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, s); break;
+    case 1: TC_LAUNCH(16); break;
+    case 2: TC_LAUNCH(32); break;
+    case 3: TC_LAUNCH(48); break;
+    case 4: TC_LAUNCH(64); break;
+    case 5: TC_LAUNCH(80); break;
+    case 6: TC_LAUNCH(96); break;
+    case 7: TC_LAUNCH(112); break;
+    default: TC_LAUNCH(128); break;
     }
+#undef TC_LAUNCH
     FL_TRY(st);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
@@ -368,6 +451,6 @@ flame_status fl_cuda_attention_tc(const fl_attn_tile *tiles, int64_t num_tiles, 
                                                const T *, int64_t);                                            \
     template flame_status fl_cuda_attention_tc<T>(const fl_attn_tile *, int64_t, const int32_t *, int32_t,      \
                                                   int32_t, const T *, int64_t, const T *, const T *, int64_t, T *, \
-                                                  int64_t, cudaStream_t);
+                                                  int64_t, cudaStream_t, int64_t);
 INSTANTIATE(__half)
 INSTANTIATE(__nv_bfloat16)

@@ -108,6 +108,9 @@ template <typename T> struct fl_attn_args {
     T *out = nullptr;
     int64_t ldo = 0;
     int32_t tile_q = FL_ATTN_QT;
+    // at least the history keys any query of the launch sees (0: unknown); a hint that decides
+    // how a small launch splits its keys (fl_cuda_attention_tc), never what it computes
+    int64_t max_keys = 0;
 };
 template <typename T> flame_status fl_cuda_attention(const fl_attn_args<T> &a, cudaStream_t s);
 

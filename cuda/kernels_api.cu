@@ -380,9 +380,10 @@ flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, 
     FL_TRY(stage_acquire(device, total, &b));
     fl_attn_tile *tiles = static_cast<fl_attn_tile *>(b->host);
     int32_t *qpos = reinterpret_cast<int32_t *>(static_cast<uint8_t *>(b->host) + qpos_at);
-    int64_t n = 0;
+    int64_t n = 0, max_keys = 0;
     for (int64_t i = 0; i < num_seqs; i++) {
         const fl_attn_seq &sq = seqs[i];
+        max_keys = std::max<int64_t>(max_keys, sq.n_hist);
         for (int64_t q0 = 0; q0 < sq.len; q0 += tq) {
             const int32_t nq = (int32_t)(sq.len - q0 < tq ? sq.len - q0 : tq);
             tiles[n++] = {sq.row, sq.n_hist, nq, sq.row + q0, (int32_t)q0, none_mask ? (int32_t)(sq.row + q0) : -1};
@@ -400,7 +401,8 @@ flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, 
     const flame_status st = fl_cuda_attention<T>(
         {.tiles = reinterpret_cast<const fl_attn_tile *>(dev), .num_tiles = num_tiles,
          .qpos = none_mask ? reinterpret_cast<const int32_t *>(dev + qpos_at) : nullptr, .heads = heads, .dh = dh,
-         .q = q, .ldq = ldq, .k = k, .v = v, .ldkv = ldkv, .out = out, .ldo = ldo, .tile_q = tq},
+         .q = q, .ldq = ldq, .k = k, .v = v, .ldkv = ldkv, .out = out, .ldo = ldo, .tile_q = tq,
+         .max_keys = max_keys},
         s);
     stage_release(b, s); // after the kernels that read its device twin
     return st;

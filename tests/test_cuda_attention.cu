@@ -9,7 +9,8 @@
  * the selected queries), ragged batches, zero and one candidate; outputs are NaN-poisoned
  * before each run and rows no tile covers must stay poisoned. The wgmma tests are skipped
  * with a message on GPUs other than compute capability 9.0. FLAME_ATTN_QUICK=1 leaves out
- * the long histories (for runs under compute-sanitizer). Skipped with a message where no GPU
+ * the long histories (for runs under compute-sanitizer); FLAME_ATTN_FILTER runs the tests whose
+ * names match its pattern. Skipped with a message where no GPU
  * is usable; FLAME_REQUIRE_GPU turns the skip into a failure. */
 #include <vector>
 
@@ -62,6 +63,11 @@ static bool quick(void) { return getenv("FLAME_ATTN_QUICK") != nullptr; }
  * block. WGMMA and DISPATCH_WG build tiles of FL_ATTN_QT_WG queries (bn: the wgmma variant).
  * `check_every` > 1 compares only every such row with the reference (long histories). Returns
  * the normwise error (INFINITY on NaN or a clobbered row). */
+/* max_keys of the tensor-core and dispatch launches: the longest history of the problem, or
+ * this value when it is >= 0 (the hint overstated or unknown; it may change the split of the
+ * keys, never the result) */
+static int64_t keys_hint = -1;
+
 template <typename T>
 static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, kernel which, int bn,
                           int check_every, double *worst_row)
@@ -69,8 +75,9 @@ static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, k
     const int d = dh * heads;
     const int64_t ld = 3 * d;
     const int tq = which == WGMMA || which == DISPATCH_WG ? FL_ATTN_QT_WG : FL_ATTN_QT;
-    int64_t T_rows = 0, S_rows = 0;
+    int64_t T_rows = 0, S_rows = 0, max_n = 0;
     for (seq &s : seqs) {
+        max_n = s.n > max_n ? s.n : max_n;
         s.off = T_rows;
         T_rows += s.n + s.m;
         S_rows += s.m;
@@ -124,11 +131,12 @@ static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, k
         if (!fl_cuda_attention_tc_fits<T>(dh, q, ldq, dqkv + d, dqkv + 2 * d, ld, dout, d))
             fail_msg("dh %d: the tensor-core kernel should take this problem", dh);
         st = fl_cuda_attention_tc<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d,
-                                     ld, dout, d, 0);
+                                     ld, dout, d, 0, keys_hint >= 0 ? keys_hint : max_n);
     } else {
         st = fl_cuda_attention<T>({.tiles = dtiles, .num_tiles = (int64_t)tiles.size(), .qpos = dqpos, .heads = heads,
                                    .dh = dh, .q = q, .ldq = ldq, .k = dqkv + d, .v = dqkv + 2 * d, .ldkv = ld,
-                                   .out = dout, .ldo = d, .tile_q = tq},
+                                   .out = dout, .ldo = d, .tile_q = tq,
+                                   .max_keys = keys_hint >= 0 ? keys_hint : max_n},
                                   0);
     }
     if (st) fail_msg("attention dh %d: %s", dh, flame_last_error());
@@ -222,8 +230,12 @@ static void test_tensor_cores_bf16(void **state)
 }
 
 /* Both widths of the tensor-core kernel: a launch of fewer CTAs than SMs (a few candidates
- * against a long history, as a KV-cache hit) takes twice the warps per tile; one of more CTAs
- * than SMs the usual count. Each problem is sized so that it takes the width it names here. */
+ * against a long history, as a KV-cache hit) takes twice the warps per tile and, on compute
+ * capability 9.0 and later, splits each tile's keys across a cluster of CTAs when that leaves
+ * each CTA at least two steps of its warps' keys (here 16 CTAs: clusters of 2 at head dim 64,
+ * 4 at 128); one of more CTAs than SMs the usual count. Each problem is sized so that it takes
+ * the width it names here. With the keys hint overstated, the random small problems of the
+ * other tests take clusters of every size up to 8, many of whose CTAs get no keys at all. */
 template <typename T> static void check_widths(const char *name, double tol)
 {
     int device = 0, sms = 0;
@@ -234,8 +246,28 @@ template <typename T> static void check_widths(const char *name, double tol)
         double worst;
         // wide: one user, 128 candidates (8 tiles a head) against 1,100 history keys
         const double wide = run_problem<T>({{1100, 128, 0}}, dh, heads, true, TENSOR_CORES, 0, 1, &worst);
-        fprintf(stderr, "# %s dh %d wide (16 CTAs): relative error %.2e\n", name, dh, wide);
+        fprintf(stderr, "# %s dh %d wide (16 tiles x heads, clustered): relative error %.2e\n", name, dh, wide);
         if (!(wide < tol)) fail_msg("%s dh %d wide: relative error %.3g >= %.3g", name, dh, wide, tol);
+        // the keys hint unknown (no split) and overstated (the largest clusters, also over a
+        // sequence of 20 keys: CTAs with no keys at all)
+        for (int64_t hint : {(int64_t)0, (int64_t)1 << 30}) {
+            keys_hint = hint;
+            const double e = run_problem<T>({{1100, 128, 0}, {20, 3, 0}}, dh, heads, true, TENSOR_CORES, 0, 1, &worst);
+            keys_hint = -1;
+            if (!(e < tol)) fail_msg("%s dh %d wide, keys hint %lld: relative error %.3g", name, dh, (long long)hint, e);
+        }
+        // random small problems (1..4 users, histories up to 257), clustered as far as the
+        // launch allows
+        keys_hint = (int64_t)1 << 30;
+        for (int last = 0; last < 2; last++)
+            for (int rep = 0; rep < 3; rep++) {
+                const double e = run_case<T>(dh, 1 + (int)tu_below(3), last, TENSOR_CORES, &worst);
+                if (!(e < tol)) {
+                    keys_hint = -1;
+                    fail_msg("%s dh %d random, clustered: relative error %.3g", name, dh, e);
+                }
+            }
+        keys_hint = -1;
         // usual: enough users that the tiles outnumber the SMs
         const int users = (sms + 2 * heads * 25 - 1) / (heads * 25) + 1; // 25 tiles a user a head
         std::vector<seq> many((size_t)users, seq{300, 100, 0});
@@ -399,6 +431,9 @@ static void test_wg_refuses(void **state)
 
 int main(void)
 {
+    /* FLAME_ATTN_FILTER: a pattern of the tests to run (e.g. "test_tensor_cores*" under the
+     * sanitizers, which take minutes over every kernel) */
+    if (getenv("FLAME_ATTN_FILTER")) cmocka_set_test_filter(getenv("FLAME_ATTN_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wgmma_fp16),
         cmocka_unit_test(test_wgmma_bf16),
