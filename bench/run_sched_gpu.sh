@@ -6,7 +6,8 @@
 #   scheduler  the same engine behind a scheduler (profiles, adaptive wait bounded at WAIT_US).
 # Both sweep the same levels (doubling from QPS until the achieved rate falls under 90% of the
 # offered one), refine their peak with three levels between the last sustained level and the
-# next double, then each runs once more at 80% of its peak sustainable level. Writes one JSON
+# next double, then each runs once more at 80% of its peak sustainable level (after a warm-up
+# level in the same process, dropped). Writes one JSON
 # (default $OUT/sched-gpu.json, or $1) with both sweeps and the three comparisons:
 #   sustainable_ratio     the highest level each sustains with P99 <= the bound (the direct
 #                         callers' P99 at their peak, or P99_BOUND_US), scheduler / direct;
@@ -15,6 +16,7 @@
 # A few minutes: SECONDS_PER_LEVEL (5) a level, about 8 levels a mode.
 #   usage: bench/run_sched_gpu.sh [OUT.json]
 #   env: DEVICE QPS WAIT_US THREADS PROFILES CANDS HISTORY CONFIG (a model config file)
+#        WORKERS (the scheduler's; default 0: its own choice, one on the CPU)
 #        SKIP_BUILD=1 (use the built examples/flame-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +36,7 @@ fi
 cfg=$(cat "${CONFIG:-bench/ref_gr_config.json}")
 common=(--config "$cfg" --device "$device" --history "$history" --candidates "$cands" --seconds "$secs"
         --no-overhead --json)
-sched=(--profiles "$profiles" --max-wait-us "$wait_us" --adaptive)
+sched=(--profiles "$profiles" --max-wait-us "$wait_us" --adaptive --workers "${WORKERS:-0}")
 bench() { ./examples/flame-bench "${common[@]}" "$@" 2>>"$work/stderr.log"; }
 bench --direct --threads "$threads" --sweep auto --qps "$qps" >"$work/direct.json"
 bench "${sched[@]}" --sweep auto --qps "$qps" >"$work/sched.json"
@@ -62,14 +64,18 @@ ps=$(peak "$work/sched.json")
 bench "${sched[@]}" --sweep "$(refine "$ps"),$pd" >"$work/sched-refine.json"
 merge "$work/sched.json" "$work/sched-refine.json"
 ps=$(peak "$work/sched.json")
-bench --direct --threads "$threads" --qps "$(python3 -c "print(0.8*$pd)")" >"$work/direct80.json"
-bench "${sched[@]}" --qps "$(python3 -c "print(0.8*$ps)")" >"$work/sched80.json"
+# the 80% levels, each after a warm-up level at a quarter of the peak in the same process (a fresh
+# engine's first seconds would otherwise be part of the level's tail); the warm-up is dropped
+at80() { python3 -c 'import sys; p=float(sys.argv[1]); print("%s,%s" % (round(0.25 * p, 1), round(0.8 * p, 1)))' "$1"; }
+bench --direct --threads "$threads" --sweep "$(at80 "$pd")" >"$work/direct80.json"
+bench "${sched[@]}" --sweep "$(at80 "$ps")" >"$work/sched80.json"
 python3 - "$work" "$out" "${P99_BOUND_US:-0}" "$device" "$threads" "$profiles" "$wait_us" "$cands" "$history" \
-    "${CONFIG:-bench/ref_gr_config.json}" <<'EOF'
+    "${CONFIG:-bench/ref_gr_config.json}" "${WORKERS:-0}" <<'EOF'
 import datetime, json, os, subprocess, sys
-work, out, bound, device, threads, profiles, wait_us, cands, history, config = sys.argv[1:]
+work, out, bound, device, threads, profiles, wait_us, cands, history, config, workers = sys.argv[1:]
 load = lambda n: json.load(open(os.path.join(work, n)))["levels"]
-d, s, d80, s80 = load("direct.json"), load("sched.json"), load("direct80.json")[0], load("sched80.json")[0]
+top = lambda L: max(L, key=lambda l: l["offered_qps"]) # the 80% level, not its warm-up
+d, s, d80, s80 = load("direct.json"), load("sched.json"), top(load("direct80.json")), top(load("sched80.json"))
 ok = lambda l: l["achieved_qps"] >= 0.9 * l["offered_qps"]
 dpeak = max((l for l in d if ok(l)), key=lambda l: l["offered_qps"], default=d[0])
 bound = float(bound) or dpeak["p99_us"]
@@ -82,7 +88,8 @@ except OSError:
     gpu = None
 doc = {"date": datetime.date.today().isoformat(), "gpu": gpu, "cpus": os.cpu_count(), "device": device,
        "model": config + " (random weights)", "history": int(history), "candidates": cands,
-       "direct_threads": int(threads), "profiles": profiles, "adaptive_wait_bound_us": int(wait_us),
+       "direct_threads": int(threads), "scheduler_workers": int(workers), "profiles": profiles,
+       "adaptive_wait_bound_us": int(wait_us),
        "direct": d, "scheduler": s, "direct_at_80pct": d80, "scheduler_at_80pct": s80,
        "p99_bound_us": bound,
        "sustainable_qps": {"direct": sust(d), "scheduler": sust(s)},
