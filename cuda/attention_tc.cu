@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(32 * SPLIT)
 template <typename T, int DH>
 flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                     float scale_log2, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                    int64_t ldo, bool wide, int cluster, cudaStream_t s)
+                    int64_t ldo, bool wide, int64_t most, int64_t max_keys, cudaStream_t s)
 {
     constexpr int SPLIT = split_of<DH>(), WIDE = wide_split_of<DH>();
     static_assert(smem_of<T, DH, SPLIT>() <= 48 * 1024, "the default shared-memory limit");
@@ -369,7 +369,11 @@ flame_status launch(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t 
     constexpr int smem = (int)smem_of<T, DH, WIDE>();
     // above the default 48 KiB; set on every launch, as the attribute is per device
     FL_CUDA_TRY(cudaFuncSetAttribute(attn_tc_kernel<T, DH, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // a tile's CTAs along z, one cluster (z = 1: an ordinary launch)
+    // a tile's CTAs along z, one cluster (z = 1: an ordinary launch): at most `most`, and each
+    // keeps at least two steps of its warps' keys (WIDE * KT a step)
+    const int64_t steps = (max_keys + WIDE * KT - 1) / (WIDE * KT);
+    int64_t cluster = steps / 2 < most ? steps / 2 : most;
+    if (cluster < 1) cluster = 1;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 1;
@@ -414,22 +418,17 @@ flame_status fl_cuda_attention_tc(const fl_attn_tile *tiles, int64_t num_tiles, 
     FL_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
     const int64_t ctas = num_tiles * heads;
     const bool wide = ctas < sms;
-    // fewer CTAs than SMs: twice the warps a tile, and on sm_90 and later each tile's keys split
-    // across a cluster of as many CTAs as keep the launch within one wave, each CTA keeping at
-    // least two steps of its warps' keys (steps of 256 keys at head dim 64, 128 above). Measured
-    // on an H200 (docs/benchmarks.md), 128 candidates of one user: clusters of 2 take 21 us
-    // against 30 over 4,096 keys, and 18 against 24 over 1,024 at head dim 128, but 11.3 against
-    // 10.7 over 256 keys at head dim 128 (two steps split in one each: the merge costs more than
-    // the halved walk saves).
-    const int64_t per_step = 32 * (int64_t)(dh <= 64 ? wide_split_of<64>() : wide_split_of<128>());
-    const int64_t steps = (max_keys + per_step - 1) / per_step;
-    int64_t cluster = wide && cc_major >= 9 ? sms / ctas : 1;
-    cluster = cluster < MAX_CLUSTER ? cluster : MAX_CLUSTER;
-    cluster = cluster < steps / 2 ? cluster : steps / 2;
-    const int nz = cluster < 2 ? 1 : (int)cluster;
+    // fewer CTAs than SMs: twice the warps a tile and, on sm_90 and later, each tile's keys
+    // split across a cluster of as many CTAs as keep the launch within one wave, each CTA
+    // keeping at least two steps of keys (launch). Measured on an H200 (docs/benchmarks.md), 128
+    // candidates of one user: clusters of 2 take 21 us against 30 over 4,096 keys, and 18
+    // against 24 over 1,024 at head dim 128, but 11.3 against 10.7 over 256 keys at head dim 128
+    // (two steps split in one each: the merge costs more than the halved walk saves).
+    const int64_t most = wide && cc_major >= 9 ? (sms / ctas < MAX_CLUSTER ? sms / ctas : MAX_CLUSTER) : 1;
     flame_status st = FLAME_OK;
 #define TC_LAUNCH(D)                                                                                           \
-    st = launch<T, D>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, nz, s)
+    st = launch<T, D>(tiles, num_tiles, qpos, heads, scale_log2, q, ldq, k, v, ldkv, out, ldo, wide, most,        \
+                      max_keys, s)
     switch (dh / 16) {
     case 1: TC_LAUNCH(16); break;
     case 2: TC_LAUNCH(32); break;

@@ -69,7 +69,7 @@ struct pass {
     const flame_request *reqs;
     size_t n;
     int64_t T = 0, S = 0, tiles_full = 0, tiles_last = 0, gathered = 0, total_scores = 0;
-    int64_t keys_full = 0, keys_last = 0; // the most keys a tile of each list sees (fl_attn_args::max_keys)
+    int64_t max_hist = 0; // the longest history of the pass: the attention launches' max_keys
     int32_t tq_full = FL_ATTN_QT, tq_last = FL_ATTN_QT; // queries per attention tile (fl_cuda_attention_tile_queries)
     int64_t side_total[FL_MAX_FEATURES] = {};
     // every bag of the slot holds one id: no offsets travel, the kernel reads ids[t] (common
@@ -182,9 +182,11 @@ void plan(pass &p)
         const int64_t U = p.shape.users, C = p.shape.candidates;
         p.tiles_full = U * slot_tiles((int64_t)p.shape.history + C, p.tq_full, 3);
         p.tiles_last = U * slot_tiles(C, p.tq_last, 2);
+        p.max_hist = p.shape.history;
         return;
     }
     for (size_t r = 0; r < p.n; r++) {
+        p.max_hist = std::max(p.max_hist, x->seqs[r].n);
         p.tiles_full += ceil_div(x->seqs[r].n - x->seqs[r].p0 + x->seqs[r].m, p.tq_full);
         p.tiles_last += ceil_div(x->seqs[r].nsel, p.tq_last);
     }
@@ -412,9 +414,6 @@ void fill(pass &p)
     }
     if (p.tq_full == FL_ATTN_QT_WG) longest_first(h.tiles_full, tf);
     if (p.tq_last == FL_ATTN_QT_WG) longest_first(h.tiles_last, tl);
-    p.keys_full = p.keys_last = 0;
-    for (int64_t i = 0; i < tf; i++) p.keys_full = std::max(p.keys_full, tile_keys(h.tiles_full[i]));
-    for (int64_t i = 0; i < tl; i++) p.keys_last = std::max(p.keys_last, tile_keys(h.tiles_last[i]));
     p.gathered = ng;
     p.sel_run = p.S > 0 ? h.sel[0] : -1;
     for (int64_t i = 1; i < p.S && p.sel_run >= 0; i++)
@@ -552,7 +551,7 @@ flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &b
         if (p.kv) FL_TRY(kv_assemble<T>(g, p, b, layer));
         FL_TRY(fl_cuda_attention<T>({.tiles = p.dev.tiles_full, .num_tiles = p.tiles_full, .heads = H, .dh = dh,
                                      .q = QKV, .ldq = 3 * d, .k = K, .v = V, .ldkv = ldkv, .out = A, .ldo = d,
-                                     .tile_q = p.tq_full, .max_keys = p.keys_full},
+                                     .tile_q = p.tq_full, .max_keys = p.max_hist},
                                     s));
     } else {
         // keys and values for every token (rows d..3d of the fused weight), queries for the selected rows only
@@ -570,7 +569,7 @@ flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &b
                         .bias = blk.qkv.b, .y = Q, .ldy = d, .yt = g->ab, .epi = FL_EPI_BIAS}));
         FL_TRY(fl_cuda_attention<T>({.tiles = p.dev.tiles_last, .num_tiles = p.tiles_last, .qpos = p.dev.qpos,
                                      .heads = H, .dh = dh, .q = Q, .ldq = d, .k = K, .v = V, .ldkv = ldkv, .out = A,
-                                     .ldo = d, .tile_q = p.tq_last, .max_keys = p.keys_last},
+                                     .ldo = d, .tile_q = p.tq_last, .max_keys = p.max_hist},
                                     s));
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
     }

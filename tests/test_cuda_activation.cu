@@ -56,15 +56,17 @@ template <> double ulp_of<float>(double y)
     return ldexp(1.0, (e - 24 < -149 ? -149 : e - 24));
 }
 
-static uint16_t bits_of(__half h) { uint16_t b; memcpy(&b, &h, 2); return b; }
-static uint16_t bits_of(__nv_bfloat16 h) { uint16_t b; memcpy(&b, &h, 2); return b; }
-template <typename T> static T of_bits(uint16_t b) { T h; memcpy(&h, &b, 2); return h; }
+static uint16_t bits_of(__half h) { return __half_as_ushort(h); }
+static uint16_t bits_of(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
+template <typename T> static T of_bits(uint16_t b);
+template <> __half of_bits<__half>(uint16_t b) { return __ushort_as_half(b); }
+template <> __nv_bfloat16 of_bits<__nv_bfloat16>(uint16_t b) { return __ushort_as_bfloat16(b); }
 
 /* How results compare with the exact value rounded once to the dtype (from float64 through
  * float32: a double rounding, which can differ from one rounding only where the float32 value
- * falls on a midpoint of two dtype values): the share
- * that equal it, and the largest error in ulps where |x| <= 4 (beyond, the tails' error is
- * bounded by the formula's 1e-6 |x| rather than by ulps of a value near 0). */
+ * falls on a midpoint of two dtype values): the share that equal it, and the largest error in
+ * ulps where |x| <= 4 (beyond, the tails' error is bounded by 1e-6 |x| rather than by ulps of
+ * a value near 0). */
 struct stats {
     int64_t checked = 0, rounded = 0;
     double worst_ulps = 0.0;
