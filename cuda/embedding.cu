@@ -78,33 +78,44 @@ template <bool W> __device__ __forceinline__ float weight_of(const fl_dev_featur
     return w;
 }
 
+// Row id i of a bag; unchecked (a lookup running before its validation ends) clamped into the
+// table: a bad id then reads some row of it, and the verdict keeps the result from being written.
+__device__ __forceinline__ int64_t row_id(const fl_dev_feature &fe, int64_t i, bool unchecked)
+{
+    const int64_t r = fe.ids[i];
+    return unchecked ? min(max(r, (int64_t)0), fe.rows - 1) : r;
+}
+
 // One feature's bag for columns c0 .. c0 + VEC of the lane, four rows in flight.
 template <typename T, int VEC, bool W>
 __device__ __forceinline__ void pool_float(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w,
-                                           float *acc)
+                                           float *acc, bool unchecked)
 {
     const T *tab = static_cast<const T *>(fe.table) + c0;
     const int dim = fe.dim;
     int64_t i = b;
     for (; i + 4 <= e; i += 4) {
-        const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
+        const int64_t r0 = row_id(fe, i, unchecked), r1 = row_id(fe, i + 1, unchecked),
+                      r2 = row_id(fe, i + 2, unchecked), r3 = row_id(fe, i + 3, unchecked);
         add_row<T, VEC>(tab + r0 * dim, acc, weight_of<W>(fe, i, w));
         add_row<T, VEC>(tab + r1 * dim, acc, weight_of<W>(fe, i + 1, w));
         add_row<T, VEC>(tab + r2 * dim, acc, weight_of<W>(fe, i + 2, w));
         add_row<T, VEC>(tab + r3 * dim, acc, weight_of<W>(fe, i + 3, w));
     }
-    for (; i < e; i++) add_row<T, VEC>(tab + fe.ids[i] * dim, acc, weight_of<W>(fe, i, w));
+    for (; i < e; i++) add_row<T, VEC>(tab + row_id(fe, i, unchecked) * dim, acc, weight_of<W>(fe, i, w));
 }
 
 template <int VEC, bool W>
-__device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc)
+__device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc,
+                                        bool unchecked)
 {
     const int8_t *tab = static_cast<const int8_t *>(fe.table) + c0;
     const float2 *qp = reinterpret_cast<const float2 *>(fe.qparams);
     const int dim = fe.dim;
     int64_t i = b;
     for (; i + 4 <= e; i += 4) {
-        const int64_t r0 = fe.ids[i], r1 = fe.ids[i + 1], r2 = fe.ids[i + 2], r3 = fe.ids[i + 3];
+        const int64_t r0 = row_id(fe, i, unchecked), r1 = row_id(fe, i + 1, unchecked),
+                      r2 = row_id(fe, i + 2, unchecked), r3 = row_id(fe, i + 3, unchecked);
         const float2 s0 = __ldg(qp + r0), s1 = __ldg(qp + r1), s2 = __ldg(qp + r2), s3 = __ldg(qp + r3);
         add_row_q8<VEC>(tab + r0 * dim, s0, acc, weight_of<W>(fe, i, w));
         add_row_q8<VEC>(tab + r1 * dim, s1, acc, weight_of<W>(fe, i + 1, w));
@@ -112,7 +123,7 @@ __device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int
         add_row_q8<VEC>(tab + r3 * dim, s3, acc, weight_of<W>(fe, i + 3, w));
     }
     for (; i < e; i++) {
-        const int64_t r = fe.ids[i];
+        const int64_t r = row_id(fe, i, unchecked);
         add_row_q8<VEC>(tab + r * dim, __ldg(qp + r), acc, weight_of<W>(fe, i, w));
     }
 }
@@ -128,7 +139,8 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
     const int sub = (int)(thread % lanes);
     const int64_t items = CONCAT ? tokens * fs.count : tokens;
     if (item >= items) return;
-    if (fs.skip_unless_clear && *fs.skip_unless_clear != ~0ull) return; // a bad index was found
+    const bool unchecked = fs.skip_unless_clear != nullptr; // see fl_dev_features::skip_unless_clear
+    bool cleared = !unchecked;
     const int64_t t = CONCAT ? item / fs.count : item;
     const int f0 = CONCAT ? (int)(item % fs.count) : 0, f1 = CONCAT ? f0 + 1 : fs.count;
     const int dim = fs.f[f0].dim; // sum combine: every feature has the same dim
@@ -144,16 +156,39 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
                 b = fe.offsets[t];
                 e = fe.offsets[t + 1];
             }
+            if (unchecked) { // the bag's span inside the ids, empty in a table without rows
+                b = min(max(b, (int64_t)0), fe.num_ids);
+                e = fe.rows > 0 ? min(max(e, b), fe.num_ids) : b;
+            }
             if (e == b) continue; // empty bag: zeros for sum and mean
             const float w = fe.pooling == 1 ? 1.0f / (float)(e - b) : 1.0f;
             if (Q8 && fe.qparams)
-                pool_q8<VEC, W>(fe, b, e, c0, w, acc);
+                pool_q8<VEC, W>(fe, b, e, c0, w, acc, unchecked);
             else
-                pool_float<T, VEC, W>(fe, b, e, c0, w, acc);
+                pool_float<T, VEC, W>(fe, b, e, c0, w, acc, unchecked);
+        }
+        if (!cleared) { // the validation grid has ended and its verdict is visible after the wait
+#if __CUDA_ARCH__ >= 900
+            asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+            if (*reinterpret_cast<const volatile unsigned long long *>(fs.skip_unless_clear) != ~0ull) return;
+            cleared = true;
         }
 #pragma unroll
         for (int v = 0; v < VEC; v++) dst[c0 + v] = from_f<OutT>(acc[v]);
     }
+}
+
+// Programmatic dependent launches exist from compute capability 9.0 on (the current device's;
+// the runtime caches the attribute).
+static bool dependent_launches()
+{
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major >= 9;
 }
 
 template <typename T, typename OutT, int VEC, bool Q8, bool W>
@@ -165,10 +200,21 @@ static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t
     while (lanes < widest && lanes < 32) lanes <<= 1;
     const int64_t items = fs.concat ? tokens * fs.count : tokens;
     const unsigned blocks = ceil_div(items * lanes, 256);
+    // behind a validation launch on sm_90: a programmatic dependent launch, its blocks start
+    // pooling as the validation's blocks finish (see fl_dev_features::skip_unless_clear)
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = fs.skip_unless_clear && dependent_launches() ? 1 : 0;
     if (fs.concat)
-        emb_kernel<T, OutT, VEC, true, Q8, W><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
+        cudaLaunchKernelEx(&cfg, emb_kernel<T, OutT, VEC, true, Q8, W>, fs, tokens, out, ldo, lanes);
     else
-        emb_kernel<T, OutT, VEC, false, Q8, W><<<blocks, 256, 0, s>>>(fs, tokens, out, ldo, lanes);
+        cudaLaunchKernelEx(&cfg, emb_kernel<T, OutT, VEC, false, Q8, W>, fs, tokens, out, ldo, lanes);
 }
 
 // The vector width for the tables' dims and alignment (see fl_cuda_embedding_bag).

@@ -16,6 +16,9 @@ struct fl_dev_feature {
     const int64_t *ids;
     const float *qparams;   // int8 table: [rows, 2] (scale, bias), value = scale * q + bias; NULL: a float table
     const float *weights;   // per-id weights (ids' length): the bag pools w_i * row_i; NULL: all 1
+    // the table's rows and the ids' length: read only by a lookup behind a validation launch
+    // (skip_unless_clear set), which clamps every offset and id into them before using it
+    int64_t rows, num_ids;
 };
 
 struct fl_dev_features {
@@ -23,8 +26,12 @@ struct fl_dev_features {
     int32_t count;
     int32_t width;   // output row width (sum: dim; concat: sum of dims)
     int32_t concat;  // 1: features own disjoint columns
-    // NULL, or a word the lookup reads first: when it is not ~0 (a validation kernel enqueued
-    // before found a bad index), the launch writes nothing
+    // NULL, or the verdict of a validation launch enqueued just before: when it is not ~0 (a
+    // bad index was found), the lookup writes nothing. With it set, the lookup is launched as
+    // that launch's programmatic dependent (sm_90): it pools while the validation still runs,
+    // with offsets and ids clamped into their arrays (so an unchecked value never addresses
+    // memory outside them), and reads the verdict after waiting for the validation grid, before
+    // its first write
     const unsigned long long *skip_unless_clear;
 };
 

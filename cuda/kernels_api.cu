@@ -288,6 +288,21 @@ __device__ __forceinline__ void tbe_describe(const tbe_check_args &a, fl_tbe_ind
     rec->detail_key = key;
 }
 
+// An L2 policy that keeps the lines it loads ahead of others (evict_last): the lookup launched
+// next reads the same ids again, after other rows have streamed through the cache.
+__device__ __forceinline__ uint64_t keep_policy()
+{
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ int64_t load_keep(const int64_t *a, uint64_t policy)
+{
+    int64_t x;
+    asm volatile("ld.global.nc.L2::cache_hint.b64 %0, [%1], %2;\n" : "=l"(x) : "l"(a), "l"(policy));
+    return x;
+}
+
 // Values a thread of tbe_check_kernel loads before it checks any: all in flight at once, so a
 // launch of about one wave reads the ids at the memory's bandwidth instead of one dependent
 // load after another.
@@ -303,11 +318,16 @@ constexpr int64_t CHECK_CHUNK = (int64_t)CHECK_THREADS * CHECK_UNROLL; // positi
 __global__ void __launch_bounds__(CHECK_THREADS) tbe_check_kernel(const __grid_constant__ tbe_check_args a,
                                                                   fl_tbe_index_record *rec)
 {
+#if __CUDA_ARCH__ >= 900
+    // the lookup may launch now: it waits for this grid before it reads the verdict (embedding.cu)
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
     const bool described = *reinterpret_cast<volatile unsigned long long *>(&rec->detail_key) != NO_KEY;
     const int t = (int)blockIdx.y;
     const tbe_check_table &c = a.t[t];
     const int64_t noff = c.offsets ? a.batch + 1 : 0, n = described ? 0 : noff + c.num_ids;
     unsigned long long mine = NO_KEY;
+    const uint64_t keep = keep_policy();
     for (int64_t base = blockIdx.x * CHECK_CHUNK + threadIdx.x; base < n && mine == NO_KEY;
          base += gridDim.x * CHECK_CHUNK) {
         int64_t v[CHECK_UNROLL], prev[CHECK_UNROLL];
@@ -316,7 +336,7 @@ __global__ void __launch_bounds__(CHECK_THREADS) tbe_check_kernel(const __grid_c
         for (int u = 0; u < CHECK_UNROLL; u++) {
             const int64_t j = base + (int64_t)u * CHECK_THREADS;
             const bool off = j < noff, id = !off && j < n;
-            v[u] = off ? c.offsets[j] : id ? c.ids[j - noff] : 0;
+            v[u] = off ? c.offsets[j] : id ? load_keep(c.ids + (j - noff), keep) : 0;
             prev[u] = off && j > 0 ? c.offsets[j - 1] : 0;
             w[u] = id && c.weights ? c.weights[j - noff] : 0.0f;
         }
@@ -557,6 +577,8 @@ static flame_status tbe_forward(int device, const fl_tbe_table *tables, int num_
             f.ids = lookups[t].ids;
             f.offsets = lookups[t].offsets;
             f.weights = lookups[t].weights;
+            f.rows = tb.rows;
+            f.num_ids = lookups[t].num_ids;
         } else {
             const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
             f.ids = reinterpret_cast<const int64_t *>(dev + at[3 * t]);
