@@ -91,6 +91,14 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+// The descriptor d moved on by `bytes` (a k-step, a stage): only the address field, bits 0-13 in
+// 16-byte units, changes, and without a carry out of it (every tile lies below 256 KiB), so one
+// 32-bit add of the low word does it instead of building the descriptor again.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes)
+{
+    return ((d >> 32) << 32) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
+
 // Byte offset of row r, 16-byte chunk c (of DH / 8) in a swizzled [rows][DH] tile.
 __device__ __forceinline__ uint32_t swz(int rows, int r, int c)
 {
@@ -100,6 +108,10 @@ __device__ __forceinline__ uint32_t swz(int rows, int r, int c)
 __device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp16_all(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -170,31 +182,33 @@ template <int DH> struct row_acc {
 template <typename T, int DH, int BN>
 __device__ __forceinline__ void issue_s(float (&s)[BN / 2], uint32_t qa, uint32_t kd)
 {
+    const uint64_t qd0 = desc(qa, 16, 1024), kd0 = desc(kd, 16, 1024);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < DH / 16; kk++)
-        mma<T, BN>::template ss<0>(s, desc(qa + (kk >> 2) * QT * 128 + (kk & 3) * 32, 16, 1024),
-                                   desc(kd + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+        mma<T, BN>::template ss<0>(s, desc_plus(qd0, (kk >> 2) * QT * 128 + (kk & 3) * 32),
+                                   desc_plus(kd0, (kk >> 2) * BN * 128 + (kk & 3) * 32), kk > 0);
     wg_commit();
 }
 
 // Softmax of the scores of one block (S complete in registers), in place: s then holds the
 // unnormalised probabilities exp2(s * scale - m); the running max and sums are updated, and
 // alpha is the factor the output must be rescaled by (the output itself is left alone: a P V
-// product may still be accumulating into it).
-template <int DH, int BN>
+// product may still be accumulating into it). MASK: the block crosses the first row's visible
+// keys (kb + BN > wg_full), so scores of keys a row does not see become -inf; the other blocks,
+// most of a long history, take the form without the compares and selects (see softmax_any).
+template <int DH, int BN, bool MASK>
 __device__ __forceinline__ void softmax_s(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
                                           float scale_log2, float (&alpha)[2])
 {
     // accumulator element 4j + e: row g + 8 (e >> 1), key kb + 8j + 2t + (e & 1)
     float mx[2] = {-INFINITY, -INFINITY};
-    const bool masked = kb + BN > tr.wg_full;
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = e >> 1;
-            if (masked && kb + 8 * j + 2 * t + (e & 1) >= tr.nvis[i]) s[4 * j + e] = -INFINITY;
+            if (MASK && kb + 8 * j + 2 * t + (e & 1) >= tr.nvis[i]) s[4 * j + e] = -INFINITY;
             mx[i] = fmaxf(mx[i], s[4 * j + e]);
         }
     float sub[2];
@@ -213,6 +227,17 @@ __device__ __forceinline__ void softmax_s(row_acc<DH> &a, float (&s)[BN / 2], co
     }
 }
 
+// softmax_s in the form the block needs (warpgroup-uniform branch).
+template <int DH, int BN>
+__device__ __forceinline__ void softmax_any(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
+                                            float scale_log2, float (&alpha)[2])
+{
+    if (kb + BN > tr.wg_full)
+        softmax_s<DH, BN, true>(a, s, tr, kb, t, scale_log2, alpha);
+    else
+        softmax_s<DH, BN, false>(a, s, tr, kb, t, scale_log2, alpha);
+}
+
 // The probabilities as the A operand of P V: n-tile j of S is half of k-step j / 2 of P,
 // (c0, c1) -> a0 or a2, (c2, c3) -> a1 or a3.
 template <typename T, int BN>
@@ -229,7 +254,7 @@ template <typename T, int DH, int BN>
 __device__ __forceinline__ void softmax_p(row_acc<DH> &a, float (&s)[BN / 2], const tile_rows &tr, int kb, int t,
                                           float scale_log2, uint32_t (&p)[BN / 16][4], float (&alpha)[2])
 {
-    softmax_s<DH, BN>(a, s, tr, kb, t, scale_log2, alpha);
+    softmax_any<DH, BN>(a, s, tr, kb, t, scale_log2, alpha);
     pack_p<T, BN>(s, p);
 }
 
@@ -249,9 +274,10 @@ template <typename T, int DH, int BN>
 __device__ __forceinline__ void issue_pv(row_acc<DH> &a, const uint32_t (&p)[BN / 16][4], uint32_t vd)
 {
     fence_regs(a.o); // the rescaled accumulators and P are written before the fence
+    const uint64_t vd0 = desc(vd, BN * 128, 1024);
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ks++) mma<T, DH>::template rs<1>(a.o, p[ks], desc(vd + ks * 16 * 128, BN * 128, 1024), 1);
+    for (int ks = 0; ks < BN / 16; ks++) mma<T, DH>::template rs<1>(a.o, p[ks], desc_plus(vd0, ks * 16 * 128), 1);
     wg_commit();
 }
 
@@ -322,6 +348,32 @@ __device__ __forceinline__ void finish(row_acc<DH> &a, const tile_rows &tr, cons
     }
 }
 
+// A whole key block (every row visible to some query of the tile) into swizzled tiles: thread
+// `me` of NTHR copies 16-byte column chunk me % CH of rows me / CH + i RSTEP. Rows RSTEP apart
+// (a multiple of 8) share their swizzle, so the copies go to constant offsets from the thread's
+// first slot while two pointers walk the rows: about three instructions a copy, against a dozen
+// when each row's address and swizzle are worked out again (the producer warps issued a quarter
+// of the kernel's instructions that way, taking issue slots from the consumers).
+template <int DH, int BN, int NTHR>
+__device__ __forceinline__ void stage_kv_whole(uint32_t kd, uint32_t vd, const fl_attn_tile &tile, int kb,
+                                               const void *k, const void *v, int64_t ldkv, int64_t col, int me)
+{
+    constexpr int CH = DH / 8, RSTEP = NTHR / CH;
+    static_assert(NTHR % CH == 0 && BN % RSTEP == 0 && RSTEP % 8 == 0, "whole rounds, one swizzle per thread");
+    const int ch = me % CH, r0 = me / CH;
+    const int64_t row_bytes = ldkv * 2, step = RSTEP * row_bytes;
+    const int64_t first = ((tile.seq_row + kb + r0) * ldkv + col + ch * 8) * 2;
+    const uint8_t *kp = static_cast<const uint8_t *>(k) + first, *vp = static_cast<const uint8_t *>(v) + first;
+    const uint32_t slot = swz(BN, r0, ch);
+#pragma unroll
+    for (int i = 0; i < BN / RSTEP; i++) {
+        cp16_all(kd + slot + i * RSTEP * 128, kp);
+        cp16_all(vd + slot + i * RSTEP * 128, vp);
+        kp += step;
+        vp += step;
+    }
+}
+
 // Stages rows [kb, kb + BN) of K and V (rows from kend on as zeros) into swizzled tiles, the
 // 16-byte chunks split over NTHR threads (this one: `me`), all copies issued back to back.
 template <int DH, int BN, int NTHR>
@@ -330,6 +382,10 @@ __device__ __forceinline__ void stage_kv(uint32_t kd, uint32_t vd, const fl_attn
 {
     constexpr int CH = DH / 8;
     static_assert(BN * CH % NTHR == 0, "whole rounds");
+    if (kb + BN <= kend) {
+        stage_kv_whole<DH, BN, NTHR>(kd, vd, tile, kb, k, v, ldkv, col, me);
+        return;
+    }
     const uint8_t *kp = static_cast<const uint8_t *>(k), *vp = static_cast<const uint8_t *>(v);
 #pragma unroll
     for (int c0 = 0; c0 < BN * CH; c0 += NTHR) {
@@ -342,13 +398,18 @@ __device__ __forceinline__ void stage_kv(uint32_t kd, uint32_t vd, const fl_attn
 }
 
 // stage_kv for a producer warpgroup with few registers: one 16-byte column chunk per thread,
-// rows stepped through in a loop (unrolled, the 32 addresses of a block would not fit).
+// rows stepped through in a loop (unrolled, the 32 addresses of a block would not fit); the
+// last block, which holds kend, row by row.
 template <int DH, int BN, int NTHR>
 __device__ __forceinline__ void stage_kv_lean(uint32_t kd, uint32_t vd, const fl_attn_tile &tile, int kb, int kend,
                                               const void *k, const void *v, int64_t ldkv, int64_t col, int me)
 {
     constexpr int CH = DH / 8, RSTEP = NTHR / CH;
     static_assert(NTHR % CH == 0 && BN % RSTEP == 0, "whole rounds");
+    if (kb + BN <= kend) {
+        stage_kv_whole<DH, BN, NTHR>(kd, vd, tile, kb, k, v, ldkv, col, me);
+        return;
+    }
     const int ch = me % CH;
     const int64_t first = (tile.seq_row * ldkv + col + ch * 8) * 2, row_bytes = ldkv * 2;
     const uint8_t *kp = static_cast<const uint8_t *>(k) + first, *vp = static_cast<const uint8_t *>(v) + first;
@@ -390,7 +451,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int64_t item = blockIdx.x;
     const fl_attn_tile tile = tiles[ord.tile(item)];
     const int64_t col = (int64_t)ord.head(item) * DH;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform and builds the
+    // matrix descriptors that depend on it in uniform registers
+    const int tid = threadIdx.x, wg = __shfl_sync(~0u, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31,
+              g = lane >> 2, t = lane & 3;
     const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
     const int nblk = (tr.kend + BN - 1) / BN;
     if (nblk > 0) {
@@ -472,7 +536,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int64_t item = blockIdx.x;
     const fl_attn_tile tile = tiles[ord.tile(item)];
     const int64_t col = (int64_t)ord.head(item) * DH;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform and builds the
+    // matrix descriptors that depend on it in uniform registers
+    const int tid = threadIdx.x, wg = __shfl_sync(~0u, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31,
+              g = lane >> 2, t = lane & 3;
     if (tid == 0)
         for (int st = 0; st < STAGES; st++) {
             mbar_init(full0 + 8 * st, 128); // the producer's 128 threads
@@ -564,7 +631,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int64_t item = blockIdx.x;
     const fl_attn_tile tile = tiles[ord.tile(item)];
     const int64_t col = (int64_t)ord.head(item) * DH;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform and builds the
+    // matrix descriptors that depend on it in uniform registers
+    const int tid = threadIdx.x, wg = __shfl_sync(~0u, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31,
+              g = lane >> 2, t = lane & 3;
     if (tid == 0)
         for (int st = 0; st < STAGES; st++) {
             mbar_init(full0 + 8 * st, 128);
@@ -614,7 +684,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         issue_s<T, DH, BN>(s, qa, ks0);
         wg_wait0();
         fence_regs(s);
-        softmax_s<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
+        softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
         pack_p<T, BN>(s, p);
         for (int blk = 1; blk < nwork; blk++) {
             const int st = blk % STAGES, prev = (blk - 1) % STAGES;
@@ -623,7 +693,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             issue_pv<T, DH, BN>(a, p, vs0 + prev * L::KV_BYTES);
             wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
             fence_regs(s);
-            softmax_s<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
+            softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
             wg_wait0();
             keep_regs(p);
             fence_regs(a.o);
