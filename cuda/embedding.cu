@@ -80,42 +80,43 @@ template <bool W> __device__ __forceinline__ float weight_of(const fl_dev_featur
 
 // Row id i of a bag; unchecked (a lookup running before its validation ends) clamped into the
 // table: a bad id then reads some row of it, and the verdict keeps the result from being written.
-__device__ __forceinline__ int64_t row_id(const fl_dev_feature &fe, int64_t i, bool unchecked)
+template <bool UNCHECKED> __device__ __forceinline__ int64_t row_id(const fl_dev_feature &fe, int64_t i)
 {
     const int64_t r = fe.ids[i];
-    return unchecked ? min(max(r, (int64_t)0), fe.rows - 1) : r;
+    return UNCHECKED ? min(max(r, (int64_t)0), fe.rows - 1) : r;
 }
 
-// One feature's bag for columns c0 .. c0 + VEC of the lane, four rows in flight.
-template <typename T, int VEC, bool W>
+// One feature's bag for columns c0 .. c0 + VEC of the lane, four rows in flight. UNCHECKED is a
+// parameter of the loop, not a test in it: the checked lookup (the engine's) keeps the loop it
+// had without the clamps.
+template <typename T, int VEC, bool W, bool UNCHECKED>
 __device__ __forceinline__ void pool_float(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w,
-                                           float *acc, bool unchecked)
+                                           float *acc)
 {
     const T *tab = static_cast<const T *>(fe.table) + c0;
     const int dim = fe.dim;
     int64_t i = b;
     for (; i + 4 <= e; i += 4) {
-        const int64_t r0 = row_id(fe, i, unchecked), r1 = row_id(fe, i + 1, unchecked),
-                      r2 = row_id(fe, i + 2, unchecked), r3 = row_id(fe, i + 3, unchecked);
+        const int64_t r0 = row_id<UNCHECKED>(fe, i), r1 = row_id<UNCHECKED>(fe, i + 1),
+                      r2 = row_id<UNCHECKED>(fe, i + 2), r3 = row_id<UNCHECKED>(fe, i + 3);
         add_row<T, VEC>(tab + r0 * dim, acc, weight_of<W>(fe, i, w));
         add_row<T, VEC>(tab + r1 * dim, acc, weight_of<W>(fe, i + 1, w));
         add_row<T, VEC>(tab + r2 * dim, acc, weight_of<W>(fe, i + 2, w));
         add_row<T, VEC>(tab + r3 * dim, acc, weight_of<W>(fe, i + 3, w));
     }
-    for (; i < e; i++) add_row<T, VEC>(tab + row_id(fe, i, unchecked) * dim, acc, weight_of<W>(fe, i, w));
+    for (; i < e; i++) add_row<T, VEC>(tab + row_id<UNCHECKED>(fe, i) * dim, acc, weight_of<W>(fe, i, w));
 }
 
-template <int VEC, bool W>
-__device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc,
-                                        bool unchecked)
+template <int VEC, bool W, bool UNCHECKED>
+__device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int64_t e, int c0, float w, float *acc)
 {
     const int8_t *tab = static_cast<const int8_t *>(fe.table) + c0;
     const float2 *qp = reinterpret_cast<const float2 *>(fe.qparams);
     const int dim = fe.dim;
     int64_t i = b;
     for (; i + 4 <= e; i += 4) {
-        const int64_t r0 = row_id(fe, i, unchecked), r1 = row_id(fe, i + 1, unchecked),
-                      r2 = row_id(fe, i + 2, unchecked), r3 = row_id(fe, i + 3, unchecked);
+        const int64_t r0 = row_id<UNCHECKED>(fe, i), r1 = row_id<UNCHECKED>(fe, i + 1),
+                      r2 = row_id<UNCHECKED>(fe, i + 2), r3 = row_id<UNCHECKED>(fe, i + 3);
         const float2 s0 = __ldg(qp + r0), s1 = __ldg(qp + r1), s2 = __ldg(qp + r2), s3 = __ldg(qp + r3);
         add_row_q8<VEC>(tab + r0 * dim, s0, acc, weight_of<W>(fe, i, w));
         add_row_q8<VEC>(tab + r1 * dim, s1, acc, weight_of<W>(fe, i + 1, w));
@@ -123,7 +124,7 @@ __device__ __forceinline__ void pool_q8(const fl_dev_feature &fe, int64_t b, int
         add_row_q8<VEC>(tab + r3 * dim, s3, acc, weight_of<W>(fe, i + 3, w));
     }
     for (; i < e; i++) {
-        const int64_t r = row_id(fe, i, unchecked);
+        const int64_t r = row_id<UNCHECKED>(fe, i);
         add_row_q8<VEC>(tab + r * dim, __ldg(qp + r), acc, weight_of<W>(fe, i, w));
     }
 }
@@ -162,10 +163,16 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
             }
             if (e == b) continue; // empty bag: zeros for sum and mean
             const float w = fe.pooling == 1 ? 1.0f / (float)(e - b) : 1.0f;
-            if (Q8 && fe.qparams)
-                pool_q8<VEC, W>(fe, b, e, c0, w, acc, unchecked);
-            else
-                pool_float<T, VEC, W>(fe, b, e, c0, w, acc, unchecked);
+            if (Q8 && fe.qparams) {
+                if (unchecked)
+                    pool_q8<VEC, W, true>(fe, b, e, c0, w, acc);
+                else
+                    pool_q8<VEC, W, false>(fe, b, e, c0, w, acc);
+            } else if (unchecked) {
+                pool_float<T, VEC, W, true>(fe, b, e, c0, w, acc);
+            } else {
+                pool_float<T, VEC, W, false>(fe, b, e, c0, w, acc);
+            }
         }
         if (!cleared) { // the validation grid has ended and its verdict is visible after the wait
 #if __CUDA_ARCH__ >= 900
