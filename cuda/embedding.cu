@@ -186,16 +186,21 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
     }
 }
 
-// Programmatic dependent launches exist from compute capability 9.0 on (the current device's;
-// the runtime caches the attribute).
-static bool dependent_launches()
+// Whether `kernel`, as loaded for the current device, may start before the validation launch
+// it follows ends: programmatic dependent launches exist from compute capability 9.0 on, and
+// the kernel's wait for the validation grid exists only in code compiled for 9.0 or later (a
+// build whose newest code is compute_80 PTX, compiled by the driver for a Hopper GPU, has
+// none, so its lookup must start after the validation as an ordinary launch).
+template <typename K> static bool dependent_launch(K kernel)
 {
     int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaFuncAttributes fa{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }
-    return major >= 9;
+    return major >= 9 && fa.ptxVersion >= 90;
 }
 
 template <typename T, typename OutT, int VEC, bool Q8, bool W>
@@ -217,11 +222,15 @@ static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t
     cfg.blockDim = dim3(256);
     cfg.stream = s;
     cfg.attrs = &attr;
-    cfg.numAttrs = fs.skip_unless_clear && dependent_launches() ? 1 : 0;
-    if (fs.concat)
-        cudaLaunchKernelEx(&cfg, emb_kernel<T, OutT, VEC, true, Q8, W>, fs, tokens, out, ldo, lanes);
-    else
-        cudaLaunchKernelEx(&cfg, emb_kernel<T, OutT, VEC, false, Q8, W>, fs, tokens, out, ldo, lanes);
+    if (fs.concat) {
+        const auto kernel = emb_kernel<T, OutT, VEC, true, Q8, W>;
+        cfg.numAttrs = fs.skip_unless_clear && dependent_launch(kernel) ? 1 : 0;
+        cudaLaunchKernelEx(&cfg, kernel, fs, tokens, out, ldo, lanes);
+    } else {
+        const auto kernel = emb_kernel<T, OutT, VEC, false, Q8, W>;
+        cfg.numAttrs = fs.skip_unless_clear && dependent_launch(kernel) ? 1 : 0;
+        cudaLaunchKernelEx(&cfg, kernel, fs, tokens, out, ldo, lanes);
+    }
 }
 
 // The vector width for the tables' dims and alignment (see fl_cuda_embedding_bag).

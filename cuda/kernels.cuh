@@ -34,6 +34,10 @@ struct fl_dev_features {
     // its first write
     const unsigned long long *skip_unless_clear;
 };
+// The lookup takes the struct by value: 4,632 bytes of launch parameters with the tables'
+// bounds, past the 4 KiB a launch could take before CUDA 12.1 (32,764 bytes since, with a
+// driver of that release or later; the build needs the toolkit of 12.1 or later).
+static_assert(sizeof(fl_dev_features) + 64 <= 32764, "the lookup's launch parameters");
 
 // Table-batched embedding bag, one launch for all tokens and features:
 // out[t, out_col:out_col+dim] += pool(bag) after the row is zeroed (see src/cpu/kernels.h).
