@@ -119,6 +119,10 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 
 
 
+// Thread tid's warpgroup, through a shuffle from lane 0: the compiler then knows it is
+// warp-uniform and builds the matrix descriptors that depend on it in uniform registers.
+__device__ __forceinline__ int warpgroup_of(int tid) { return __shfl_sync(~0u, tid >> 7, 0); }
+
 // Which (tile, head) CTA `item` computes: heads outermost (head_major) or innermost (see Order
 // at the top).
 struct item_order {
@@ -451,10 +455,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int64_t item = blockIdx.x;
     const fl_attn_tile tile = tiles[ord.tile(item)];
     const int64_t col = (int64_t)ord.head(item) * DH;
-    // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform and builds the
-    // matrix descriptors that depend on it in uniform registers
-    const int tid = threadIdx.x, wg = __shfl_sync(~0u, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31,
-              g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, wg = warpgroup_of(tid), warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2,
+              t = lane & 3;
     const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
     const int nblk = (tr.kend + BN - 1) / BN;
     if (nblk > 0) {
@@ -536,10 +538,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int64_t item = blockIdx.x;
     const fl_attn_tile tile = tiles[ord.tile(item)];
     const int64_t col = (int64_t)ord.head(item) * DH;
-    // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform and builds the
-    // matrix descriptors that depend on it in uniform registers
-    const int tid = threadIdx.x, wg = __shfl_sync(~0u, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31,
-              g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, wg = warpgroup_of(tid), warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2,
+              t = lane & 3;
     if (tid == 0)
         for (int st = 0; st < STAGES; st++) {
             mbar_init(full0 + 8 * st, 128); // the producer's 128 threads
@@ -631,10 +631,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int64_t item = blockIdx.x;
     const fl_attn_tile tile = tiles[ord.tile(item)];
     const int64_t col = (int64_t)ord.head(item) * DH;
-    // wg through a shuffle from lane 0: the compiler then knows it is warp-uniform and builds the
-    // matrix descriptors that depend on it in uniform registers
-    const int tid = threadIdx.x, wg = __shfl_sync(~0u, tid >> 7, 0), warp = (tid >> 5) & 3, lane = tid & 31,
-              g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, wg = warpgroup_of(tid), warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2,
+              t = lane & 3;
     if (tid == 0)
         for (int st = 0; st < STAGES; st++) {
             mbar_init(full0 + 8 * st, 128);

@@ -187,20 +187,18 @@ __global__ void __launch_bounds__(256) emb_kernel(const fl_dev_features fs, int6
 }
 
 // Whether `kernel`, as loaded for the current device, may start before the validation launch
-// it follows ends: programmatic dependent launches exist from compute capability 9.0 on, and
-// the kernel's wait for the validation grid exists only in code compiled for 9.0 or later (a
-// build whose newest code is compute_80 PTX, compiled by the driver for a Hopper GPU, has
-// none, so its lookup must start after the validation as an ordinary launch).
+// it follows ends: its wait for the validation grid exists only in code compiled for compute
+// capability 9.0 or later, which also runs only on such a device, where programmatic dependent
+// launches exist (a build whose newest code is compute_80 PTX, compiled by the driver for a
+// Hopper GPU, has no wait, so its lookup starts after the validation as an ordinary launch).
 template <typename K> static bool dependent_launch(K kernel)
 {
-    int dev = 0, major = 0;
     cudaFuncAttributes fa{};
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }
-    return major >= 9 && fa.ptxVersion >= 90;
+    return fa.ptxVersion >= 90;
 }
 
 template <typename T, typename OutT, int VEC, bool Q8, bool W>
@@ -222,15 +220,14 @@ static void launch(const fl_dev_features &fs, int64_t tokens, OutT *out, int64_t
     cfg.blockDim = dim3(256);
     cfg.stream = s;
     cfg.attrs = &attr;
-    if (fs.concat) {
-        const auto kernel = emb_kernel<T, OutT, VEC, true, Q8, W>;
+    auto go = [&](auto kernel) {
         cfg.numAttrs = fs.skip_unless_clear && dependent_launch(kernel) ? 1 : 0;
         cudaLaunchKernelEx(&cfg, kernel, fs, tokens, out, ldo, lanes);
-    } else {
-        const auto kernel = emb_kernel<T, OutT, VEC, false, Q8, W>;
-        cfg.numAttrs = fs.skip_unless_clear && dependent_launch(kernel) ? 1 : 0;
-        cudaLaunchKernelEx(&cfg, kernel, fs, tokens, out, ldo, lanes);
-    }
+    };
+    if (fs.concat)
+        go(emb_kernel<T, OutT, VEC, true, Q8, W>);
+    else
+        go(emb_kernel<T, OutT, VEC, false, Q8, W>);
 }
 
 // The vector width for the tables' dims and alignment (see fl_cuda_embedding_bag).
