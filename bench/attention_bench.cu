@@ -2,7 +2,7 @@
 // engine's layout: B users of L history items and M candidates each, packed as in the engine
 // (fused QKV rows [B (L + M), 3 H Dh], bf16), every token a query (a block before the last).
 //
-//   bench/attention-bench [--reps N] [--dump DIR] [--last] [--shape B,L,M,H,Dh ...]
+//   bench/attention-bench [--reps N] [--dump DIR] [--last] [--shape B,L,M,H,Dh ...] [--variant NAME ...]
 //
 // --last: only the candidates are queries, as in the last block and a KV-cache hit (M queries
 // a user against L + 1 keys each); it adds `tc16x1`, the tensor-core kernel without the
@@ -11,14 +11,18 @@
 // Variants: tc16 (mma.sync, 16-query tiles); on compute capability 9.0 the wgmma kernels over
 // 128-query tiles, longest first as the engine orders them: lock64 / lock128 (lock-step, key
 // blocks of 64 / 128), ws (a producer warp stages blocks three deep), wspp (ws, the warpgroups
-// taking turns on the tensor cores); and
-// `auto`, the tile size fl_cuda_attention_tile_queries picks. Before timing, every variant's
-// output is compared with tc16's (normwise max |diff| / max |ref|), and with a float64 CPU
+// taking turns on the tensor cores), ovl64 / ovl128 (ws with each warpgroup's softmax
+// overlapped with its previous P V product, key blocks of 64 / 128), povl64 / povl128 (the
+// same kernels persistent, one CTA an SM, items handed out through work counters; povl128f
+// with a fixed assignment instead); and `auto`, fl_cuda_attention as the engine calls it (the
+// tile size fl_cuda_attention_tile_queries picks, work counters given). Before timing, every
+// variant's output is compared with tc16's (normwise max |diff| / max |ref|), and with a float64 CPU
 // reference on 64 sampled rows per head. Time: median over --reps groups of 10 back-to-back
 // launches timed with CUDA events, per launch. Useful FLOPs = 4 B H Dh (L (L + 1) / 2 + M L + M)
 // (the pairs the SUMI mask allows). --dump DIR writes qkv_<shape>.bin and out_<shape>.bin (raw
 // bf16) for bench/torch_attention.py to check the PyTorch peers against. One JSON line per
-// (shape, variant) on stdout.
+// (shape, variant) on stdout; --variant NAME (repeatable) times only those variants (and tc16,
+// which every output is checked against).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +136,7 @@ int main(int argc, char **argv)
     int reps = 15, failed = 0;
     const char *dump = nullptr;
     std::vector<shape> shapes;
+    std::vector<std::string> only; // --variant: the variants to time besides tc16 (the reference)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
@@ -139,12 +144,14 @@ int main(int argc, char **argv)
             dump = argv[++i];
         else if (!strcmp(argv[i], "--last"))
             last_only = true;
+        else if (!strcmp(argv[i], "--variant") && i + 1 < argc)
+            only.push_back(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
             shape s;
             if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &s.B, &s.L, &s.M, &s.H, &s.Dh) != 5) return 2;
             shapes.push_back(s);
         } else {
-            fprintf(stderr, "usage: %s [--reps N] [--dump DIR] [--last] [--shape B,L,M,H,Dh ...]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--dump DIR] [--last] [--shape B,L,M,H,Dh ...] [--variant NAME ...]\n", argv[0]);
             return 2;
         }
     }
@@ -156,6 +163,9 @@ int main(int argc, char **argv)
     fprintf(stderr, "# %s, %d SMs, compute capability %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
+    uint32_t *work; // the persistent variants' work counters (each launch leaves them at zero)
+    CK(cudaMalloc(&work, 2 * sizeof(uint32_t)));
+    CK(cudaMemset(work, 0, 2 * sizeof(uint32_t)));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -190,11 +200,16 @@ int main(int argc, char **argv)
             vs.push_back({"wspp", FL_ATTN_QT_WG, FL_WG_WS_PP});
             vs.push_back({"ovl64", FL_ATTN_QT_WG, FL_WG_OVL64});
             vs.push_back({"ovl128", FL_ATTN_QT_WG, FL_WG_OVL128});
+            vs.push_back({"povl64", FL_ATTN_QT_WG, FL_WG_POVL64});
+            vs.push_back({"povl128", FL_ATTN_QT_WG, FL_WG_POVL128});
+            vs.push_back({"povl128f", FL_ATTN_QT_WG, FL_WG_POVL128}); // the fixed assignment, no work counters
         }
         const int tq_auto = fl_cuda_attention_tile_queries(2, s.Dh, rows - (int64_t)s.B * first_query(s), s.H);
         vs.push_back({"auto", tq_auto, -1});
         std::vector<bf16> hout((size_t)(rows * d)), href((size_t)(rows * d));
         for (const variant &v : vs) {
+            if (!only.empty() && strcmp(v.name, "tc16") && std::find(only.begin(), only.end(), v.name) == only.end())
+                continue;
             const std::vector<fl_attn_tile> t = tiles_of(s, v.tq);
             fl_attn_tile *dt;
             CK(cudaMalloc(&dt, t.size() * sizeof(fl_attn_tile)));
@@ -207,11 +222,13 @@ int main(int argc, char **argv)
                 else if (v.bn < 0)
                     FK(fl_cuda_attention<bf16>({.tiles = dt, .num_tiles = (int64_t)t.size(), .heads = s.H, .dh = s.Dh,
                                                 .q = qkv, .ldq = ld, .k = qkv + d, .v = qkv + 2 * d, .ldkv = ld,
-                                                .out = o, .ldo = d, .tile_q = v.tq, .max_keys = s.L},
+                                                .out = o, .ldo = d, .tile_q = v.tq, .max_keys = s.L,
+                                                .work = work},
                                                st));
                 else
                     FK(fl_cuda_attention_wg<bf16>(dt, (int64_t)t.size(), nullptr, s.H, s.Dh, qkv, ld, qkv + d,
-                                                  qkv + 2 * d, ld, o, d, st, v.bn));
+                                                  qkv + 2 * d, ld, o, d, st, v.bn, 0,
+                                                  strcmp(v.name, "povl128f") ? work : nullptr));
             };
             CK(cudaMemsetAsync(o, 0xff, (size_t)(rows * d) * sizeof(bf16), st)); // NaN: every element must be written
             launch();

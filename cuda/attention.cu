@@ -178,7 +178,8 @@ template <typename T> flame_status fl_cuda_attention(const fl_attn_args<T> &a, c
     if (heads <= 0 || heads > 65535) return fl_error(FLAME_ERR_INVALID_ARG, "CUDA attention: %d heads (1..65535)", heads);
     if (tile_q == FL_ATTN_QT_WG) {
         if constexpr (!std::is_same<T, float>::value)
-            return fl_cuda_attention_wg<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s);
+            return fl_cuda_attention_wg<T>(tiles, num_tiles, qpos, heads, dh, q, ldq, k, v, ldkv, out, ldo, s,
+                                           FL_WG_DEFAULT, 0, a.work);
         return fl_error(FLAME_ERR_UNSUPPORTED, "CUDA attention: tiles of %d queries need fp16 or bf16", tile_q);
     }
     if (tile_q != FL_ATTN_QT)

@@ -5,8 +5,10 @@
 // threads copy block i + 1 while block i is used, two CTA barriers per block) and
 // warp-specialised (a third warpgroup copies blocks three deep and signals them on mbarriers;
 // the consumers release each stage and run at their own pace, optionally taking turns issuing
-// QK^T, or overlapping each block's softmax with the previous block's P V product).
-// fl_cuda_attention_wg picks by head dim and CTA count (measured, docs/benchmarks.md).
+// QK^T, or overlapping each block's softmax with the previous block's P V product; the last
+// also persistent, one CTA an SM taking (tile, head) items in turn).
+// fl_cuda_attention_wg picks by head dim, CTA count and whether the caller gave work counters
+// (measured, docs/benchmarks.md).
 //
 //   S = Q K^T : wgmma m64nBNk16, A = Q and B = K from shared memory (both K-major);
 //   softmax   : online, in registers, base 2 with the scale folded into the exponent;
@@ -26,7 +28,9 @@
 // last block). Candidate-candidate blocks are never computed: a candidate's own key is one
 // extra scalar score per row (CUDA cores) folded into the softmax before normalising.
 //
-// Order: CTA i takes tile i % num_tiles of head i / num_tiles. The tile list is sorted longest
+// Order: item i is (tile, head) by item_order, with heads outermost (tile i % num_tiles of head
+// i / num_tiles) for head dim 128 and innermost for 64; CTA i computes it, or a persistent CTA
+// takes it in its turn. The tile list is sorted longest
 // first over the whole batch, so with heads outermost the CTAs running at once work on one
 // head, and a sequence's K/V blocks, read by each of its tiles, stay in L2 between those reads
 // while the head's K/V of the batch (rows x DH x 4 bytes) fits there; with heads innermost
@@ -134,8 +138,11 @@ struct item_order {
 template <int DH, int BN, int STAGES> struct layout {
     static constexpr int Q_BYTES = QT * DH * 2;
     static constexpr int KV_BYTES = BN * DH * 2; // one of K or V, one stage
-    static constexpr int BAR = Q_BYTES + 2 * STAGES * KV_BYTES; // mbarriers (warp-specialised kernel)
-    static constexpr int SMEM = BAR + 16 * STAGES + 1024;       // + slack to align to 1024
+    static constexpr int BAR = Q_BYTES + 2 * STAGES * KV_BYTES; // mbarriers (warp-specialised kernels)
+    // the overlapped kernel's two item slots, after the Q tile's two mbarriers (the 144 bytes
+    // are reserved by every kernel: one layout, no unused members)
+    static constexpr int SLOTS = BAR + 16 * STAGES + 16;
+    static constexpr int SMEM = SLOTS + 2 * 64 + 1024; // + slack to align to 1024
 };
 
 // What one thread knows of its tile: its two rows (i = 0: row g, 1: row g + 8 of its warp's
@@ -148,10 +155,16 @@ struct tile_rows {
     int wg_full; // keys every row of the warpgroup sees: blocks below need no mask
 };
 
+// Position of the tile's query r.
+__device__ __forceinline__ int query_pos(const fl_attn_tile &tile, const int32_t *qpos, int r)
+{
+    return tile.qpos_idx < 0 ? tile.pos0 + r : qpos[tile.qpos_idx + r];
+}
+
 __device__ __forceinline__ tile_rows rows_of(const fl_attn_tile &tile, const int32_t *qpos, int wg, int warp, int g)
 {
     const int n = tile.n_hist;
-    auto pos_of = [&](int r) { return tile.qpos_idx < 0 ? tile.pos0 + r : qpos[tile.qpos_idx + r]; };
+    auto pos_of = [&](int r) { return query_pos(tile, qpos, r); };
     auto nvis_of = [&](int p) { return p < n ? p + 1 : n; };
     tile_rows tr;
     tr.kend = nvis_of(pos_of(tile.nq - 1));
@@ -299,6 +312,27 @@ __device__ __forceinline__ void softmax_pv(row_acc<DH> &a, float (&s)[BN / 2], c
     fence_regs(a.o);
 }
 
+// The rows normalised by their sums and written (a row with no visible key: zeros, never NaN).
+template <typename T, int DH>
+__device__ __forceinline__ void store_rows(const row_acc<DH> &a, const tile_rows &tr, const fl_attn_tile &tile, int row0,
+                                           int t, T *out, int64_t ldo, int64_t col)
+{
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) { // both rows' shuffles before any store
+        const float lsum = quad_sum(a.l[i]);
+        inv[i] = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!tr.valid[i]) continue;
+        T *orow = out + (tile.q_row + row0 + 8 * i) * ldo + col + 2 * t;
+#pragma unroll
+        for (int j = 0; j < DH / 8; j++)
+            *reinterpret_cast<uint32_t *>(orow + 8 * j) = pack<T>(a.o[4 * j + 2 * i] * inv[i], a.o[4 * j + 2 * i + 1] * inv[i]);
+    }
+}
+
 // A candidate also sees its own key: one more softmax step with that single score; then the
 // rows are normalised and written.
 template <typename T, int DH>
@@ -340,16 +374,7 @@ __device__ __forceinline__ void finish(row_acc<DH> &a, const tile_rows &tr, cons
             a.o[4 * j + 2 * i + 1] = a.o[4 * j + 2 * i + 1] * alpha + ps * vv.y;
         }
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const float lsum = quad_sum(a.l[i]);
-        if (!tr.valid[i]) continue;
-        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f; // no visible key: zeros, never NaN
-        T *orow = out + (tile.q_row + row0 + 8 * i) * ldo + col + 2 * t;
-#pragma unroll
-        for (int j = 0; j < DH / 8; j++)
-            *reinterpret_cast<uint32_t *>(orow + 8 * j) = pack<T>(a.o[4 * j + 2 * i] * inv, a.o[4 * j + 2 * i + 1] * inv);
-    }
+    store_rows<T, DH>(a, tr, tile, row0, t, out, ldo, col);
 }
 
 // A whole key block (every row visible to some query of the tile) into swizzled tiles: thread
@@ -605,111 +630,222 @@ template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&p)[N][4])
 }
 
 // Registers per thread after the split (setmaxnreg): the producer only computes addresses, the
-// consumers hold S, P and O at once. 128 x 24 + 256 x 240 = 64,512 = the 168 x 384 the CTA is
+// consumers hold S, P and O at once. 128 x 40 + 256 x 232 = 64,512 = the 168 x 384 the CTA is
 // launched with (__launch_bounds__(384, 1)).
-constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 
 // Warp-specialised kernel with the softmax of block j overlapped with the P V product of
 // block j - 1 inside each warpgroup (FlashAttention-3's intra-warpgroup pipelining): per block,
 // issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}, wait for S_j only, compute P_j while the tensor
 // cores accumulate O, then wait for O and rescale it by the factor block j's max brought. The
-// producer warpgroup stages blocks as in attn_ws_kernel; a stage is released once its V has
-// been used, so two stages are held at a time (K_j and V_{j-1}) and STAGES >= 3 keeps one
-// in flight.
+// producer warpgroup stages the Q tile and the key/value blocks (STAGES deep); a stage is
+// released once its V has been used, so two stages are held at a time (K_j and V_{j-1}) and
+// STAGES >= 3 keeps one in flight.
+//
+// Persistent: a CTA computes items in turn. With work counters (`work`: two 32-bit counters
+// in device memory, zero at launch) each CTA takes the next item of the longest-first list as
+// it gets to one, as the hardware hands out CTAs (a greedy schedule: the last items, the
+// shortest, even out the CTAs' ends); without one, CTA b takes items b, 2G - 1 - b, 2G + b, ...
+// of the G-CTA grid. The key/value ring and the Q tile run on across items: the producer
+// stages the next item's first block and, once both warpgroups' last S = Q K^T has completed,
+// its Q tile, while the consumers finish the previous one. With a grid of every item (one item
+// a CTA) this is the one-shot kernel. The last CTA to take its last item (its add returned the
+// item count or more) sets the counters back to zero for the next launch on the stream.
+//
+// The producer publishes each item to the consumers in a shared-memory slot (two, by round
+// parity): the item's index (>= the item count: no more work) and its tile descriptor, so the
+// consumers never wait for a global load of it. Named barriers hand a slot over (SLOT_FULL:
+// the producer arrives once written, the consumers wait) and back (SLOT_FREE: the consumers
+// arrive once read, the producer waits before writing it again), so compute-sanitizer's
+// racecheck sees the order too (it does not follow mbarriers for ordinary loads and stores).
+struct item_slot {
+    fl_attn_tile tile;
+    int64_t item;
+};
+constexpr int SLOT_FULL = 2, SLOT_FREE = 4; // + the round's parity; 1 is the producer's own
+
 template <typename T, int DH, int BN, int STAGES>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     attn_ovl_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
-                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo)
+                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, uint32_t *work)
 {
 #ifdef FL_WG_DEVICE
     static_assert(STAGES >= 2, "K_j and V_{j-1} are held at once");
     using L = layout<DH, BN, STAGES>;
+    static_assert(sizeof(item_slot) <= 64, "two slots fit their space");
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
     const uint32_t qs = base, ks0 = base + L::Q_BYTES, vs0 = ks0 + STAGES * L::KV_BYTES;
-    const uint32_t full0 = base + L::BAR, empty0 = full0 + 8 * STAGES;
-    const int64_t item = blockIdx.x;
-    const fl_attn_tile tile = tiles[ord.tile(item)];
-    const int64_t col = (int64_t)ord.head(item) * DH;
+    const uint32_t full0 = base + L::BAR, empty0 = full0 + 8 * STAGES, q_full = empty0 + 8 * STAGES, q_empty = q_full + 8;
+    item_slot *slots = reinterpret_cast<item_slot *>(smem_raw + (base - (uint32_t)__cvta_generic_to_shared(smem_raw)) + L::SLOTS);
+    const int64_t n_items = (int64_t)ord.num_tiles * ord.heads;
     const int tid = threadIdx.x, wg = warpgroup_of(tid), warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2,
               t = lane & 3;
-    if (tid == 0)
+    if (tid == 0) {
         for (int st = 0; st < STAGES; st++) {
-            mbar_init(full0 + 8 * st, 128);
-            mbar_init(empty0 + 8 * st, 8);
+            mbar_init(full0 + 8 * st, 128); // the producer's 128 threads
+            mbar_init(empty0 + 8 * st, 8);  // lane 0 of each consumer warp
         }
+        mbar_init(q_full, 128); // the producer's copies
+        mbar_init(q_empty, 8);
+    }
     __syncthreads();
     if (wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
-        const tile_rows tr = rows_of(tile, qpos, 0, 0, 0);
-        const int nblk = (tr.kend + BN - 1) / BN;
-        for (int blk = 0; blk < nblk; blk++) {
-            const int st = blk % STAGES;
-            if (blk >= STAGES) mbar_wait(empty0 + 8 * st, (uint32_t)((blk / STAGES - 1) & 1));
-            stage_kv_lean<DH, BN, 128>(ks0 + st * L::KV_BYTES, vs0 + st * L::KV_BYTES, tile, blk * BN, tr.kend, k, v, ldkv,
-                                  col, tid - THREADS);
-            mbar_arrive_cp(full0 + 8 * st);
+        const int me = tid - THREADS;
+        // The item of round r into slot r % 2 (thread 0, once the consumers have read round
+        // r - 2's), then known to all producer threads (barrier 1: thread 0 writes the slot
+        // again only after every producer thread passed round r + 1's, so after it read round
+        // r's) and handed to the consumers.
+        auto fetch = [&](int64_t round) {
+            item_slot &sl = slots[round & 1];
+            if (round >= 2) named_sync(SLOT_FREE + (int)(round & 1), WS_THREADS);
+            if (me == 0) {
+                int64_t item;
+                if (work) {
+                    item = atomicAdd(work, 1u);
+                } else {
+                    const int64_t gs = gridDim.x, b = blockIdx.x;
+                    item = round * gs + ((round & 1) ? gs - 1 - b : b);
+                }
+                if (item < n_items) sl.tile = tiles[ord.tile(item)];
+                sl.item = item;
+            }
+            named_sync(1, 128);
+            const int64_t got = sl.item;
+            named_arrive(SLOT_FULL + (int)(round & 1), WS_THREADS);
+            return got;
+        };
+        // An item's Q rows and its candidates' own key and value rows (read by finish) into L2,
+        // an item ahead: the Q tile is then staged from L2 in the short time between the
+        // consumers' last S = Q K^T of one item and their first of the next.
+        auto prefetch_item = [&](const fl_attn_tile &tile, int64_t item) {
+            if (me >= tile.nq) return;
+            const int64_t col = (int64_t)ord.head(item) * DH;
+            const int pos = query_pos(tile, qpos, me);
+            const T *qr = q + (tile.q_row + me) * ldq + col;
+            const T *kr = k + (tile.seq_row + pos) * ldkv + col, *vr = v + (tile.seq_row + pos) * ldkv + col;
+#pragma unroll
+            for (int c = 0; c < DH; c += 64) { // 128-byte lines
+                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qr + c));
+                if (pos >= tile.n_hist) {
+                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kr + c));
+                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vr + c));
+                }
+            }
+        };
+        uint32_t ring = 0; // blocks staged so far: the ring's stage and phase run on across items
+        int64_t item = fetch(0);
+        if (item < n_items) prefetch_item(slots[0].tile, item);
+        for (int64_t round = 0;; round++) {
+            if (item >= n_items) { // no more work: the consumers read that from the slot
+                // the last slot they read and freed, so no barrier is left half arrived at
+                if (round >= 1) named_sync(SLOT_FREE + (int)((round - 1) & 1), WS_THREADS);
+                break;
+            }
+            const fl_attn_tile tile = slots[round & 1].tile;
+            const int64_t col = (int64_t)ord.head(item) * DH;
+            const int kend = rows_of(tile, qpos, 0, 0, 0).kend;
+            const int nblk = (kend + BN - 1) / BN;
+            auto stage_block = [&](int blk) {
+                const uint32_t at = ring + blk, st = at % STAGES;
+                if (at >= STAGES) mbar_wait(empty0 + 8 * st, ((at / STAGES) - 1) & 1);
+                stage_kv_lean<DH, BN, 128>(ks0 + st * L::KV_BYTES, vs0 + st * L::KV_BYTES, tile, blk * BN, kend, k, v,
+                                           ldkv, col, me);
+                mbar_arrive_cp(full0 + 8 * st);
+            };
+            if (nblk > 0) stage_block(0); // the ring usually has room before the Q tile is free
+            if (round > 0) mbar_wait(q_empty, (uint32_t)(round - 1) & 1);
+            if (nblk > 0) stage_q<DH>(qs, tile, q, ldq, col, 0, QT, me, 128);
+            mbar_arrive_cp(q_full);
+            const int64_t next = fetch(round + 1);
+            if (next < n_items) prefetch_item(slots[(round + 1) & 1].tile, next);
+            for (int blk = 1; blk < nblk; blk++) stage_block(blk);
+            ring += nblk;
+            item = next;
         }
         cp_wait<0>();
+        if (me == 0 && work) { // the last producer to fetch its last item resets (only producer thread 0s add)
+            __threadfence();
+            if (atomicAdd(work + 1, 1u) == gridDim.x - 1) {
+                __threadfence(); // every other CTA's last add on work[0] comes before
+                atomicExch(work, 0u);
+                atomicExch(work + 1, 0u);
+            }
+        }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
-    const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
-    const int nblk = (tr.kend + BN - 1) / BN;
-    const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN); // blocks this warpgroup's rows see
-    if (nblk > 0) {
-        stage_q<DH>(qs, tile, q, ldq, col, wg * 64, 64, tid & 127, 128);
-        cp_commit();
-        cp_wait<0>();
-        fence_async_smem();
-        named_sync(1 + wg, 128);
-    }
-    auto wait_full = [&](int blk) {
-        mbar_wait(full0 + 8 * (blk % STAGES), (uint32_t)((blk / STAGES) & 1));
-        fence_async_smem(); // the copies (generic proxy) are read by the tensor cores (async proxy)
-    };
-    auto release = [&](int blk) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * (blk % STAGES));
-    };
     const uint32_t qa = qs + wg * 64 * 128;
-    row_acc<DH> a;
-    a.init();
-    if (nwork > 0) {
-        float s[BN / 2], alpha[2];
-        uint32_t p[BN / 16][4];
-        wait_full(0);
-        issue_s<T, DH, BN>(s, qa, ks0);
-        wg_wait0();
-        fence_regs(s);
-        softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
-        pack_p<T, BN>(s, p);
-        for (int blk = 1; blk < nwork; blk++) {
-            const int st = blk % STAGES, prev = (blk - 1) % STAGES;
-            wait_full(blk);
-            issue_s<T, DH, BN>(s, qa, ks0 + st * L::KV_BYTES);
-            issue_pv<T, DH, BN>(a, p, vs0 + prev * L::KV_BYTES);
-            wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+    uint32_t ring = 0;
+    for (int64_t round = 0;; round++) {
+        named_sync(SLOT_FULL + (int)(round & 1), WS_THREADS);
+        const item_slot &sl = slots[round & 1];
+        const int64_t item = sl.item;
+        if (item >= n_items) break;
+        const fl_attn_tile tile = sl.tile;
+        named_arrive(SLOT_FREE + (int)(round & 1), WS_THREADS);
+        mbar_wait(q_full, (uint32_t)round & 1);
+        fence_async_smem(); // the Q tile's copies (generic proxy) are read by the tensor cores
+        const int64_t col = (int64_t)ord.head(item) * DH;
+        const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
+        const int nblk = (tr.kend + BN - 1) / BN;
+        const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN); // blocks this warpgroup's rows see
+        auto wait_full = [&](int blk) {
+            const uint32_t at = ring + blk;
+            mbar_wait(full0 + 8 * (at % STAGES), (at / STAGES) & 1);
+            fence_async_smem(); // the copies (generic proxy) are read by the tensor cores (async proxy)
+        };
+        auto release = [&](int blk) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * ((ring + blk) % STAGES));
+        };
+        auto release_q = [&]() { // this warpgroup's last S = Q K^T has completed
+            __syncwarp();
+            if (lane == 0) mbar_arrive(q_empty);
+        };
+        auto kv_at = [&](int blk) { return ((ring + blk) % STAGES) * L::KV_BYTES; };
+        row_acc<DH> a;
+        a.init();
+        if (nwork > 0) {
+            float s[BN / 2], alpha[2];
+            uint32_t p[BN / 16][4];
+            wait_full(0);
+            issue_s<T, DH, BN>(s, qa, ks0 + kv_at(0));
+            wg_wait0();
             fence_regs(s);
-            softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
+            softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
+            pack_p<T, BN>(s, p);
+            for (int blk = 1; blk < nwork; blk++) {
+                wait_full(blk);
+                issue_s<T, DH, BN>(s, qa, ks0 + kv_at(blk));
+                issue_pv<T, DH, BN>(a, p, vs0 + kv_at(blk - 1));
+                wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+                fence_regs(s);
+                softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
+                wg_wait0();
+                keep_regs(p);
+                fence_regs(a.o);
+                release(blk - 1);
+                rescale(a, alpha);
+                pack_p<T, BN>(s, p);
+            }
+            release_q();
+            issue_pv<T, DH, BN>(a, p, vs0 + kv_at(nwork - 1));
             wg_wait0();
             keep_regs(p);
             fence_regs(a.o);
-            release(blk - 1);
-            rescale(a, alpha);
-            pack_p<T, BN>(s, p);
+            release(nwork - 1);
+        } else {
+            release_q();
         }
-        issue_pv<T, DH, BN>(a, p, vs0 + ((nwork - 1) % STAGES) * L::KV_BYTES);
-        wg_wait0();
-        keep_regs(p);
-        fence_regs(a.o);
-        release(nwork - 1);
+        for (int blk = nwork; blk < nblk; blk++) { // blocks past this warpgroup's rows: handed back
+            wait_full(blk);
+            release(blk);
+        }
+        ring += nblk;
+        finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
     }
-    for (int blk = nwork; blk < nblk; blk++) { // blocks past this warpgroup's rows: handed back
-        wait_full(blk);
-        release(blk);
-    }
-    finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
 #endif
 }
 
@@ -741,16 +877,21 @@ flame_status launch_ws(const fl_attn_tile *tiles, int64_t num_tiles, const int32
     return FLAME_OK;
 }
 
+// ctas: the grid, at most one CTA an item (0: one an item, the one-shot form); work: the
+// counters of the greedy schedule (attn_ovl_kernel), or NULL.
 template <typename T, int DH, int BN, int STAGES>
 flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
-                        int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major)
+                        int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major,
+                        int64_t ctas, uint32_t *work)
 {
     constexpr int smem = layout<DH, BN, STAGES>::SMEM;
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
-    attn_ovl_kernel<T, DH, BN, STAGES><<<(unsigned)(num_tiles * heads), WS_THREADS, smem, s>>>(
-        tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo);
+    const int64_t items = num_tiles * heads, grid = ctas > 0 && ctas < items ? ctas : items;
+    attn_ovl_kernel<T, DH, BN, STAGES><<<(unsigned)grid, WS_THREADS, smem, s>>>(
+        tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo,
+        grid < items ? work : nullptr);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }
@@ -780,7 +921,7 @@ bool fl_cuda_attention_wg_fits(int32_t dh, const T *q, int64_t ldq, const T *k, 
 template <typename T>
 flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                                   int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                                  int64_t ldo, cudaStream_t s, int variant)
+                                  int64_t ldo, cudaStream_t s, int variant, int max_ctas, uint32_t *work)
 {
     if (num_tiles == 0) return FLAME_OK;
     if (!fl_cuda_attention_wg_fits<T>(dh, q, ldq, k, v, ldkv, out, ldo))
@@ -795,30 +936,46 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     // overlap, B8 L4096 M512 777 against 839); 64, lock-step with 64-key blocks once the CTAs
     // fill the GPU (B8 L1024 M512 70 us against 81), the producer warpgroup below (B1 L1024
     // M128, 72 CTAs: 19.6 us against 23.3)
+    // Head dim 128 with work counters: the overlapped kernel persistent, items handed out as
+    // CTAs get to them (B32 L1024 M512 333-337 us against 381-382 one CTA an item; B8 L4096
+    // M512 592-633 against 630-658, within the leases' noise); without them, one CTA an item
+    // (the persistent form's fixed assignment leaves its CTAs 7-10% apart: 355-364 and 673 us).
     const int which = variant                      ? variant
-                      : dh == 128                  ? FL_WG_OVL128
+                      : dh == 128                  ? (work ? FL_WG_POVL128 : FL_WG_OVL128)
                       : num_tiles * heads >= 132   ? FL_WG_LOCK64
                                                    : FL_WG_WS;
     // heads outermost for head dim 128 (B32 L1024 M512: 420 us against 430, L2 hit rate 68%
     // against 40%), innermost for 64 (B8 L1024 M512: 70 us against 83; with 128-byte rows of a
     // head, the heads of one tile read whole rows together)
     const int head_major = dh == 128;
+    // the persistent forms: one CTA an SM (one fits: shared memory), or max_ctas
+    int64_t ctas = 0;
+    if (which == FL_WG_POVL64 || which == FL_WG_POVL128) {
+        int dev = 0, sms = 0;
+        FL_CUDA_TRY(cudaGetDevice(&dev));
+        FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        ctas = max_ctas > 0 ? max_ctas : sms;
+    }
 #define ARGS tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv, out, ldo, s, head_major
     if (dh == 64) switch (which) {
         case FL_WG_LOCK64: return launch<T, 64, 64>(ARGS);
         case FL_WG_LOCK128: return launch<T, 64, 128>(ARGS);
         case FL_WG_WS: return launch_ws<T, 64, 128, 3, false>(ARGS);
         case FL_WG_WS_PP: return launch_ws<T, 64, 128, 3, true>(ARGS);
-        case FL_WG_OVL64: return launch_ovl<T, 64, 64, 4>(ARGS);
-        default: return launch_ovl<T, 64, 128, 3>(ARGS);
+        case FL_WG_OVL64: return launch_ovl<T, 64, 64, 4>(ARGS, 0, nullptr);
+        case FL_WG_POVL64: return launch_ovl<T, 64, 64, 4>(ARGS, ctas, work);
+        case FL_WG_POVL128: return launch_ovl<T, 64, 128, 3>(ARGS, ctas, work);
+        default: return launch_ovl<T, 64, 128, 3>(ARGS, 0, nullptr);
         }
     switch (which) {
     case FL_WG_LOCK64: return launch<T, 128, 64>(ARGS);
     case FL_WG_LOCK128: return launch<T, 128, 128>(ARGS);
     case FL_WG_WS: return launch_ws<T, 128, 64, 3, false>(ARGS);
     case FL_WG_WS_PP: return launch_ws<T, 128, 64, 3, true>(ARGS);
-    case FL_WG_OVL64: return launch_ovl<T, 128, 64, 4>(ARGS);
-    default: return launch_ovl<T, 128, 128, 3>(ARGS);
+    case FL_WG_OVL64: return launch_ovl<T, 128, 64, 4>(ARGS, 0, nullptr);
+    case FL_WG_POVL64: return launch_ovl<T, 128, 64, 4>(ARGS, ctas, work);
+    case FL_WG_POVL128: return launch_ovl<T, 128, 128, 3>(ARGS, ctas, work);
+    default: return launch_ovl<T, 128, 128, 3>(ARGS, 0, nullptr);
     }
 #undef ARGS
 }
@@ -828,6 +985,6 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
                                                const T *, int64_t);                                            \
     template flame_status fl_cuda_attention_wg<T>(const fl_attn_tile *, int64_t, const int32_t *, int32_t,      \
                                                   int32_t, const T *, int64_t, const T *, const T *, int64_t, T *, \
-                                                  int64_t, cudaStream_t, int);
+                                                  int64_t, cudaStream_t, int, int, uint32_t *);
 INSTANTIATE(__half)
 INSTANTIATE(__nv_bfloat16)

@@ -16,8 +16,9 @@ bool fl_cuda_attention_wg_fits(int32_t dh, const T *q, int64_t ldq, const T *k, 
 // Kernel variants (attention_wgmma.cu), for tests and benchmarks: lock-step (all threads stage
 // each key block, key blocks of 64 or 128), warp-specialised (a producer warpgroup stages
 // blocks three deep), warp-specialised with the warpgroups taking turns on the tensor cores,
-// and warp-specialised with each warpgroup's softmax overlapped with its previous P V product
-// (key blocks of 64 or 128).
+// warp-specialised with each warpgroup's softmax overlapped with its previous P V product
+// (key blocks of 64 or 128), and that kernel persistent (one CTA an SM running items in turn,
+// the next item's Q and first block staged while the last one finishes).
 enum {
     FL_WG_DEFAULT = 0,
     FL_WG_LOCK64 = 1,
@@ -26,13 +27,20 @@ enum {
     FL_WG_WS_PP = 4,
     FL_WG_OVL64 = 5,
     FL_WG_OVL128 = 6,
-    FL_WG_LAST = FL_WG_OVL128
+    FL_WG_POVL64 = 7,
+    FL_WG_POVL128 = 8,
+    FL_WG_LAST = FL_WG_POVL128
 };
 
 // Contract of fl_cuda_attention for tiles of up to FL_ATTN_QT_WG queries, processed in list
 // order (longest first keeps the last wave short). FLAME_ERR_UNSUPPORTED when it does not fit;
-// INVALID_ARG when tiles x heads exceed one launch.
+// INVALID_ARG when tiles x heads exceed one launch. max_ctas > 0 caps the persistent variants'
+// grid (tests: many items a CTA); 0, one CTA an SM. work: two uint32 counters in device memory,
+// zero before the first launch and left zero by each, through which the persistent variants
+// hand out items as CTAs get to them (launches that may overlap need their own); NULL, a fixed
+// assignment.
 template <typename T>
 flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads,
                                   int32_t dh, const T *q, int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out,
-                                  int64_t ldo, cudaStream_t s, int variant = FL_WG_DEFAULT);
+                                  int64_t ldo, cudaStream_t s, int variant = FL_WG_DEFAULT, int max_ctas = 0,
+                                  uint32_t *work = nullptr);

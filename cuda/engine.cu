@@ -254,6 +254,9 @@ static flame_status make_executor(fl_cuda_engine *g, const struct flame_config *
     FL_TRY(fl_dev_reserve(g, ws, "a GEMM workspace"));
     FL_TRY(fl_gemm_init(&x->gemm, ws));
     g->workspace_bytes += ws;
+    FL_CUDA_TRY(cudaMalloc(&x->attn_work, 2 * sizeof(uint32_t)));
+    // zeroed on the executor's stream, ahead of its first launch; each launch leaves them at zero
+    FL_CUDA_TRY(cudaMemsetAsync(x->attn_work, 0, 2 * sizeof(uint32_t), x->stream));
     return FLAME_OK;
 }
 
@@ -262,6 +265,7 @@ static void free_executor(fl_cuda_executor *x)
     if (x->stream) cudaStreamSynchronize(x->stream);
     fl_graph_clear(&x->graphs);
     if (x->arena) cudaFree(x->arena);
+    if (x->attn_work) cudaFree(x->attn_work);
     fl_gemm_destroy(&x->gemm);
     for (cudaEvent_t ev : x->ev)
         if (ev) cudaEventDestroy(ev);

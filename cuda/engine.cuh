@@ -66,6 +66,7 @@ struct fl_cuda_executor {
     int64_t side_cap[FL_MAX_FEATURES] = {};
     std::vector<int64_t> signature; // this pass's (its memory kept from call to call)
     fl_graph_cache graphs;
+    uint32_t *attn_work = nullptr; // device: the attention kernel's work counters (fl_attn_args::work)
     // the stage timers of a pass (flame/metrics.h): before the upload, after it (uncaptured
     // passes only), after the forward pass, after the scores' copy back
     cudaEvent_t ev[4] = {};

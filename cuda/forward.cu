@@ -551,7 +551,7 @@ flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &b
         if (p.kv) FL_TRY(kv_assemble<T>(g, p, b, layer));
         FL_TRY(fl_cuda_attention<T>({.tiles = p.dev.tiles_full, .num_tiles = p.tiles_full, .heads = H, .dh = dh,
                                      .q = QKV, .ldq = 3 * d, .k = K, .v = V, .ldkv = ldkv, .out = A, .ldo = d,
-                                     .tile_q = p.tq_full, .max_keys = p.max_hist},
+                                     .tile_q = p.tq_full, .max_keys = p.max_hist, .work = x->attn_work},
                                     s));
     } else {
         // keys and values for every token (rows d..3d of the fused weight), queries for the selected rows only
@@ -569,7 +569,7 @@ flame_status block(fl_cuda_engine *g, pass &p, buffers &b, const fl_dev_block &b
                         .bias = blk.qkv.b, .y = Q, .ldy = d, .yt = g->ab, .epi = FL_EPI_BIAS}));
         FL_TRY(fl_cuda_attention<T>({.tiles = p.dev.tiles_last, .num_tiles = p.tiles_last, .qpos = p.dev.qpos,
                                      .heads = H, .dh = dh, .q = Q, .ldq = d, .k = K, .v = V, .ldkv = ldkv, .out = A,
-                                     .ldo = d, .tile_q = p.tq_last, .max_keys = p.max_hist},
+                                     .ldo = d, .tile_q = p.tq_last, .max_keys = p.max_hist, .work = x->attn_work},
                                     s));
         if (p.sel_run < 0) FL_TRY(fl_cuda_gather<float>(b.X, d, p.dev.sel, p.S, d, b.XS, d, s));
     }

@@ -122,6 +122,10 @@ template <typename T> struct fl_attn_args {
     // at least the history keys any query of the launch sees (0: unknown); a hint that decides
     // how a small launch splits its keys (fl_cuda_attention_tc), never what it computes
     int64_t max_keys = 0;
+    // two uint32 counters in device memory, zero before the first launch and left zero by each,
+    // through which the persistent Hopper kernel hands out (tile, head) items (launches that may
+    // run at once need their own); NULL: that kernel runs one CTA an item
+    uint32_t *work = nullptr;
 };
 template <typename T> flame_status fl_cuda_attention(const fl_attn_args<T> &a, cudaStream_t s);
 

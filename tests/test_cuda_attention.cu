@@ -2,8 +2,10 @@
  * tensor-core kernel (fp16, bf16), the Hopper wgmma kernel (fp16, bf16, head dims 64 and 128,
  * 128-query tiles, every variant: lock-step with key blocks of 64 and 128, warp-specialised,
  * warp-specialised taking turns, warp-specialised with the softmax overlapped, key blocks of
- * 64 and 128; heads innermost for 64, outermost for 128) and the CUDA-core kernel (fp32, and fp16/bf16
- * head dims the tensor-core kernel does not take), for tiles over whole sequences (every token
+ * 64 and 128, one CTA an item or persistent (three CTAs running every item, handed out through
+ * work counters, which must be left at zero, or a fixed assignment; and the engine's launch,
+ * one CTA an SM); heads innermost for 64, outermost for 128) and the CUDA-core kernel (fp32,
+ * and fp16/bf16 head dims the tensor-core kernel does not take), for tiles over whole sequences (every token
  * a query) and for the last block's selected queries (positions through qpos). Histories cross
  * the key steps and blocks (0, 1, 15..17, 31..33, 63..65, 127..129, 257, 4097, and 65,537 for
  * the selected queries), ragged batches, zero and one candidate; outputs are NaN-poisoned
@@ -67,6 +69,20 @@ static bool quick(void) { return getenv("FLAME_ATTN_QUICK") != nullptr; }
  * this value when it is >= 0 (the hint overstated or unknown; it may change the split of the
  * keys, never the result) */
 static int64_t keys_hint = -1;
+/* whether the wgmma launches get work counters (the persistent kernel's greedy hand-out) or
+ * not (its fixed assignment); the dispatch launches always get them, as in the engine */
+static bool wg_counters = true;
+/* the work counters: one pair for the whole run, zeroed once, as an engine executor's; every
+ * persistent launch must leave them at zero for the next */
+static uint32_t *work_counters(void)
+{
+    static uint32_t *w = nullptr;
+    if (!w) {
+        CK(cudaMalloc(&w, 2 * sizeof(uint32_t)));
+        CK(cudaMemset(w, 0, 2 * sizeof(uint32_t)));
+    }
+    return w;
+}
 
 template <typename T>
 static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, kernel which, int bn,
@@ -110,6 +126,7 @@ static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, k
     T *dqkv, *dq, *dout;
     fl_attn_tile *dtiles;
     int32_t *dqpos;
+    uint32_t *dwork = work_counters();
     CK(cudaMalloc(&dqkv, qkv.size() * sizeof(T)));
     CK(cudaMalloc(&dq, qsel.size() * sizeof(T)));
     CK(cudaMalloc(&dout, (size_t)(out_alloc * d) * sizeof(T)));
@@ -125,8 +142,11 @@ static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, k
     if (which == WGMMA) {
         if (!fl_cuda_attention_wg_fits<T>(dh, q, ldq, dqkv + d, dqkv + 2 * d, ld, dout, d))
             fail_msg("dh %d: the wgmma kernel should take this problem", dh);
+        // the persistent variants on three CTAs: each runs many items through one key/value
+        // ring and one Q tile, their barriers' phases wrapping many times
+        const bool persistent = bn == FL_WG_POVL64 || bn == FL_WG_POVL128;
         st = fl_cuda_attention_wg<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d,
-                                     ld, dout, d, 0, bn);
+                                     ld, dout, d, 0, bn, persistent ? 3 : 0, wg_counters ? dwork : nullptr);
     } else if (which == TENSOR_CORES) {
         if (!fl_cuda_attention_tc_fits<T>(dh, q, ldq, dqkv + d, dqkv + 2 * d, ld, dout, d))
             fail_msg("dh %d: the tensor-core kernel should take this problem", dh);
@@ -136,11 +156,14 @@ static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, k
         st = fl_cuda_attention<T>({.tiles = dtiles, .num_tiles = (int64_t)tiles.size(), .qpos = dqpos, .heads = heads,
                                    .dh = dh, .q = q, .ldq = ldq, .k = dqkv + d, .v = dqkv + 2 * d, .ldkv = ld,
                                    .out = dout, .ldo = d, .tile_q = tq,
-                                   .max_keys = keys_hint >= 0 ? keys_hint : max_n},
+                                   .max_keys = keys_hint >= 0 ? keys_hint : max_n, .work = dwork},
                                   0);
     }
     if (st) fail_msg("attention dh %d: %s", dh, flame_last_error());
     CK(cudaDeviceSynchronize());
+    uint32_t left[2]; // a persistent launch leaves the counters at zero for the next
+    CK(cudaMemcpy(left, dwork, sizeof left, cudaMemcpyDeviceToHost));
+    if (left[0] || left[1]) fail_msg("dh %d: work counters left at %u, %u", dh, left[0], left[1]);
     std::vector<T> got((size_t)(out_alloc * d));
     CK(cudaMemcpy(got.data(), dout, got.size() * sizeof(T), cudaMemcpyDeviceToHost));
     cudaFree(dqkv);
@@ -327,7 +350,9 @@ template <typename T> static void check_wg(const char *name, int dh, double tol)
             for (int rep = 0; rep < 4; rep++) {
                 const int heads = 1 + (int)tu_below(3), max_m = rep == 0 ? 0 : rep == 1 ? 1 : 300;
                 double worst;
+                wg_counters = rep % 2 == 0; // the persistent variants: both ways of handing out items
                 const double err = run_case<T>(dh, heads, last, WGMMA, &worst, wg_hists, 16, max_m, bn);
+                wg_counters = true;
                 if (rep == 3)
                     fprintf(stderr, "# %s dh %d variant %d heads %d %s: relative error %.2e (max abs %.2e)\n", name, dh, bn,
                             heads, last ? "selected queries" : "whole sequences", err, worst);
@@ -338,15 +363,34 @@ template <typename T> static void check_wg(const char *name, int dh, double tol)
     // more (tile, head) items than the GPU has SMs: several waves of CTAs, each CTA's rows and
     // heads from the item order (heads outermost for head dim 128); under FLAME_ATTN_QUICK
     // only the last variant
-    for (int bn = quick() ? FL_WG_LAST : FL_WG_LOCK64; bn <= FL_WG_LAST; bn++) {
-        std::vector<seq> many;
-        for (int i = 0; i < 14; i++) many.push_back({(int)tu_below(1100), (int)tu_below(200), 0});
-        double worst;
-        const double err = run_problem<T>(many, dh, 2, false, WGMMA, bn, quick() ? 11 : 5, &worst);
-        fprintf(stderr, "# %s dh %d variant %d, 14 sequences x 2 heads: relative error %.2e\n", name, dh, bn, err);
-        if (!(err < tol)) fail_msg("%s dh %d variant %d, 14 sequences: relative error %.3g >= %.3g", name, dh, bn, err, tol);
-    }
+    // (the persistent variants with and without work counters)
+    for (int bn = quick() ? FL_WG_LAST : FL_WG_LOCK64; bn <= FL_WG_LAST; bn++)
+        for (int counters = 1; counters >= (bn >= FL_WG_POVL64 ? 0 : 1); counters--) {
+            std::vector<seq> many;
+            for (int i = 0; i < 14; i++) many.push_back({(int)tu_below(1100), (int)tu_below(200), 0});
+            double worst;
+            wg_counters = counters;
+            const double err = run_problem<T>(many, dh, 2, false, WGMMA, bn, quick() ? 11 : 5, &worst);
+            wg_counters = true;
+            fprintf(stderr, "# %s dh %d variant %d%s, 14 sequences x 2 heads: relative error %.2e\n", name, dh, bn,
+                    counters ? "" : " (fixed assignment)", err);
+            if (!(err < tol))
+                fail_msg("%s dh %d variant %d counters %d, 14 sequences: relative error %.3g >= %.3g", name, dh, bn,
+                         counters, err, tol);
+        }
     if (quick()) return;
+    // the engine's launch: the default variant with work counters over more items than the GPU
+    // has SMs (at head dim 128 the persistent kernel, one CTA an SM, items from the counters),
+    // twice, the second launch on the counters the first left
+    for (int run = 0; run < 2; run++) {
+        std::vector<seq> big;
+        for (int i = 0; i < 16; i++) big.push_back({600 + (int)tu_below(500), 100 + (int)tu_below(200), 0});
+        double worst;
+        const double err = run_problem<T>(big, dh, 2, run == 1, WGMMA, FL_WG_DEFAULT, 9, &worst);
+        fprintf(stderr, "# %s dh %d default variant, 16 sequences x 2 heads, %s: relative error %.2e\n", name, dh,
+                run ? "selected queries" : "whole sequences", err);
+        if (!(err < tol)) fail_msg("%s dh %d default variant, 16 sequences: relative error %.3g >= %.3g", name, dh, err, tol);
+    }
     // long histories: 4097 (every token a query, every 7th row checked), and 65,537 keys seen
     // by a few selected candidates (positions and rows well past 16 bits)
     double worst;
