@@ -117,8 +117,13 @@ build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 # the Hopper attention kernel (wgmma) exists only as sm_90a machine code; it is launched on compute
-# capability 9.0 alone
+# capability 9.0 alone. ptxas's report of it is kept (build/cuda/attention_wgmma.ptxas) for
+# tests/check-kernel-resources.sh: no spills, no serialised wgmma.
 build/cuda/attention_wgmma.o: NVFLAGS := $(filter-out -gencode arch=%,$(NVFLAGS)) -gencode arch=compute_90a,code=sm_90a -Xptxas -v
+build/cuda/attention_wgmma.o: cuda/attention_wgmma.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@ 2>$(@:.o=.ptxas) || { cat $(@:.o=.ptxas) >&2; exit 1; }
+	@grep -v -e '^ptxas info' -e 'bytes stack frame' $(@:.o=.ptxas) >&2 || true # warnings, if any
 
 build/cuda/no_cuda.o: src/engine/no_cuda.c
 	@mkdir -p $(dir $@)

@@ -23,6 +23,7 @@ if [ -z "$FLAME_C_ONLY" ]; then # FLAME_C_ONLY=1: the cmocka suites only (make t
     run "$PYTHON" tests/check_header_docs.py include/flame/*.h
     run ./tests/check-abi.sh "$(readlink -f lib/libflame.so)"
     run ./tests/check-struct-padding.sh include
+    run ./tests/check-kernel-resources.sh build/cuda/attention_wgmma.ptxas
     run ./tests/check-install.sh
     run ./tests/check-optional-modules.sh
     run ./tests/check-python-package.sh "$PYTHON"
