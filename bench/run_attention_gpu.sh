@@ -4,7 +4,8 @@
 # matrix instructions and resources of each kernel, attention-bench and the PyTorch peers on
 # the same inputs, the whole-model GPU suites, and the reference model end to end at B32 L1024
 # M512 with the kernel chosen per launch and with FLAME_OPT_CUDA_ATTENTION = 1 (the portable
-# mma.sync kernel). Results under $1 (default
+# mma.sync kernel); the torch step also writes results.json (bench/attention_results.py). Results
+# under $1 (default
 # $OUT). Steps: build test san bench torch gpu e2e.
 out=${1:-$OUT}
 steps=${STEPS:-"build test san bench torch"}
@@ -41,6 +42,9 @@ fi
 if has torch; then
     timeout 200 python3 bench/torch_attention.py /tmp/attn >"$out/torch.jsonl" 2>/tmp/torch.err; echo "torch rc $?"
     cut -c1-120 "$out/torch.jsonl"; tail -3 /tmp/torch.err
+    # the results file: libflame's dispatch (`auto`) against the fastest peer of this run
+    python3 bench/attention_results.py "$out/bench.jsonl" "$out/torch.jsonl" "$out/results.json" \
+        --raw "$out/results.raw.json"; echo "results rc $?"
 fi
 if has e2e; then
     make -j16 CUDA=1 bench/e2e-bench >/dev/null 2>&1
