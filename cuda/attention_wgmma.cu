@@ -938,8 +938,9 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     // M128, 72 CTAs: 19.6 us against 23.3)
     // Head dim 128 with work counters: the overlapped kernel persistent, items handed out as
     // CTAs get to them (B32 L1024 M512 333-337 us against 381-382 one CTA an item; B8 L4096
-    // M512 592-633 against 630-658, within the leases' noise); without them, one CTA an item
-    // (the persistent form's fixed assignment leaves its CTAs 7-10% apart: 355-364 and 673 us).
+    // M512 592-633 against 630-658, within the noise between machine instances); without them,
+    // one CTA an item (the persistent form's fixed assignment leaves its CTAs 7-10% apart:
+    // 355-364 and 673 us).
     const int which = variant                      ? variant
                       : dh == 128                  ? (work ? FL_WG_POVL128 : FL_WG_OVL128)
                       : num_tiles * heads >= 132   ? FL_WG_LOCK64
