@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <string.h>
 #include <type_traits>
 #include <vector>
 
@@ -393,13 +394,16 @@ flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, 
     for (int64_t i = 0; i < num_seqs; i++) num_tiles += ((int64_t)seqs[i].len + tq - 1) / tq;
     if (num_tiles == 0) return FLAME_OK;
     // the plan is written straight into a staging block: the tiles, then (NONE) each row's
-    // query position
+    // query position, then the persistent Hopper kernel's two work counters, zero (the block is
+    // this call's alone until the kernel has run, and the kernel leaves them zero)
     const size_t qpos_at = ((size_t)num_tiles * sizeof(fl_attn_tile) + 15) & ~(size_t)15;
-    const size_t total = qpos_at + (none_mask ? (size_t)rows * sizeof(int32_t) : 0);
+    const size_t work_at = (qpos_at + (none_mask ? (size_t)rows * sizeof(int32_t) : 0) + 7) & ~(size_t)7;
+    const size_t total = work_at + 2 * sizeof(uint32_t);
     stage_block *b;
     FL_TRY(stage_acquire(device, total, &b));
     fl_attn_tile *tiles = static_cast<fl_attn_tile *>(b->host);
     int32_t *qpos = reinterpret_cast<int32_t *>(static_cast<uint8_t *>(b->host) + qpos_at);
+    memset(static_cast<uint8_t *>(b->host) + work_at, 0, 2 * sizeof(uint32_t));
     int64_t n = 0, max_keys = 0;
     for (int64_t i = 0; i < num_seqs; i++) {
         const fl_attn_seq &sq = seqs[i];
@@ -417,12 +421,12 @@ flame_status attention(const fl_attn_seq *seqs, int64_t num_seqs, int64_t rows, 
             return ka > kb;
         });
     FL_TRY(stage_to_device(b, total, s));
-    const uint8_t *dev = static_cast<const uint8_t *>(b->dev);
+    uint8_t *dev = static_cast<uint8_t *>(b->dev);
     const flame_status st = fl_cuda_attention<T>(
         {.tiles = reinterpret_cast<const fl_attn_tile *>(dev), .num_tiles = num_tiles,
          .qpos = none_mask ? reinterpret_cast<const int32_t *>(dev + qpos_at) : nullptr, .heads = heads, .dh = dh,
          .q = q, .ldq = ldq, .k = k, .v = v, .ldkv = ldkv, .out = out, .ldo = ldo, .tile_q = tq,
-         .max_keys = max_keys},
+         .max_keys = max_keys, .work = reinterpret_cast<uint32_t *>(dev + work_at)},
         s);
     stage_release(b, s); // after the kernels that read its device twin
     return st;
