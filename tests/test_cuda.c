@@ -1,5 +1,5 @@
 /* The GPU forward pass against the CPU engine on the variant matrix, in fp32, fp16 and bf16
- * (normwise relative error < 1e-5 in fp32, < 1e-2 in fp16/bf16), with outputs poisoned
+ * (normwise relative error < 1e-5 in fp32, < 1e-2 in fp16, < 2e-2 in bf16), with outputs poisoned
  * before each run; the same for models with int8 tables. Skipped with a message where no GPU is usable; FLAME_REQUIRE_GPU=1 (make
  * test-gpu) turns the skip into a failure. */
 #include <pthread.h>
@@ -128,7 +128,13 @@ static void check_model(flame_model *m, const char *label, const char *dtype, do
         for (size_t i = 0; i < b.total; i++) ref[i] = want[i];
         double err = tu_rel_err(got, ref, b.total);
         fprintf(stderr, "# %s %s: %zu scores, relative error %.2e\n", label, dtype, b.total, err);
-        if (!(err < tol)) fail_msg("%s %s: relative error %.3g >= %.3g", label, dtype, err, tol);
+        if (!(err < tol)) {
+            size_t worst = 0; /* the score furthest off, to tell a rounding tail from a wrong value */
+            for (size_t i = 1; i < b.total; i++)
+                if (fabs(got[i] - ref[i]) > fabs(got[worst] - ref[worst])) worst = i;
+            fail_msg("%s %s: relative error %.3g >= %.3g (score %zu: %.6g, CPU %.6g)", label, dtype, err, tol, worst,
+                     got[worst], ref[worst]);
+        }
         /* request 3 alone (a pass of one request) gives its block of the batch */
         flame_model_info info = {.struct_size = sizeof info};
         flame_model_get_info(m, &info);
@@ -173,10 +179,16 @@ static void test_matrix_fp16(void **state)
     for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "fp16", 1e-2);
 }
 
+/* bf16 keeps 8 significant bits (a rounding moves a value by up to 2^-9 of it), and a score is
+ * a sum of products whose magnitudes can add to several times the largest score: in config 4
+ * (16-wide rows straight into the dot head) a batch gave 0.2413 against 0.2306 with a largest
+ * score near 1 (normwise 1.1e-2): rounding both factors allows up to 2 x 2^-9 x sum |products|,
+ * and the products' magnitudes need only add to about 2.7 for that. Hence twice fp16's bound;
+ * a wrong row or mask is off by far more. */
 static void test_matrix_bf16(void **state)
 {
     TU_NEED_GPU();
-    for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "bf16", 1e-2);
+    for (int ci = 0; ci < (int)(sizeof configs / sizeof configs[0]); ci++) check_config(ci, "bf16", 2e-2);
 }
 
 /* int8 tables (docs/model-format.md, "int8 tables"): models of the matrix above and two more
