@@ -333,6 +333,87 @@ static void test_tbe_rejections(void **state)
     tuk_table_free(&t[1]);
 }
 
+/* An output over any array the forward reads is refused (rows are written while later bags
+ * still read their indices): the arrays keep their values. So are a host num_ids past 2^47,
+ * an unknown dtype (named by its number), and an update whose values overlap the rows they
+ * replace, or whose row range overflows. */
+static void test_tbe_overlaps_and_bounds(void **state)
+{
+    tuk_table t;
+    tuk_table_fill(&t, FLAME_DTYPE_F32, 10, 2, FLAME_POOLING_SUM);
+    flame_embedding_table d = tuk_desc(&t);
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0}; /* borrowed */
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    /* one buffer: offsets [0..2], ids [3..5], weights (as floats) after them, room for out */
+    int64_t buf[16] = {0, 1, 3, 0, 1, 9};
+    float *w = (float *)(buf + 6);
+    w[0] = w[1] = w[2] = 1.0f;
+    int64_t keep[16];
+    memcpy(keep, buf, sizeof buf);
+    flame_embedding_bag_input in = {sizeof in, buf + 3, buf, 3, w};
+    float out[4];
+    flame_embedding_bag_batch q = {sizeof q, 2, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0, 0};
+    tu_poison(out, 4);
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    const struct {
+        void *at;
+        const char *needle;
+    } bad[4] = {{buf + 4, "out overlaps table 0's ids"},
+                {buf + 1, "out overlaps table 0's offsets"},
+                {w + 1, "out overlaps table 0's weights"},
+                {(float *)t.data + 2 * 9, "out overlaps table 0's table"}};
+    float tab_keep[20];
+    memcpy(tab_keep, t.data, sizeof tab_keep);
+    for (int i = 0; i < 4; i++) {
+        q.out = bad[i].at;
+        assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, bad[i].needle);
+        assert_memory_equal(buf, keep, sizeof buf);
+        assert_memory_equal(t.data, tab_keep, sizeof tab_keep);
+    }
+    q.out = out;
+    q.ld_out = INT64_C(1) << 40;
+    q.batch = 2048; /* 2^51 elements */
+    in.offsets = NULL;
+    in.num_ids = 2048;
+    int64_t *many = calloc(2048, sizeof(int64_t));
+    in.ids = many;
+    in.weights = NULL;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG,
+                      "batch 2048 x ld_out 1099511627776 exceeds 2^50 elements");
+    free(many);
+    q.ld_out = 0;
+    q.batch = 1;
+    in.ids = buf + 3;
+    in.offsets = buf; /* {0, 1}: offsets[1] would have to equal num_ids */
+    in.num_ids = (INT64_C(1) << 47) + 1;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG,
+                      "table 0: num_ids 140737488355329 is outside 0..2^47");
+    in.num_ids = 1;
+    q.out_dtype = (flame_dtype)77;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "out_dtype 77 (unknown)");
+    q.out_dtype = FLAME_DTYPE_F32;
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+
+    /* updates */
+    assert_status_msg(flame_embedding_bag_update_rows(bag, 0, INT64_MAX, 2, t.data, FLAME_DTYPE_F32, NULL, NULL),
+                      FLAME_ERR_INVALID_ARG, "first_row 9223372036854775807 with num_rows 2 is not within 0..9");
+    assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 5, INT64_MAX, t.data, FLAME_DTYPE_F32, NULL, NULL),
+                      FLAME_ERR_INVALID_ARG, "first_row 5 with num_rows 9223372036854775807 is not within 0..9");
+    assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 2, t.data, (flame_dtype)77, NULL, NULL),
+                      FLAME_ERR_INVALID_ARG, "values_dtype 77 (unknown)");
+    /* rows 0..1 from rows 1..2 of the same (borrowed) table */
+    assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 2, (float *)t.data + 2, FLAME_DTYPE_F32, NULL, NULL),
+                      FLAME_ERR_INVALID_ARG, "table 0: values overlaps rows 0..1 it replaces");
+    assert_memory_equal(t.data, tab_keep, sizeof tab_keep);
+    /* from rows 2..3 (no overlap): done */
+    assert_int_equal(flame_embedding_bag_update_rows(bag, 0, 0, 2, (float *)t.data + 4, FLAME_DTYPE_F32, NULL, NULL),
+                     FLAME_OK);
+    assert_memory_equal(t.data, tab_keep + 4, 4 * sizeof(float));
+    flame_embedding_bag_destroy(bag);
+    tuk_table_free(&t);
+}
+
 static void test_tbe_create_rejections(void **state)
 {
     tuk_table t[2];
@@ -644,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_tbe_update_rows),
         cmocka_unit_test(test_tbe_update_rows_against_concurrent_forwards),
         cmocka_unit_test(test_tbe_rejections),
+        cmocka_unit_test(test_tbe_overlaps_and_bounds),
         cmocka_unit_test(test_tbe_create_rejections),
         cmocka_unit_test(test_attention_against_reference),
         cmocka_unit_test(test_attention_rejections),

@@ -213,13 +213,15 @@ typedef struct flame_embedding_bag_batch {
  *   GPU: enqueued on cuda_stream; returns before it runs (out is complete when the stream is).
  * Returns: FLAME_OK (batch 0 writes and enqueues nothing); FLAME_ERR_INVALID_ARG (NULL
  *   bag/batch, NULL out with batch > 0, struct_size outside 8..4096, num_inputs not the
- *   number of tables, batch, ld_out or threads out of range, an out_dtype the device does not
- *   write, offsets that do not start at 0, decrease, or end elsewhere than num_ids, num_ids !=
- *   batch without offsets, an id outside 0..rows-1, a non-finite weight: the message names the
- *   table, the bag and the value, and nothing is written or enqueued; on a GPU also an out that
- *   is not memory of the device, and under device_indices an ids, offsets or weights array that
- *   is not, a device_indices other than 0 or 1, or num_ids above 2^47; the values of device
- *   indices are not checked here but on the stream, see flame_embedding_bag_index_status);
+ *   number of tables, batch, ld_out or threads out of range, batch x ld_out above 2^50, an
+ *   out_dtype the device does not write, num_ids above 2^47, offsets that do not start at 0,
+ *   decrease, or end elsewhere than num_ids, num_ids != batch without offsets, an id outside
+ *   0..rows-1, a non-finite weight, an out that overlaps any table's ids, offsets, weights,
+ *   rows or qparams (rows are written while later bags still read them): the message names
+ *   the table, the bag and the value, and nothing is written or enqueued; on a GPU also an
+ *   out that is not memory of the device, and under device_indices an ids, offsets or weights
+ *   array that is not, or a device_indices other than 0 or 1; the values of device indices
+ *   are not checked here but on the stream, see flame_embedding_bag_index_status);
  *   FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph);
  *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
  * Math: table-batched embedding bag as in FBGEMM's TBE (Khudia et al., arXiv:2101.05615) and
@@ -246,8 +248,9 @@ FLAME_API flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, con
  *   borrowed table is the caller's memory and is written there.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL bag, NULL values with num_rows > 0, table
  *   or the row range out of range, values_dtype not the table's dtype, qparams missing for an
- *   INT8 table or given for another, a non-finite scale or bias: the message names the table,
- *   the row and the value; nothing is written); FLAME_ERR_UNSUPPORTED (cuda_stream is capturing
+ *   INT8 table or given for another, a non-finite scale or bias, values or qparams that
+ *   overlap the rows they replace: the message names the table, the row and the value;
+ *   nothing is written); FLAME_ERR_UNSUPPORTED (cuda_stream is capturing
  *   a CUDA graph); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed).
  */
 FLAME_API flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t table, int64_t first_row,
@@ -335,6 +338,9 @@ typedef struct flame_attention_params {
  *   params   shapes, pointers, strides, mask and device (above); read during the call only.
  *            out[r, head h] = softmax over the keys row r sees (mask) of q_r . k_j / sqrt(head_dim),
  *            applied to v_j; a query that sees no key (never under these masks) gives zeros.
+ *            Q, K and V are expected finite: a key a row does not see enters with weight 0, and
+ *            where its value row holds an inf or NaN (0 x inf = NaN) the rows that share its
+ *            block get NaN, on every device, as in FlashAttention and cuDNN's fused attention.
  *            Empty sequences (n_s = m_s = 0) are allowed; rows 0 enqueues nothing.
  * Thread-safety: any thread, concurrently. GPU: enqueued on cuda_stream, returns before it
  *   runs. The GPU runs the engine's fastest kernel for the shape: Hopper warpgroup MMA for

@@ -39,7 +39,8 @@ static size_t dtype_bytes(flame_dtype d)
     return d == FLAME_DTYPE_F32 ? 4 : d == FLAME_DTYPE_INT8 ? 1 : 2;
 }
 
-static const char *dtype_name(flame_dtype d)
+/* The dtype's name, or its number when it is none of them (buf: the caller's, for that case). */
+static const char *dtype_name_in(flame_dtype d, char buf[24])
 {
     switch (d) {
     case FLAME_DTYPE_F32: return "F32";
@@ -47,7 +48,16 @@ static const char *dtype_name(flame_dtype d)
     case FLAME_DTYPE_BF16: return "BF16";
     case FLAME_DTYPE_INT8: return "INT8";
     }
-    return "(unknown)";
+    snprintf(buf, 24, "%d (unknown)", (int)d);
+    return buf;
+}
+#define dtype_name(d) dtype_name_in((d), (char[24]){0})
+
+/* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte (empty ranges share none). */
+static bool ranges_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    const uintptr_t alo = (uintptr_t)a, blo = (uintptr_t)b;
+    return na > 0 && nb > 0 && alo < blo + nb && blo < alo + na;
 }
 
 /* dst[0..n) = float32 values of n fp16/bf16/f32 elements at src */
@@ -272,6 +282,35 @@ static flame_status check_device_lookup(int t, const fl_tbe_lookup *lk, int64_t 
     return FLAME_OK;
 }
 
+/* out's extent, and out against every array the forward reads: rows are written while later
+ * bags still read their offsets, ids and weights (and the tables), so an output over any of
+ * them would change indices after they were checked. */
+static flame_status check_out(const flame_embedding_bag *bag, const flame_embedding_bag_batch *q,
+                              const fl_tbe_lookup *lk, int64_t ld)
+{
+    if ((uint64_t)q->batch * (uint64_t)ld > (UINT64_C(1) << 50))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: batch %lld x ld_out %lld exceeds 2^50 elements",
+                        (long long)q->batch, (long long)ld);
+    const size_t out_bytes = ((size_t)(q->batch - 1) * (size_t)ld + (size_t)bag->width) * dtype_bytes(q->out_dtype);
+    for (int t = 0; t < bag->num_tables; t++) {
+        const fl_tbe_lookup *l = &lk[t];
+        const fl_tbe_table *tb = &bag->t[t];
+        const struct {
+            const char *name;
+            const void *p;
+            size_t bytes;
+        } in[5] = {{"ids", l->ids, (size_t)l->num_ids * sizeof(int64_t)},
+                   {"offsets", l->offsets, l->offsets ? (size_t)(q->batch + 1) * sizeof(int64_t) : 0},
+                   {"weights", l->weights, l->weights ? (size_t)l->num_ids * sizeof(float) : 0},
+                   {"table", tb->data, (size_t)tb->rows * (size_t)tb->dim * dtype_bytes(tb->dtype)},
+                   {"qparams", tb->qparams, tb->qparams ? (size_t)tb->rows * 2 * sizeof(float) : 0}};
+        for (int i = 0; i < 5; i++)
+            if (ranges_overlap(q->out, out_bytes, in[i].p, in[i].bytes))
+                return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out overlaps table %d's %s", t, in[i].name);
+    }
+    return FLAME_OK;
+}
+
 flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_embedding_bag_batch *batch)
 {
     fl_clear_error();
@@ -313,6 +352,9 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         if ((st = fl_struct_in("flame_embedding_bag_input", &in, sizeof in, src))) return st;
         lk[t] = (fl_tbe_lookup){in.ids, in.offsets, in.num_ids, in.weights};
         if (on_device && (st = check_device_lookup(t, &lk[t], q.batch))) return st;
+        if (!on_device && in.num_ids > (INT64_C(1) << 47)) /* (a negative one: the host checks' message) */
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is outside 0..2^47", t,
+                            (long long)in.num_ids);
     }
     const int threads = q.threads ? q.threads : 1;
     /* host indices: checked here, except where a GPU forward checks them as it stages them */
@@ -321,6 +363,7 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         return st;
     if (q.batch == 0) return FLAME_OK; /* nothing to write or launch */
     if (!q.out) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out is NULL with batch %lld", (long long)q.batch);
+    if ((st = check_out(bag, &q, lk, ld))) return st;
     if (on_device)
         return fl_gpu_tbe_forward_device(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk,
                                          q.batch, q.out, ld, q.out_dtype, q.cuda_stream, bag->record);
@@ -360,10 +403,16 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d is outside 0..%d", table,
                         bag->num_tables - 1);
     fl_tbe_table *t = &bag->t[table];
-    if (first_row < 0 || num_rows < 0 || first_row > t->rows || num_rows > t->rows - first_row)
+    if (first_row < 0 || num_rows < 0 || first_row > t->rows || num_rows > t->rows - first_row) {
+        int64_t last;
+        if (num_rows == INT64_MIN || __builtin_add_overflow(first_row, num_rows - 1, &last))
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: first_row %lld with num_rows %lld "
+                            "is not within 0..%lld", table, (long long)first_row, (long long)num_rows,
+                            (long long)(t->rows - 1));
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: rows %lld..%lld (%lld rows) are not "
-                        "within 0..%lld", table, (long long)first_row, (long long)(first_row + num_rows - 1),
-                        (long long)num_rows, (long long)(t->rows - 1));
+                        "within 0..%lld", table, (long long)first_row, (long long)last, (long long)num_rows,
+                        (long long)(t->rows - 1));
+    }
     if (values_dtype != t->given)
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d is %s, values_dtype %s", table,
                         dtype_name(t->given), dtype_name(values_dtype));
@@ -376,6 +425,14 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
     if (qparams && (st = check_qparams(table, first_row, qparams, num_rows))) return st;
     const size_t n = (size_t)num_rows * (size_t)t->dim, at = (size_t)first_row * (size_t)t->dim;
     const size_t esize = dtype_bytes(t->dtype);
+    /* values (or qparams) over the rows they replace: a copy would read what it already wrote */
+    if (ranges_overlap(values, n * dtype_bytes(t->given), (char *)t->data + at * esize, n * esize) ||
+        (qparams && ranges_overlap(qparams, (size_t)num_rows * 2 * sizeof(float), t->qparams + 2 * first_row,
+                                   (size_t)num_rows * 2 * sizeof(float))))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: %s overlaps rows %lld..%lld it replaces",
+                        table, ranges_overlap(values, n * dtype_bytes(t->given), (char *)t->data + at * esize,
+                                              n * esize) ? "values" : "qparams",
+                        (long long)first_row, (long long)(first_row + num_rows - 1));
     if (bag->device != FLAME_DEVICE_CPU) {
         st = fl_gpu_kernels_copy_in(bag->device, (char *)t->data + at * esize, values, n * esize, cuda_stream);
         if (!st && qparams)
