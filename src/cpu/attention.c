@@ -7,8 +7,9 @@
  *   3. O[e][r] = sum_j w_j[r] v_j[e], EC columns e at a time held in registers;
  *   4. out_r = O[.][r] / sum_r plus a candidate's own key/value term.
  * Each lane runs the same operations in the same order whichever rows share its block (an
- * invisible key adds exact zeros to sums that start at +0), so a row's output depends only on
- * its query and its visible keys, and every clone gives the same bits. Candidates never see
+ * invisible key adds exact zeros to sums that start at +0, as long as its value row is finite:
+ * 0 x inf is NaN, as in the GPU kernels and every fused attention), so a row's output depends
+ * only on its query and its visible keys, and every clone gives the same bits. Candidates never see
  * each other, so no candidate-candidate block is computed. No BLAS call: a history is a few to
  * a few thousand keys (tiny GEMMs a BLAS packs for), and the engine runs requests and heads on
  * its own threads, where BLAS threads would oversubscribe the cores. */
