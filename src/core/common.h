@@ -42,6 +42,13 @@ static inline uint64_t fl_sat_add_u64(uint64_t a, uint64_t b)
     return __builtin_add_overflow(a, b, &s) ? UINT64_MAX : s;
 }
 
+/* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte (an empty range shares none). */
+static inline bool fl_ranges_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    const uintptr_t alo = (uintptr_t)a, blo = (uintptr_t)b;
+    return na > 0 && nb > 0 && alo < blo + nb && blo < alo + na;
+}
+
 /* The smallest power of two >= v and >= lo (lo a power of two >= 1). */
 static inline int64_t fl_pow2_at_least(int64_t v, int64_t lo)
 {

@@ -32,20 +32,16 @@ static flame_status check_cumulative(const char *name, const int64_t *cu, int64_
     return FLAME_OK;
 }
 
-/* [ptr, ptr + bytes of a [rows, ld] array of `cols` used columns) */
-static void span(const void *p, int64_t rows, int64_t ld, int64_t cols, size_t esize, uintptr_t *lo, uintptr_t *hi)
+/* Bytes from the start of a [rows, ld] array to the end of its last row's `cols` used columns. */
+static size_t extent(int64_t rows, int64_t ld, int64_t cols, size_t esize)
 {
-    *lo = (uintptr_t)p;
-    *hi = *lo + ((size_t)(rows - 1) * (size_t)ld + (size_t)cols) * esize;
+    return ((size_t)(rows - 1) * (size_t)ld + (size_t)cols) * esize;
 }
 
 static bool overlaps(const void *a, int64_t lda, int64_t cola, const void *b, int64_t ldb, int64_t colb, int64_t rows,
                      size_t esize)
 {
-    uintptr_t alo, ahi, blo, bhi;
-    span(a, rows, lda, cola, esize, &alo, &ahi);
-    span(b, rows, ldb, colb, esize, &blo, &bhi);
-    return alo < bhi && blo < ahi;
+    return fl_ranges_overlap(a, extent(rows, lda, cola, esize), b, extent(rows, ldb, colb, esize));
 }
 
 static flame_status check_ld(const char *name, int64_t ld, int64_t need, int64_t rows)

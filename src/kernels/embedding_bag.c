@@ -53,13 +53,6 @@ static const char *dtype_name_in(flame_dtype d, char buf[24])
 }
 #define dtype_name(d) dtype_name_in((d), (char[24]){0})
 
-/* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte (empty ranges share none). */
-static bool ranges_overlap(const void *a, size_t na, const void *b, size_t nb)
-{
-    const uintptr_t alo = (uintptr_t)a, blo = (uintptr_t)b;
-    return na > 0 && nb > 0 && alo < blo + nb && blo < alo + na;
-}
-
 /* dst[0..n) = float32 values of n fp16/bf16/f32 elements at src */
 static void to_f32(float *dst, const void *src, size_t n, flame_dtype d)
 {
@@ -270,7 +263,7 @@ int64_t flame_embedding_bag_width(const flame_embedding_bag *bag)
 /* The lengths of table t's device-resident lookups (their values are checked on the device). */
 static flame_status check_device_lookup(int t, const fl_tbe_lookup *lk, int64_t batch)
 {
-    if (lk->num_ids < 0 || lk->num_ids > (INT64_C(1) << 47))
+    if (lk->num_ids < 0) /* (above 2^47: refused for both kinds of indices in the forward) */
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is outside 0..2^47", t,
                         (long long)lk->num_ids);
     if (lk->num_ids > 0 && !lk->ids)
@@ -305,7 +298,7 @@ static flame_status check_out(const flame_embedding_bag *bag, const flame_embedd
                    {"table", tb->data, (size_t)tb->rows * (size_t)tb->dim * dtype_bytes(tb->dtype)},
                    {"qparams", tb->qparams, tb->qparams ? (size_t)tb->rows * 2 * sizeof(float) : 0}};
         for (int i = 0; i < 5; i++)
-            if (ranges_overlap(q->out, out_bytes, in[i].p, in[i].bytes))
+            if (fl_ranges_overlap(q->out, out_bytes, in[i].p, in[i].bytes))
                 return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out overlaps table %d's %s", t, in[i].name);
     }
     return FLAME_OK;
@@ -351,10 +344,10 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         flame_embedding_bag_input in = {0};
         if ((st = fl_struct_in("flame_embedding_bag_input", &in, sizeof in, src))) return st;
         lk[t] = (fl_tbe_lookup){in.ids, in.offsets, in.num_ids, in.weights};
-        if (on_device && (st = check_device_lookup(t, &lk[t], q.batch))) return st;
-        if (!on_device && in.num_ids > (INT64_C(1) << 47)) /* (a negative one: the host checks' message) */
+        if (in.num_ids > (INT64_C(1) << 47)) /* (a negative one: each path's own checks) */
             return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is outside 0..2^47", t,
                             (long long)in.num_ids);
+        if (on_device && (st = check_device_lookup(t, &lk[t], q.batch))) return st;
     }
     const int threads = q.threads ? q.threads : 1;
     /* host indices: checked here, except where a GPU forward checks them as it stages them */
@@ -426,18 +419,16 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
     const size_t n = (size_t)num_rows * (size_t)t->dim, at = (size_t)first_row * (size_t)t->dim;
     const size_t esize = dtype_bytes(t->dtype);
     /* values (or qparams) over the rows they replace: a copy would read what it already wrote */
-    if (ranges_overlap(values, n * dtype_bytes(t->given), (char *)t->data + at * esize, n * esize) ||
-        (qparams && ranges_overlap(qparams, (size_t)num_rows * 2 * sizeof(float), t->qparams + 2 * first_row,
-                                   (size_t)num_rows * 2 * sizeof(float))))
+    const size_t qp_bytes = (size_t)num_rows * 2 * sizeof(float);
+    const bool values_over = fl_ranges_overlap(values, n * dtype_bytes(t->given), (char *)t->data + at * esize, n * esize);
+    if (values_over || (qparams && fl_ranges_overlap(qparams, qp_bytes, t->qparams + 2 * first_row, qp_bytes)))
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: %s overlaps rows %lld..%lld it replaces",
-                        table, ranges_overlap(values, n * dtype_bytes(t->given), (char *)t->data + at * esize,
-                                              n * esize) ? "values" : "qparams",
-                        (long long)first_row, (long long)(first_row + num_rows - 1));
+                        table, values_over ? "values" : "qparams", (long long)first_row,
+                        (long long)(first_row + num_rows - 1));
     if (bag->device != FLAME_DEVICE_CPU) {
         st = fl_gpu_kernels_copy_in(bag->device, (char *)t->data + at * esize, values, n * esize, cuda_stream);
         if (!st && qparams)
-            st = fl_gpu_kernels_copy_in(bag->device, t->qparams + 2 * first_row, qparams,
-                                        (size_t)num_rows * 2 * sizeof(float), cuda_stream);
+            st = fl_gpu_kernels_copy_in(bag->device, t->qparams + 2 * first_row, qparams, qp_bytes, cuda_stream);
         return st;
     }
     pthread_rwlock_wrlock(&bag->lock);
@@ -445,7 +436,7 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
         memcpy((int8_t *)t->data + at, values, n);
     else
         to_f32((float *)t->data + at, values, n, t->given);
-    if (qparams) memcpy(t->qparams + 2 * first_row, qparams, (size_t)num_rows * 2 * sizeof(float));
+    if (qparams) memcpy(t->qparams + 2 * first_row, qparams, qp_bytes);
     pthread_rwlock_unlock(&bag->lock);
     return FLAME_OK;
 }
