@@ -1,9 +1,11 @@
 #!/bin/sh
 # Checks ptxas's report (-Xptxas -v, kept by the build as build/cuda/<name>.ptxas) of a kernel
 # file whose speed depends on it: no kernel spills registers to local memory, and ptxas did
-# not serialise any warpgroup MMA (remark C7515: an instruction writing an accumulator while a
-# product is in flight makes every wgmma of the function wait for the one before). Either
-# compiles and runs correctly, only slower, so nothing else would notice.
+# not serialise any warpgroup MMA (its "wgmma.mma_async instructions are serialized" remarks,
+# whatever the cause: C7515, an instruction writing an accumulator while a product is in
+# flight; C7518, accumulators read in a divergent path while one is; and any other code that
+# says so), which makes every wgmma of the function wait for the one before. Either compiles
+# and runs correctly, only slower, so nothing else would notice.
 # Usage: tests/check-kernel-resources.sh REPORT...   (no report: a CPU-only build, skipped)
 status=0
 checked=0
@@ -13,9 +15,10 @@ for report in "$@"; do
         continue
     fi
     demangle() { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
-    serialised=$(grep 'C7515' "$report" | sed -n "s/.*in the function '\([^']*\)'.*/\1/p" | demangle)
+    serialised=$(grep -i 'instructions are serialized' "$report" |
+        sed -n "s/.*(\(C[0-9]*\)).*in the function '\([^']*\)'.*/\2 \1/p" | demangle)
     if [ -n "$serialised" ]; then
-        echo "FAIL $report: ptxas serialised the wgmma of:"
+        echo "FAIL $report: ptxas serialised the wgmma of (function, remark):"
         echo "$serialised" | sed 's/^/  /'
         status=1
     fi
