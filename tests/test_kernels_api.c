@@ -591,6 +591,71 @@ static void test_attention_against_reference(void **state)
     }
 }
 
+/* Q, K, V and out side by side in the rows of one buffer, in either order ([Q K V O] and
+ * [O Q K V], row stride 4 w + pad): no element is shared, so the call runs and gives the bits of
+ * the same call on separate arrays; an out shifted by one element into V's columns, by one row
+ * onto Q's next rows, or of another stride over the same rows is refused, and nothing is
+ * written. */
+static void test_attention_output_beside_qkv(void **state)
+{
+    for (int rep = 0; rep < 40; rep++) {
+        att_case c;
+        flame_attention_params p;
+        att_make(&c, &p);
+        const int64_t w = (int64_t)c.heads * c.dh, R = c.b.rows;
+        if (R < 2) {
+            att_free(&c);
+            continue;
+        }
+        if (flame_sumi_attention(&p)) fail_msg("attention: %s", flame_last_error());
+        const int64_t ld = 4 * w + (int64_t)tu_below(3);
+        const size_t n = (size_t)((R + 1) * ld + 1); /* a row of slack: the refused outs below reach past R rows */
+        float *buf = malloc(n * sizeof(float));
+        for (int order = 0; order < 2; order++) { /* 0: [Q K V O], 1: [O Q K V] */
+            const int64_t at_q = order ? w : 0, at_out = order ? 0 : 3 * w;
+            tu_poison(buf, n);
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t j = 0; j < w; j++) {
+                    buf[r * ld + at_q + j] = c.fused ? c.qkv[r * c.ldq + j] : c.q[r * c.ldq + j];
+                    buf[r * ld + at_q + w + j] = c.fused ? c.qkv[r * c.ldq + w + j] : c.k[r * c.ldkv + j];
+                    buf[r * ld + at_q + 2 * w + j] = c.fused ? c.qkv[r * c.ldq + 2 * w + j] : c.v[r * c.ldkv + j];
+                }
+            flame_attention_params f = p;
+            f.qkv = NULL;
+            f.q = buf + at_q;
+            f.k = buf + at_q + w;
+            f.v = buf + at_q + 2 * w;
+            f.ld_q = f.ld_k = f.ld_v = ld;
+            f.out = buf + at_out;
+            f.ld_out = ld;
+            if (flame_sumi_attention(&f)) fail_msg("attention, out beside Q, K, V (order %d): %s", order, flame_last_error());
+            for (int64_t r = 0; r < R; r++)
+                if (memcmp(buf + r * ld + at_out, c.out + r * c.ldo, (size_t)w * sizeof(float)))
+                    fail_msg("attention, out beside Q, K, V (order %d): row %lld differs from separate arrays", order,
+                             (long long)r);
+            /* refused, nothing written */
+            struct {
+                float *out;
+                int64_t ld_out;
+                const char *msg;
+            } bad[3] = {{buf + at_q + 2 * w + (w > 1), ld, "out overlaps v"},
+                        {buf + at_q + ld, ld, "out overlaps q"},
+                        {buf + at_out, ld + 1, "out overlaps"}};
+            for (int i = 0; i < 3; i++) {
+                f.out = bad[i].out;
+                f.ld_out = bad[i].ld_out;
+                float *before = malloc(n * sizeof(float));
+                memcpy(before, buf, n * sizeof(float));
+                assert_status_msg(flame_sumi_attention(&f), FLAME_ERR_INVALID_ARG, bad[i].msg);
+                assert_memory_equal(before, buf, n * sizeof(float));
+                free(before);
+            }
+        }
+        free(buf);
+        att_free(&c);
+    }
+}
+
 static void test_attention_rejections(void **state)
 {
     att_case c;
@@ -729,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_tbe_create_rejections),
         cmocka_unit_test(test_attention_against_reference),
         cmocka_unit_test(test_attention_rejections),
+        cmocka_unit_test(test_attention_output_beside_qkv),
         cmocka_unit_test(test_gpu_calls_without_gpu),
     };
     tu_seed();

@@ -321,7 +321,10 @@ typedef struct flame_attention_params {
     int64_t ld_qkv;               /* elements, >= 3 * heads * head_dim */
     const void *q, *k, *v;        /* separate Q, K, V [rows, ld_q / ld_k / ld_v] (qkv NULL) */
     int64_t ld_q, ld_k, ld_v;     /* elements, each >= heads * head_dim; ld_k = ld_v */
-    void *out;                    /* [rows, ld_out], packed as Q; must not overlap Q, K or V */
+    void *out;                    /* [rows, ld_out], packed as Q; no element of it may be one of Q, K
+                                   * or V (checked exactly for arrays of one row stride, such as
+                                   * out beside them in a fused [Q K V O] row; over the arrays'
+                                   * whole spans when the strides differ) */
     int64_t ld_out;               /* elements, >= heads * head_dim */
     void *cuda_stream;            /* GPU: the cudaStream_t to enqueue on (NULL: legacy default); CPU: ignored */
     int32_t threads;              /* CPU: threads over the sequences (the caller and libflame's
@@ -350,7 +353,8 @@ typedef struct flame_attention_params {
  *   outside 8..4096, a non-zero reserved0, an unknown mask, dtype or device, heads, head_dim,
  *   num_seqs, threads or a
  *   stride out of range, qkv given together with q/k/v, cumulative counts that do not start at 0,
- *   decrease, or total other than rows, a sequence longer than 2^31-1, on a GPU a Q, K, V or out
+ *   decrease, or total other than rows, a sequence longer than 2^31-1, out overlapping Q, K or V
+ *   (see out above), on a GPU a Q, K, V or out
  *   that is not memory of the device: the message names the sequence or array and the value;
  *   nothing is written); FLAME_ERR_UNSUPPORTED (a dtype other than F32 on the CPU, head_dim above
  *   128 on a GPU, ld_k != ld_v, the NONE mask over more than 2^31-1 rows on a GPU, cuda_stream

@@ -38,10 +38,23 @@ static size_t extent(int64_t rows, int64_t ld, int64_t cols, size_t esize)
     return ((size_t)(rows - 1) * (size_t)ld + (size_t)cols) * esize;
 }
 
+/* True when an element of the [rows, lda] array a (its first cola columns) is also one of the
+ * [rows, ldb] array b (its first colb columns). Of one row stride L (arrays side by side in the
+ * rows of one buffer, such as a fused [Q K V O] row) it is exact: row i of a is the bytes
+ * [a + i L, a + i L + wa) and row j of b [b + j L, b + j L + wb), which meet iff
+ * -wb < d + k L < wa for d = b - a and some k = j - i in [-(rows - 1), rows - 1]; as wa, wb <= L
+ * (strides are checked first), d + k L can only be m or m - L, with m = d mod L. Of different
+ * strides the whole spans are compared (refusing some layouts that share no element). */
 static bool overlaps(const void *a, int64_t lda, int64_t cola, const void *b, int64_t ldb, int64_t colb, int64_t rows,
                      size_t esize)
 {
-    return fl_ranges_overlap(a, extent(rows, lda, cola, esize), b, extent(rows, ldb, colb, esize));
+    if (!fl_ranges_overlap(a, extent(rows, lda, cola, esize), b, extent(rows, ldb, colb, esize))) return false;
+    if (lda != ldb || rows == 1) return true; /* one row each: the spans are the rows */
+    const int64_t L = lda * (int64_t)esize, wa = cola * (int64_t)esize, wb = colb * (int64_t)esize;
+    const int64_t d = (int64_t)((uintptr_t)b - (uintptr_t)a);
+    const int64_t m = ((d % L) + L) % L, q = (d - m) / L; /* d = q L + m, 0 <= m < L */
+    const int64_t kmax = rows - 1;
+    return (m < wa && -q >= -kmax && -q <= kmax) || (m - L > -wb && -q - 1 >= -kmax && -q - 1 <= kmax);
 }
 
 static flame_status check_ld(const char *name, int64_t ld, int64_t need, int64_t rows)
@@ -164,7 +177,8 @@ flame_status flame_sumi_attention(const flame_attention_params *params)
     const struct { const char *name; const void *ptr; int64_t ld; } in[3] = {{"q", q, ldq}, {"k", k, ldk}, {"v", v, ldv}};
     for (int i = 0; i < 3; i++)
         if (overlaps(p.out, p.ld_out, width, in[i].ptr, in[i].ld, width, p.rows, esize))
-            return fl_error(FLAME_ERR_INVALID_ARG, "attention: out overlaps %s%s", p.qkv ? "qkv's " : "", in[i].name);
+            return fl_error(FLAME_ERR_INVALID_ARG, "attention: out overlaps %s%s (an element of out would be one of it)",
+                            p.qkv ? "qkv's " : "", in[i].name);
 
     fl_attn_seq *seqs = malloc((size_t)(p.num_seqs ? p.num_seqs : 1) * sizeof *seqs);
     if (!seqs) return fl_error(FLAME_ERR_NOMEM, "attention: %lld sequences", (long long)p.num_seqs);
