@@ -414,6 +414,98 @@ static void test_tbe_overlaps_and_bounds(void **state)
     tuk_table_free(&t);
 }
 
+/* Lengths whose product passes 2^64 (batch 2^24 x ld_out 2^40, rows 2^24 x ld_q 2^40) are
+ * refused, not wrapped to a small product; an update whose qparams lie over the rows' own
+ * values is refused before anything is copied (the checked qparams would be overwritten by
+ * values); arrays not aligned to their elements are refused. */
+static void test_kernels_wraps_overlaps_alignment(void **state)
+{
+    tuk_table t;
+    tuk_table_fill(&t, FLAME_DTYPE_F32, 10, 2, FLAME_POOLING_SUM);
+    flame_embedding_table d = tuk_desc(&t);
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    const int64_t big = INT64_C(1) << 24;
+    int64_t *ids = calloc((size_t)big, sizeof(int64_t)); /* zero pages: never written */
+    flame_embedding_bag_input in = {sizeof in, ids, NULL, big, NULL};
+    float out[8];
+    flame_embedding_bag_batch q = {sizeof q, big, &in, 1, out, INT64_C(1) << 40, FLAME_DTYPE_F32, NULL, 0, 0};
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG,
+                      "batch 16777216 x ld_out 1099511627776 exceeds 2^50 elements");
+    free(ids);
+    /* misaligned ids, out */
+    int64_t idbuf[4] = {1, 2, 3, 4};
+    in.ids = (const int64_t *)((const char *)idbuf + 4);
+    in.num_ids = 2;
+    q.batch = 2;
+    q.ld_out = 0;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "is not aligned to its 8-byte elements");
+    in.ids = idbuf;
+    q.out = (float *)((char *)out + 2);
+    tu_poison(out, 8);
+    float keep[8];
+    memcpy(keep, out, sizeof out);
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "is not aligned to its 4-byte elements");
+    assert_memory_equal(keep, out, sizeof out);
+    q.out = out;
+    assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+    flame_embedding_bag_destroy(bag);
+    tuk_table_free(&t);
+
+    /* INT8, borrowed: qparams given for row 0 that are row 0's own bytes */
+    tuk_table_fill(&t, FLAME_DTYPE_INT8, 4, 8, FLAME_POOLING_SUM);
+    d = tuk_desc(&t);
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    const float qp_in_row[2] = {1.0f, 0.0f};
+    memcpy(t.data, qp_in_row, sizeof qp_in_row); /* finite as qparams, so only the overlap refuses */
+    int8_t vals[8];
+    memset(vals, 0xff, sizeof vals);
+    int8_t data_keep[32];
+    float qp_keep[8];
+    memcpy(data_keep, t.data, sizeof data_keep);
+    memcpy(qp_keep, t.qp, sizeof qp_keep);
+    assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 1, vals, FLAME_DTYPE_INT8, (const float *)t.data, NULL),
+                      FLAME_ERR_INVALID_ARG, "table 0: qparams overlaps rows 0..0 it replaces (their values)");
+    assert_memory_equal(t.data, data_keep, sizeof data_keep);
+    assert_memory_equal(t.qp, qp_keep, sizeof qp_keep);
+    assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 1, vals, FLAME_DTYPE_INT8,
+                                                      (const float *)((const char *)qp_in_row + 1), NULL),
+                      FLAME_ERR_INVALID_ARG, "qparams is not aligned to its 4-byte elements");
+    flame_embedding_bag_destroy(bag);
+    tuk_table_free(&t);
+
+    /* attention: rows 2^24 x ld_q 2^40 (refused before any array is read), misaligned q */
+    float qkvo[4][8] = {{0}};
+    const int64_t cu_h[2] = {0, 0}, cu_c[2] = {0, big};
+    flame_attention_params a = {0};
+    a.struct_size = sizeof a;
+    a.device = FLAME_DEVICE_CPU;
+    a.dtype = FLAME_DTYPE_F32;
+    a.heads = 1;
+    a.head_dim = 4;
+    a.num_seqs = 1;
+    a.cu_history = cu_h;
+    a.cu_candidates = cu_c;
+    a.rows = big;
+    a.q = qkvo[0];
+    a.k = qkvo[1];
+    a.v = qkvo[2];
+    a.out = qkvo[3];
+    a.ld_q = INT64_C(1) << 40;
+    a.ld_k = a.ld_v = a.ld_out = 4;
+    a.threads = 1;
+    assert_status_msg(flame_sumi_attention(&a), FLAME_ERR_INVALID_ARG, "rows x ld_q exceeds 2^50");
+    const int64_t cu_one[2] = {0, 1};
+    a.cu_candidates = cu_one;
+    a.rows = 1;
+    a.ld_q = 4;
+    a.q = (const float *)((const char *)qkvo[0] + 2);
+    assert_status_msg(flame_sumi_attention(&a), FLAME_ERR_INVALID_ARG, "is not aligned to its 4-byte elements");
+    a.q = qkvo[0];
+    assert_int_equal(flame_sumi_attention(&a), FLAME_OK);
+}
+
 static void test_tbe_create_rejections(void **state)
 {
     tuk_table t[2];
@@ -791,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_tbe_update_rows_against_concurrent_forwards),
         cmocka_unit_test(test_tbe_rejections),
         cmocka_unit_test(test_tbe_overlaps_and_bounds),
+        cmocka_unit_test(test_kernels_wraps_overlaps_alignment),
         cmocka_unit_test(test_tbe_create_rejections),
         cmocka_unit_test(test_attention_against_reference),
         cmocka_unit_test(test_attention_rejections),

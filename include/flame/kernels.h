@@ -115,8 +115,9 @@ typedef struct flame_embedding_bag_params {
  *   8..4096 or tables[0].struct_size not a multiple of 8, a non-zero reserved0, num_tables
  *   outside 1..64, rows or dim
  *   out of range, an unknown dtype, pooling, combine or device, qparams missing for an INT8
- *   table or given for another, a non-finite scale or bias, dims that differ under SUMI
- *   combine, a borrowed GPU table not in memory of the device: the message names the table and
+ *   table or given for another, a non-finite scale or bias, data or qparams not aligned to
+ *   their elements' size, dims that differ under SUMI combine, a borrowed GPU table not in
+ *   memory of the device: the message names the table and
  *   the value); FLAME_ERR_UNSUPPORTED (a build without
  *   CUDA asked for a GPU; borrowed F16/BF16 tables on the CPU, whose kernel reads float32 or int8
  *   rows: copy mode converts them to float32 exactly; on a GPU, float tables of different dtypes
@@ -216,8 +217,9 @@ typedef struct flame_embedding_bag_batch {
  *   number of tables, batch, ld_out or threads out of range, batch x ld_out above 2^50, an
  *   out_dtype the device does not write, num_ids above 2^47, offsets that do not start at 0,
  *   decrease, or end elsewhere than num_ids, num_ids != batch without offsets, an id outside
- *   0..rows-1, a non-finite weight, an out that overlaps any table's ids, offsets, weights,
- *   rows or qparams (rows are written while later bags still read them): the message names
+ *   0..rows-1, a non-finite weight, ids, offsets, weights or out not aligned to their
+ *   elements' size (8, 8, 4, out_dtype's), an out that overlaps any table's ids, offsets,
+ *   weights, rows or qparams (rows are written while later bags still read them): the message names
  *   the table, the bag and the value, and nothing is written or enqueued; on a GPU also an
  *   out that is not memory of the device, and under device_indices an ids, offsets or weights
  *   array that is not, or a device_indices other than 0 or 1; the values of device indices
@@ -248,8 +250,9 @@ FLAME_API flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, con
  *   borrowed table is the caller's memory and is written there.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL bag, NULL values with num_rows > 0, table
  *   or the row range out of range, values_dtype not the table's dtype, qparams missing for an
- *   INT8 table or given for another, a non-finite scale or bias, values or qparams that
- *   overlap the rows they replace: the message names the table, the row and the value;
+ *   INT8 table or given for another, a non-finite scale or bias, values or qparams not aligned
+ *   to their elements' size, values or qparams that overlap any part of the rows they replace
+ *   (their values or their qparams): the message names the table, the row and the value;
  *   nothing is written); FLAME_ERR_UNSUPPORTED (cuda_stream is capturing
  *   a CUDA graph); FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed).
  */
@@ -353,8 +356,8 @@ typedef struct flame_attention_params {
  *   outside 8..4096, a non-zero reserved0, an unknown mask, dtype or device, heads, head_dim,
  *   num_seqs, threads or a
  *   stride out of range, qkv given together with q/k/v, cumulative counts that do not start at 0,
- *   decrease, or total other than rows, a sequence longer than 2^31-1, out overlapping Q, K or V
- *   (see out above), on a GPU a Q, K, V or out
+ *   decrease, or total other than rows, a sequence longer than 2^31-1, Q, K, V or out not
+ *   aligned to their elements' size, out overlapping Q, K or V (see out above), on a GPU a Q, K, V or out
  *   that is not memory of the device: the message names the sequence or array and the value;
  *   nothing is written); FLAME_ERR_UNSUPPORTED (a dtype other than F32 on the CPU, head_dim above
  *   128 on a GPU, ld_k != ld_v, the NONE mask over more than 2^31-1 rows on a GPU, cuda_stream

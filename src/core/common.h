@@ -42,6 +42,20 @@ static inline uint64_t fl_sat_add_u64(uint64_t a, uint64_t b)
     return __builtin_add_overflow(a, b, &s) ? UINT64_MAX : s;
 }
 
+/* Whether a x b exceeds limit, for a, b, limit >= 0, without forming the product (which can
+ * pass 2^64 for the lengths callers give: batch 2^24 x ld 2^40). */
+static inline bool fl_product_exceeds(int64_t a, int64_t b, int64_t limit)
+{
+    return a > 0 && b > 0 && a > limit / b;
+}
+
+/* Whether p is not a multiple of align (a power of two): a caller's array whose elements the
+ * kernels load as their type (misaligned, undefined behaviour on a CPU, a fault on a GPU). */
+static inline bool fl_misaligned(const void *p, size_t align)
+{
+    return ((uintptr_t)p & (align - 1)) != 0;
+}
+
 /* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte (an empty range shares none). */
 static inline bool fl_ranges_overlap(const void *a, size_t na, const void *b, size_t nb)
 {

@@ -59,7 +59,7 @@ static bool overlaps(const void *a, int64_t lda, int64_t cola, const void *b, in
 
 static flame_status check_ld(const char *name, int64_t ld, int64_t need, int64_t rows)
 {
-    if (ld < need || ld > (INT64_C(1) << 40) || (rows > 0 && (uint64_t)rows * (uint64_t)ld > (UINT64_C(1) << 50)))
+    if (ld < need || ld > (INT64_C(1) << 40) || fl_product_exceeds(rows, ld, INT64_C(1) << 50))
         return fl_error(FLAME_ERR_INVALID_ARG, "attention: %s %lld is outside %lld..2^40 (or rows x %s exceeds 2^50)",
                         name, (long long)ld, (long long)need, name);
     return FLAME_OK;
@@ -175,6 +175,12 @@ flame_status flame_sumi_attention(const flame_attention_params *params)
         return fl_error(FLAME_ERR_INVALID_ARG, "attention: %s is NULL with rows %lld",
                         !p.out ? "out" : p.qkv ? "qkv" : !q ? "q" : !k ? "k" : "v", (long long)p.rows);
     const struct { const char *name; const void *ptr; int64_t ld; } in[3] = {{"q", q, ldq}, {"k", k, ldk}, {"v", v, ldv}};
+    for (int i = 0; i < 4; i++) {
+        const void *ptr = i < 3 ? in[i].ptr : p.out;
+        if (fl_misaligned(ptr, esize))
+            return fl_error(FLAME_ERR_INVALID_ARG, "attention: %s%s %p is not aligned to its %zu-byte elements",
+                            i < 3 && p.qkv ? "qkv's " : "", i < 3 ? in[i].name : "out", ptr, esize);
+    }
     for (int i = 0; i < 3; i++)
         if (overlaps(p.out, p.ld_out, width, in[i].ptr, in[i].ld, width, p.rows, esize))
             return fl_error(FLAME_ERR_INVALID_ARG, "attention: out overlaps %s%s (an element of out would be one of it)",

@@ -185,6 +185,11 @@ flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params
             return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: dim %d is outside 1..%d", i, t->dim,
                             MAX_DIM);
         if (!t->data) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: data is NULL", i);
+        if (fl_misaligned(t->data, dtype_bytes(t->dtype)) || fl_misaligned(t->qparams, sizeof(float)))
+            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: %s %p is not aligned to its %zu-byte elements",
+                            i, fl_misaligned(t->data, dtype_bytes(t->dtype)) ? "data" : "qparams",
+                            fl_misaligned(t->data, dtype_bytes(t->dtype)) ? t->data : (const void *)t->qparams,
+                            fl_misaligned(t->data, dtype_bytes(t->dtype)) ? dtype_bytes(t->dtype) : sizeof(float));
         if ((t->dtype == FLAME_DTYPE_INT8) != (t->qparams != NULL))
             return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: qparams %s for a %s table", i,
                             t->qparams ? "given" : "missing", dtype_name(t->dtype));
@@ -281,7 +286,7 @@ static flame_status check_device_lookup(int t, const fl_tbe_lookup *lk, int64_t 
 static flame_status check_out(const flame_embedding_bag *bag, const flame_embedding_bag_batch *q,
                               const fl_tbe_lookup *lk, int64_t ld)
 {
-    if ((uint64_t)q->batch * (uint64_t)ld > (UINT64_C(1) << 50))
+    if (fl_product_exceeds(q->batch, ld, INT64_C(1) << 50))
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: batch %lld x ld_out %lld exceeds 2^50 elements",
                         (long long)q->batch, (long long)ld);
     const size_t out_bytes = ((size_t)(q->batch - 1) * (size_t)ld + (size_t)bag->width) * dtype_bytes(q->out_dtype);
@@ -344,6 +349,15 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         flame_embedding_bag_input in = {0};
         if ((st = fl_struct_in("flame_embedding_bag_input", &in, sizeof in, src))) return st;
         lk[t] = (fl_tbe_lookup){in.ids, in.offsets, in.num_ids, in.weights};
+        const struct {
+            const char *name;
+            const void *p;
+            size_t align;
+        } arr[3] = {{"ids", in.ids, sizeof(int64_t)}, {"offsets", in.offsets, sizeof(int64_t)}, {"weights", in.weights, sizeof(float)}};
+        for (int a = 0; a < 3; a++)
+            if (fl_misaligned(arr[a].p, arr[a].align))
+                return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: %s %p is not aligned to its %zu-byte elements",
+                                t, arr[a].name, arr[a].p, arr[a].align);
         if (in.num_ids > (INT64_C(1) << 47)) /* (a negative one: each path's own checks) */
             return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is outside 0..2^47", t,
                             (long long)in.num_ids);
@@ -356,6 +370,9 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         return st;
     if (q.batch == 0) return FLAME_OK; /* nothing to write or launch */
     if (!q.out) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out is NULL with batch %lld", (long long)q.batch);
+    if (fl_misaligned(q.out, dtype_bytes(q.out_dtype)))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out %p is not aligned to its %zu-byte elements", q.out,
+                        dtype_bytes(q.out_dtype));
     if ((st = check_out(bag, &q, lk, ld))) return st;
     if (on_device)
         return fl_gpu_tbe_forward_device(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk,
@@ -414,17 +431,32 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
                         qparams ? "given" : "missing", dtype_name(t->given));
     if (num_rows == 0) return FLAME_OK;
     if (!values) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: values is NULL", table);
+    if (fl_misaligned(values, dtype_bytes(t->given)) || fl_misaligned(qparams, sizeof(float)))
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: %s is not aligned to its %zu-byte elements",
+                        table, fl_misaligned(values, dtype_bytes(t->given)) ? "values" : "qparams",
+                        fl_misaligned(values, dtype_bytes(t->given)) ? dtype_bytes(t->given) : sizeof(float));
     flame_status st;
     if (qparams && (st = check_qparams(table, first_row, qparams, num_rows))) return st;
     const size_t n = (size_t)num_rows * (size_t)t->dim, at = (size_t)first_row * (size_t)t->dim;
     const size_t esize = dtype_bytes(t->dtype);
-    /* values (or qparams) over the rows they replace: a copy would read what it already wrote */
+    /* values or qparams over any part of the rows they replace (their values or their qparams):
+     * a copy would read what it already wrote, or the checked qparams would be replaced by
+     * values copied over them */
     const size_t qp_bytes = (size_t)num_rows * 2 * sizeof(float);
-    const bool values_over = fl_ranges_overlap(values, n * dtype_bytes(t->given), (char *)t->data + at * esize, n * esize);
-    if (values_over || (qparams && fl_ranges_overlap(qparams, qp_bytes, t->qparams + 2 * first_row, qp_bytes)))
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: %s overlaps rows %lld..%lld it replaces",
-                        table, values_over ? "values" : "qparams", (long long)first_row,
-                        (long long)(first_row + num_rows - 1));
+    const struct {
+        const char *name;
+        const void *p;
+        size_t bytes;
+    } src[2] = {{"values", values, n * dtype_bytes(t->given)}, {"qparams", qparams, qparams ? qp_bytes : 0}},
+      dst[2] = {{"values", (char *)t->data + at * esize, n * esize},
+                {"qparams", t->qparams ? t->qparams + 2 * first_row : NULL, t->qparams ? qp_bytes : 0}};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            if (fl_ranges_overlap(src[i].p, src[i].bytes, dst[j].p, dst[j].bytes))
+                return fl_error(FLAME_ERR_INVALID_ARG,
+                                "embedding bag update: table %d: %s overlaps rows %lld..%lld it replaces (their %s)",
+                                table, src[i].name, (long long)first_row, (long long)(first_row + num_rows - 1),
+                                dst[j].name);
     if (bag->device != FLAME_DEVICE_CPU) {
         st = fl_gpu_kernels_copy_in(bag->device, (char *)t->data + at * esize, values, n * esize, cuda_stream);
         if (!st && qparams)
