@@ -278,6 +278,10 @@ static void test_buffer_protocol_and_errors(void **state)
     src.struct_size = 2;
     assert_status_msg(flame_metrics_text(&src, one, 1, NULL), FLAME_ERR_INVALID_ARG,
                       "flame_metrics_sources.struct_size = 2");
+    /* 12 ends inside the engine pointer: copying it would take half an address */
+    src.struct_size = 12;
+    assert_status_msg(flame_metrics_text(&src, one, 1, NULL), FLAME_ERR_INVALID_ARG,
+                      "flame_metrics_sources.struct_size = 12: set it to sizeof(flame_metrics_sources)");
     /* a scheduler over another engine */
     flame_engine *other = NULL;
     assert_int_equal(flame_engine_create(f->m, NULL, &other), FLAME_OK);

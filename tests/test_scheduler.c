@@ -896,7 +896,7 @@ static void test_score_ex_with_options(void **state)
 static void test_deadlines(void **state)
 {
     fixture *f = *state;
-    static req g, a, b, c, sp;
+    static req g, a, b, c, sp, past;
     flame_scheduler *s = make_sched(f->se, NULL, 0, 0, 1, 0);
     fl_sched_set_clock(s, fake_clock, NULL);
     make_req(&g, 3, 8, true);
@@ -912,12 +912,17 @@ static void test_deadlines(void **state)
     submit_opt(s, &b, 0, 0, 0, on_done);
     submit_opt(s, &c, 0, 0, t0 + 5000, on_done);           /* absolute, not passed */
     submit_opt(s, &sp, 0, 50000, t0 + 1500, on_done);      /* the earlier of the two holds */
+    make_req(&past, 3, 10, true);
+    submit_opt(s, &past, 0, 0, t0 - 300, on_done);         /* absolute, already passed at the submit */
     advance(s, 2000);
     release_worker();
     wait_done(&a), wait_done(&b), wait_done(&c), wait_done(&sp);
     assert_int_equal(g.status, FLAME_OK);
     assert_int_equal(a.status, FLAME_ERR_TIMEOUT);
     assert_non_null(strstr(a.message, "deadline passed 1000 us after the submit"));
+    wait_done(&past);
+    assert_int_equal(past.status, FLAME_ERR_TIMEOUT);
+    if (!strstr(past.message, "deadline had passed 300 us before the submit")) fail_msg("message: %s", past.message);
     assert_int_equal(sp.status, FLAME_ERR_TIMEOUT);
     for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(a.scores[j]) && isnan(sp.scores[j]));
     assert_int_equal(b.status, FLAME_OK);
@@ -925,7 +930,7 @@ static void test_deadlines(void **state)
     direct(f->se, &b), assert_matches(&b, 2);
     direct(f->se, &c), assert_matches(&c, 2);
     flame_scheduler_stats st = stats_of(s);
-    assert_int_equal(st.timeouts, 2);
+    assert_int_equal(st.timeouts, 3); /* a, sp, past */
     assert_int_equal(st.completed, 3);
     assert_int_equal(st.failed, 0);
     assert_int_equal(st.parts, 3); /* g, b, c: the timed-out ones never reached a batch */

@@ -15,8 +15,9 @@
  *     older header): on input the fields it lacks take their defaults (each struct says what
  *     they are; 0 for most), on output only the bytes it holds are written. A larger one (a
  *     newer header): fields this library does not know are not read on input and left
- *     untouched on output. struct_size must be at least sizeof(size_t) and at most 4096;
- *     anything else is FLAME_ERR_INVALID_ARG ("struct_size outside 8..4096" below).
+ *     untouched on output. struct_size must be a multiple of 8 from 8 to 4096 (each such
+ *     struct's sizeof is a multiple of 8; a size ending inside a field would copy half of it);
+ *     anything else is FLAME_ERR_INVALID_ARG ("struct_size outside 8..4096" below means this).
  *   - No trailing padding: sizeof of every public struct is where its last field ends, so a
  *     field appended later always grows struct_size (appended into trailing padding it would
  *     not, and an older caller's uninitialised padding would be read as the new field). Where

@@ -34,10 +34,13 @@ static bool is(const reserved_field *r, const char *what, size_t ours)
 
 flame_status fl_struct_size_check(const char *what, size_t size, size_t ours)
 {
-    if (size < sizeof(size_t) || size > FL_STRUCT_SIZE_MAX)
+    /* a multiple of 8: every public struct starts with its size_t and holds 8-byte fields, so
+     * its sizeof is one; any other size ends inside a field, and copying that many bytes would
+     * take half of a pointer or length */
+    if (size < sizeof(size_t) || size > FL_STRUCT_SIZE_MAX || size % 8)
         return fl_error(FLAME_ERR_INVALID_ARG,
-                        "%s.struct_size = %zu: set it to sizeof(%s) (%zu in this library; %zu..%d accepted)", what,
-                        size, what, ours, sizeof(size_t), FL_STRUCT_SIZE_MAX);
+                        "%s.struct_size = %zu: set it to sizeof(%s) (%zu in this library; multiples of 8 in %zu..%d "
+                        "accepted)", what, size, what, ours, sizeof(size_t), FL_STRUCT_SIZE_MAX);
     return FLAME_OK;
 }
 
