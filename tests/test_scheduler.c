@@ -494,6 +494,11 @@ static void test_split_request_with_broken_bags_is_refused(void **state)
     q.r.num_candidates = (1u << 24) + 1; /* beyond the engine's bound: refused before any size is computed */
     assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, SIZE_MAX, on_done, &q), FLAME_ERR_INVALID_ARG,
                       "num_candidates = 16777217 exceeds 16777216");
+    /* and before the buffer is sized: a count whose product with the tasks wraps to a small
+     * number is still INVALID_ARG, not BUFFER_TOO_SMALL */
+    q.r.num_candidates = SIZE_MAX / 3 + 1;
+    assert_status_msg(flame_scheduler_submit(s, &q.r, q.scores, MAXC * 2, on_done, &q), FLAME_ERR_INVALID_ARG,
+                      "exceeds 16777216");
     assert_int_equal(atomic_load(&q.calls), 0);
     assert_int_equal(stats_of(s).submitted, 0);
     flame_scheduler_destroy(s);

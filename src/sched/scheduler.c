@@ -654,6 +654,11 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     if (q.num_side_features != (size_t)slots) /* checked before the bags are read for splitting */
         return fl_error(FLAME_ERR_INVALID_ARG, "request: num_side_features = %zu, the model has %d",
                         q.num_side_features, slots);
+    /* before the buffer: a count past the limit is INVALID_ARG however large scores_len is
+     * (validation's answer; also bounds make_job's sizes) */
+    if (q.num_candidates > fl_engine_max_candidates())
+        return fl_error(FLAME_ERR_INVALID_ARG, "request 0: num_candidates = %zu exceeds %zu", q.num_candidates,
+                        fl_engine_max_candidates());
     uint64_t need;
     if (!fl_mul_u64(q.num_candidates, (uint64_t)s->num_tasks, &need) || need > scores_len)
         return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, the request needs %zu x %d",
@@ -661,9 +666,6 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     if (q.num_candidates && !scores) return fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
     if (q.num_candidates && !q.candidates)
         return fl_error(FLAME_ERR_INVALID_ARG, "request: candidates is NULL with num_candidates %zu", q.num_candidates);
-    if (q.num_candidates > fl_engine_max_candidates()) /* as validation would say; also bounds make_job's sizes */
-        return fl_error(FLAME_ERR_INVALID_ARG, "request 0: num_candidates = %zu exceeds %zu", q.num_candidates,
-                        fl_engine_max_candidates());
     if (q.num_candidates == 0) { /* nothing to batch: validated and done here (ticket 0: nothing to cancel) */
         st = flame_score(s->engine, &q, scores, scores_len);
         char message[512];
