@@ -333,6 +333,17 @@ static void test_tbe_rejections(void **state)
     tuk_table_free(&t[1]);
 }
 
+/* A CPU bag that borrows table t, filled here (dtype, rows x dim, SUM pooling). */
+static flame_embedding_bag *borrowed_cpu_bag(tuk_table *t, flame_dtype dtype, int64_t rows, int32_t dim)
+{
+    tuk_table_fill(t, dtype, rows, dim, FLAME_POOLING_SUM);
+    flame_embedding_table d = tuk_desc(t);
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0};
+    flame_embedding_bag *bag = NULL;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    return bag;
+}
+
 /* An output over any array the forward reads is refused (rows are written while later bags
  * still read their indices): the arrays keep their values. So are a host num_ids past 2^47,
  * an unknown dtype (named by its number), and an update whose values overlap the rows they
@@ -340,11 +351,7 @@ static void test_tbe_rejections(void **state)
 static void test_tbe_overlaps_and_bounds(void **state)
 {
     tuk_table t;
-    tuk_table_fill(&t, FLAME_DTYPE_F32, 10, 2, FLAME_POOLING_SUM);
-    flame_embedding_table d = tuk_desc(&t);
-    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0}; /* borrowed */
-    flame_embedding_bag *bag;
-    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    flame_embedding_bag *bag = borrowed_cpu_bag(&t, FLAME_DTYPE_F32, 10, 2);
     /* one buffer: offsets [0..2], ids [3..5], weights (as floats) after them, room for out */
     int64_t buf[16] = {0, 1, 3, 0, 1, 9};
     float *w = (float *)(buf + 6);
@@ -421,11 +428,7 @@ static void test_tbe_overlaps_and_bounds(void **state)
 static void test_kernels_wraps_overlaps_alignment(void **state)
 {
     tuk_table t;
-    tuk_table_fill(&t, FLAME_DTYPE_F32, 10, 2, FLAME_POOLING_SUM);
-    flame_embedding_table d = tuk_desc(&t);
-    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0};
-    flame_embedding_bag *bag;
-    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    flame_embedding_bag *bag = borrowed_cpu_bag(&t, FLAME_DTYPE_F32, 10, 2);
     const int64_t big = INT64_C(1) << 24;
     int64_t *ids = calloc((size_t)big, sizeof(int64_t)); /* zero pages: never written */
     flame_embedding_bag_input in = {sizeof in, ids, NULL, big, NULL};
@@ -454,9 +457,7 @@ static void test_kernels_wraps_overlaps_alignment(void **state)
     tuk_table_free(&t);
 
     /* INT8, borrowed: qparams given for row 0 that are row 0's own bytes */
-    tuk_table_fill(&t, FLAME_DTYPE_INT8, 4, 8, FLAME_POOLING_SUM);
-    d = tuk_desc(&t);
-    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    bag = borrowed_cpu_bag(&t, FLAME_DTYPE_INT8, 4, 8);
     const float qp_in_row[2] = {1.0f, 0.0f};
     memcpy(t.data, qp_in_row, sizeof qp_in_row); /* finite as qparams, so only the overlap refuses */
     int8_t vals[8];

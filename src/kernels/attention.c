@@ -54,7 +54,7 @@ static bool overlaps(const void *a, int64_t lda, int64_t cola, const void *b, in
     const int64_t d = (int64_t)((uintptr_t)b - (uintptr_t)a);
     const int64_t m = ((d % L) + L) % L, q = (d - m) / L; /* d = q L + m, 0 <= m < L */
     const int64_t kmax = rows - 1;
-    return (m < wa && -q >= -kmax && -q <= kmax) || (m - L > -wb && -q - 1 >= -kmax && -q - 1 <= kmax);
+    return (m < wa && llabs(q) <= kmax) || (m - L > -wb && llabs(q + 1) <= kmax); /* k = -q, or -q - 1 */
 }
 
 static flame_status check_ld(const char *name, int64_t ld, int64_t need, int64_t rows)
@@ -178,8 +178,8 @@ flame_status flame_sumi_attention(const flame_attention_params *params)
     for (int i = 0; i < 4; i++) {
         const void *ptr = i < 3 ? in[i].ptr : p.out;
         if (fl_misaligned(ptr, esize))
-            return fl_error(FLAME_ERR_INVALID_ARG, "attention: %s%s %p is not aligned to its %zu-byte elements",
-                            i < 3 && p.qkv ? "qkv's " : "", i < 3 ? in[i].name : "out", ptr, esize);
+            return fl_error(FLAME_ERR_INVALID_ARG, "attention: %s%s is not aligned to its %zu-byte elements (address %p)",
+                            i < 3 && p.qkv ? "qkv's " : "", i < 3 ? in[i].name : "out", esize, ptr);
     }
     for (int i = 0; i < 3; i++)
         if (overlaps(p.out, p.ld_out, width, in[i].ptr, in[i].ld, width, p.rows, esize))

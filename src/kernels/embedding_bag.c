@@ -53,6 +53,18 @@ static const char *dtype_name_in(flame_dtype d, char buf[24])
 }
 #define dtype_name(d) dtype_name_in((d), (char[24]){0})
 
+/* An array the kernels load as typed elements must be aligned to them (misaligned: undefined
+ * behaviour on a CPU, a fault on a GPU). table < 0: not a table's. */
+static flame_status check_aligned(const char *who, int table, const char *name, const void *p, size_t align)
+{
+    if (!fl_misaligned(p, align)) return FLAME_OK;
+    if (table < 0)
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s: %s is not aligned to its %zu-byte elements (address %p)", who, name,
+                        align, p);
+    return fl_error(FLAME_ERR_INVALID_ARG, "%s: table %d: %s is not aligned to its %zu-byte elements (address %p)", who,
+                    table, name, align, p);
+}
+
 /* dst[0..n) = float32 values of n fp16/bf16/f32 elements at src */
 static void to_f32(float *dst, const void *src, size_t n, flame_dtype d)
 {
@@ -185,11 +197,9 @@ flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params
             return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: dim %d is outside 1..%d", i, t->dim,
                             MAX_DIM);
         if (!t->data) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: data is NULL", i);
-        if (fl_misaligned(t->data, dtype_bytes(t->dtype)) || fl_misaligned(t->qparams, sizeof(float)))
-            return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: %s %p is not aligned to its %zu-byte elements",
-                            i, fl_misaligned(t->data, dtype_bytes(t->dtype)) ? "data" : "qparams",
-                            fl_misaligned(t->data, dtype_bytes(t->dtype)) ? t->data : (const void *)t->qparams,
-                            fl_misaligned(t->data, dtype_bytes(t->dtype)) ? dtype_bytes(t->dtype) : sizeof(float));
+        if ((st = check_aligned("embedding bag", (int)i, "data", t->data, dtype_bytes(t->dtype))) ||
+            (st = check_aligned("embedding bag", (int)i, "qparams", t->qparams, sizeof(float))))
+            return st;
         if ((t->dtype == FLAME_DTYPE_INT8) != (t->qparams != NULL))
             return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %zu: qparams %s for a %s table", i,
                             t->qparams ? "given" : "missing", dtype_name(t->dtype));
@@ -349,15 +359,10 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         flame_embedding_bag_input in = {0};
         if ((st = fl_struct_in("flame_embedding_bag_input", &in, sizeof in, src))) return st;
         lk[t] = (fl_tbe_lookup){in.ids, in.offsets, in.num_ids, in.weights};
-        const struct {
-            const char *name;
-            const void *p;
-            size_t align;
-        } arr[3] = {{"ids", in.ids, sizeof(int64_t)}, {"offsets", in.offsets, sizeof(int64_t)}, {"weights", in.weights, sizeof(float)}};
-        for (int a = 0; a < 3; a++)
-            if (fl_misaligned(arr[a].p, arr[a].align))
-                return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: %s %p is not aligned to its %zu-byte elements",
-                                t, arr[a].name, arr[a].p, arr[a].align);
+        if ((st = check_aligned("embedding bag", t, "ids", in.ids, sizeof(int64_t))) ||
+            (st = check_aligned("embedding bag", t, "offsets", in.offsets, sizeof(int64_t))) ||
+            (st = check_aligned("embedding bag", t, "weights", in.weights, sizeof(float))))
+            return st;
         if (in.num_ids > (INT64_C(1) << 47)) /* (a negative one: each path's own checks) */
             return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: table %d: num_ids %lld is outside 0..2^47", t,
                             (long long)in.num_ids);
@@ -370,10 +375,9 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         return st;
     if (q.batch == 0) return FLAME_OK; /* nothing to write or launch */
     if (!q.out) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out is NULL with batch %lld", (long long)q.batch);
-    if (fl_misaligned(q.out, dtype_bytes(q.out_dtype)))
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out %p is not aligned to its %zu-byte elements", q.out,
-                        dtype_bytes(q.out_dtype));
-    if ((st = check_out(bag, &q, lk, ld))) return st;
+    if ((st = check_aligned("embedding bag", -1, "out", q.out, dtype_bytes(q.out_dtype))) ||
+        (st = check_out(bag, &q, lk, ld)))
+        return st;
     if (on_device)
         return fl_gpu_tbe_forward_device(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk,
                                          q.batch, q.out, ld, q.out_dtype, q.cuda_stream, bag->record);
@@ -431,11 +435,10 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
                         qparams ? "given" : "missing", dtype_name(t->given));
     if (num_rows == 0) return FLAME_OK;
     if (!values) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: values is NULL", table);
-    if (fl_misaligned(values, dtype_bytes(t->given)) || fl_misaligned(qparams, sizeof(float)))
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: %s is not aligned to its %zu-byte elements",
-                        table, fl_misaligned(values, dtype_bytes(t->given)) ? "values" : "qparams",
-                        fl_misaligned(values, dtype_bytes(t->given)) ? dtype_bytes(t->given) : sizeof(float));
     flame_status st;
+    if ((st = check_aligned("embedding bag update", table, "values", values, dtype_bytes(t->given))) ||
+        (st = check_aligned("embedding bag update", table, "qparams", qparams, sizeof(float))))
+        return st;
     if (qparams && (st = check_qparams(table, first_row, qparams, num_rows))) return st;
     const size_t n = (size_t)num_rows * (size_t)t->dim, at = (size_t)first_row * (size_t)t->dim;
     const size_t esize = dtype_bytes(t->dtype);
