@@ -171,9 +171,6 @@ flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params
     if (!p.tables) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: tables is NULL");
     const size_t stride = fl_struct_size_of(p.tables);
     if ((st = fl_struct_size_check("flame_embedding_table", stride, sizeof(flame_embedding_table)))) return st;
-    if (stride % 8)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: tables[0].struct_size %zu is not a multiple of 8",
-                        stride);
     flame_embedding_table tabs[FL_TBE_MAX_TABLES];
     int64_t width = 0;
     flame_dtype float_dtype = FLAME_DTYPE_INT8; /* the float tables' dtype on a GPU; INT8: none yet */
@@ -348,8 +345,6 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
     const bool on_device = q.device_indices == 1 && !cpu; /* a CPU handle's indices are host memory */
     const size_t stride = fl_struct_size_of(q.inputs);
     if ((st = fl_struct_size_check("flame_embedding_bag_input", stride, sizeof(flame_embedding_bag_input)))) return st;
-    if (stride % 8)
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: inputs[0].struct_size %zu is not a multiple of 8", stride);
     fl_tbe_lookup lk[FL_TBE_MAX_TABLES];
     for (int t = 0; t < bag->num_tables; t++) {
         const void *src = (const char *)q.inputs + (size_t)t * stride;
