@@ -89,6 +89,53 @@ static void test_batch_api(void **state)
     flame_feature_batch_destroy(NULL);
 }
 
+/* A callback that writes record 0, then copies it into every other record from the batch's own
+ * bag and values (read back with get_slot and get_dense), as one copying a repeated id's record
+ * does: each copy grows the arena, which moves the record being copied. */
+enum { OWN_IDS = 600 };
+
+static flame_status copy_own_record(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    (void)user, (void)ids;
+    int64_t bag[OWN_IDS], offs[2] = {0, OWN_IDS};
+    for (int k = 0; k < OWN_IDS; k++) bag[k] = 1000 + k;
+    const float dense[3] = {0.5f, -2.0f, 7.25f};
+    flame_status st = flame_feature_batch_set(out, 0, offs, bag, OWN_IDS, dense, 3);
+    for (size_t i = 1; i < n && st == FLAME_OK; i++) {
+        int32_t found;
+        const int64_t *own;
+        const float *own_dense;
+        size_t count, nd;
+        if ((st = flame_feature_batch_get_slot(out, 0, 0, &found, &own, &count))) break;
+        if ((st = flame_feature_batch_get_dense(out, 0, &own_dense, &nd))) break;
+        const int64_t o[2] = {0, (int64_t)count};
+        st = flame_feature_batch_set(out, i, o, own, count, own_dense, nd);
+    }
+    return st;
+}
+
+static void test_batch_set_from_own_records(void **state)
+{
+    (void)state;
+    flame_feature_source *s;
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_source_create_callback(1, copy_own_record, NULL, NULL, &s), FLAME_OK);
+    assert_int_equal(flame_feature_batch_create(1, &b), FLAME_OK);
+    const int64_t ids[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+    assert_int_equal(flame_feature_source_fetch(s, ids, 8, b), FLAME_OK);
+    int64_t want[OWN_IDS];
+    for (int k = 0; k < OWN_IDS; k++) want[k] = 1000 + k;
+    for (size_t i = 0; i < 8; i++) {
+        expect_slot(b, i, 0, want, OWN_IDS);
+        const float *d;
+        size_t nd;
+        assert_int_equal(flame_feature_batch_get_dense(b, i, &d, &nd), FLAME_OK);
+        assert_true(nd == 3 && d[0] == 0.5f && d[1] == -2.0f && d[2] == 7.25f);
+    }
+    flame_feature_batch_destroy(b);
+    flame_feature_source_destroy(s);
+}
+
 static void test_file_source(void **state)
 {
     (void)state;
@@ -118,6 +165,27 @@ static void test_file_source(void **state)
     assert_status_msg(flame_feature_source_create_file(write_file("j.txt", "slots=1\n"), &s), FLAME_ERR_FORMAT,
                       "j.txt:1: expected the header");
     assert_status_msg(flame_feature_source_create_file("/nonexistent/x", &s), FLAME_ERR_IO, "cannot open feature file");
+    assert_null(s);
+    /* an empty list entry, a value out of float's range or not finite, a NUL inside a line */
+    assert_status_msg(flame_feature_source_create_file(write_file("m.txt", "flame-features 1 slots=1 dense=0\n1\t2,3,\n"), &s),
+                      FLAME_ERR_FORMAT, "m.txt:2: slot 0: bad id list '2,3,'");
+    const char *dense_bad[] = {"1e999", "inf", "nan", "0.5,"};
+    for (int i = 0; i < 4; i++) {
+        char text[96];
+        snprintf(text, sizeof text, "flame-features 1 slots=1 dense=1\n1\t2\t%s\n", dense_bad[i]);
+        assert_status_msg(flame_feature_source_create_file(write_file("n.txt", text), &s), FLAME_ERR_FORMAT,
+                          "n.txt:2: dense: expected 1 comma-separated finite floats");
+        assert_null(s);
+    }
+    static const char with_nul[] = "flame-features 1 slots=1 dense=0\n17\t4\0,99\n";
+    char path[256];
+    snprintf(path, sizeof path, "%s/o.txt", tu_tmpdir());
+    FILE *f = fopen(path, "w");
+    assert_int_equal(fwrite(with_nul, 1, sizeof with_nul - 1, f), sizeof with_nul - 1);
+    fclose(f);
+    assert_status_msg(flame_feature_source_create_file(path, &s), FLAME_ERR_FORMAT, "o.txt:2: a NUL byte at column 5");
+    /* opens, cannot be read */
+    assert_status_msg(flame_feature_source_create_file(tu_tmpdir(), &s), FLAME_ERR_IO, "Is a directory");
     assert_null(s);
 }
 
@@ -479,6 +547,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_api),
+        cmocka_unit_test(test_batch_set_from_own_records),
         cmocka_unit_test(test_file_source),
         cmocka_unit_test(test_async_callback_through_cache),
 #if FLAME_WITH_REDIS

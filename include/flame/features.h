@@ -70,9 +70,13 @@ FLAME_API size_t flame_feature_batch_size(const flame_feature_batch *batch);
  *                 ids[slot_offsets[s] .. slot_offsets[s+1]-1]; slot_offsets[0] == 0,
  *                 non-decreasing, slot_offsets[num_slots] == num_ids; a slot holds at most
  *                 2^32 - 1 ids. May be NULL when num_slots is 0. Copied.
- *   ids           [num_ids] int64 ids; may be NULL when num_ids is 0. Copied.
+ *   ids           [num_ids] int64 ids; may be NULL when num_ids is 0. Copied. May be a bag
+ *                 of this batch read back with flame_feature_batch_get_slot (a callback copying
+ *                 a repeated id's record): the copy is made from where that bag is after the
+ *                 batch has grown.
  *   num_ids       length of ids.
- *   dense         [num_dense] float32 values; may be NULL when num_dense is 0. Copied.
+ *   dense         [num_dense] float32 values; may be NULL when num_dense is 0. Copied. May be
+ *                 values of this batch read back with flame_feature_batch_get_dense, as ids.
  *   num_dense     0..65536.
  * Thread-safety: not concurrently with other calls on the same batch.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch, index out of range, offsets that break
@@ -193,8 +197,10 @@ FLAME_API flame_status flame_feature_source_create_callback(int32_t num_slots, f
  *            flame_feature_source_destroy.
  * Thread-safety: thread-safe; fetches from the source may run concurrently.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path or out); FLAME_ERR_IO (cannot open or
- *   read: the message carries strerror); FLAME_ERR_FORMAT (no header line, a malformed line, a
- *   negative or repeated id: the message names the file and line number); FLAME_ERR_NOMEM.
+ *   read, a directory included: the message carries strerror); FLAME_ERR_FORMAT (no header
+ *   line, a malformed line (an empty list entry, a dense value that is not a finite float, a
+ *   NUL byte), a negative or repeated id: the message names the file and line number);
+ *   FLAME_ERR_NOMEM.
  *   On failure *out is NULL.
  */
 FLAME_API flame_status flame_feature_source_create_file(const char *path, flame_feature_source **out);
@@ -233,7 +239,8 @@ typedef struct flame_redis_options {
  * (FLAME_ERR_UNAVAILABLE on a timeout, naming it; an MGET reply of the wrong length or type
  * too, naming both lengths or the type, and an array reply announcing more than 65536
  * elements). A value that does not decode makes the fetch fail with FLAME_ERR_FORMAT naming
- * the key.
+ * the key. A key that is absent, or holds another Redis type (a list, a hash: MGET answers
+ * nil for it), is a missing record.
  *
  * Parameters:
  *   options  read by the struct_size rule; the strings are copied.

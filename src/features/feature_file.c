@@ -1,5 +1,6 @@
 /* The feature file (docs/features.md): a text table read into an id -> record hash table. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -69,6 +70,7 @@ static long parse_ids(char *s, int64_t *v, long room)
         if (end == s || errno || n >= room || (*end && *end != ',')) return -1;
         v[n++] = x;
         s = *end ? end + 1 : end;
+        if (*end && !*s) return -1; /* a trailing comma: a value left out */
     }
     return n;
 }
@@ -78,10 +80,13 @@ static long parse_floats(char *s, float *v, long room)
     long n = 0;
     while (*s) {
         char *end;
+        errno = 0;
         float x = strtof(s, &end);
-        if (end == s || n >= room || (*end && *end != ',')) return -1;
+        /* out of float's range (1e999) or not finite (inf, nan): not a feature value */
+        if (end == s || errno == ERANGE || !isfinite(x) || n >= room || (*end && *end != ',')) return -1;
         v[n++] = x;
         s = *end ? end + 1 : end;
+        if (*end && !*s) return -1;
     }
     return n;
 }
@@ -119,7 +124,8 @@ static flame_status parse_line(fl_feature_table *t, char *line, size_t lineno, c
     if (t->num_dense) {
         long n = parse_floats(fields[want - 1], dense, t->num_dense);
         if (n != t->num_dense)
-            return fl_error(FLAME_ERR_FORMAT, "%s:%zu: dense: expected %d comma-separated floats", path, lineno, t->num_dense);
+            return fl_error(FLAME_ERR_FORMAT, "%s:%zu: dense: expected %d comma-separated finite floats", path, lineno,
+                            t->num_dense);
     }
     uint32_t oldlen;
     if (fl_feature_table_find(t, id, &oldlen))
@@ -151,6 +157,12 @@ flame_status fl_feature_table_read(const char *path, fl_feature_table *t)
     bool header = false;
     while (!st && (got = getline(&line, &cap, f)) >= 0) {
         lineno++;
+        /* the fields are C strings: a NUL inside the line would end one early and drop the rest */
+        const char *nul = memchr(line, '\0', (size_t)got);
+        if (nul) {
+            st = fl_error(FLAME_ERR_FORMAT, "%s:%zu: a NUL byte at column %zu", path, lineno, (size_t)(nul - line) + 1);
+            break;
+        }
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = '\0';
         if (got == 0 || line[0] == '#') continue;
         if (!header) {
@@ -166,8 +178,10 @@ flame_status fl_feature_table_read(const char *path, fl_feature_table *t)
         }
         st = parse_line(t, line, lineno, path, ids, dense);
     }
+    /* a read error first: a file that cannot be read (a directory) has no header either */
+    const int read_errno = errno;
+    if (!st && ferror(f)) st = fl_error(FLAME_ERR_IO, "error reading feature file '%s': %s", path, strerror(read_errno));
     if (!st && !header) st = fl_error(FLAME_ERR_FORMAT, "%s: no 'flame-features' header line", path);
-    if (!st && ferror(f)) st = fl_error(FLAME_ERR_IO, "error reading feature file '%s'", path);
     free(line), free(ids), free(dense);
     fclose(f);
     if (st) fl_feature_table_free(t);

@@ -101,6 +101,15 @@ static uint64_t arena_take(flame_feature_batch *b, size_t len)
     return off;
 }
 
+/* The offset of [p, p + len) inside the arena's used bytes, or UINT64_MAX when it is not
+ * there. Compared as integers: the arena and a caller's array are different objects. */
+static uint64_t arena_offset(const flame_feature_batch *b, const void *p, size_t len)
+{
+    const uintptr_t a = (uintptr_t)b->arena, x = (uintptr_t)p;
+    if (!b->arena || !p || !len || x < a || x - a >= b->used) return UINT64_MAX;
+    return x - a;
+}
+
 flame_status fl_batch_put_blob(flame_feature_batch *b, size_t i, const uint8_t *blob, size_t len)
 {
     uint64_t off = arena_take(b, len);
@@ -147,8 +156,13 @@ FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t in
     if (nids && !ids) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: ids is NULL with num_ids %zu", index, num_ids);
     size_t len = fl_rec_bytes(b->num_slots, nids, num_dense);
     if (len > UINT32_MAX) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: %zu bytes is too large", index, len);
+    /* an input may be a record of this batch read back (a callback copying a repeated id's
+     * record): growing the arena moves it, so it is found again by its offset */
+    const uint64_t in_ids = arena_offset(b, ids, 8 * nids), in_dense = arena_offset(b, dense, 4 * num_dense);
     uint64_t off = arena_take(b, len);
     if (off == UINT64_MAX) return fl_error(FLAME_ERR_NOMEM, "out of memory for a record of %zu bytes", len);
+    if (in_ids != UINT64_MAX) ids = (const int64_t *)(const void *)(b->arena + in_ids);
+    if (in_dense != UINT64_MAX) dense = (const float *)(const void *)(b->arena + in_dense);
     fl_rec_encode(b->arena + off, b->num_slots, slot_offsets, ids, dense, num_dense);
     b->rec[index] = (fl_rec_ref){.off = off, .len = (uint32_t)len, .state = FL_REC_FOUND};
     return FLAME_OK;
