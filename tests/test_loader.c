@@ -194,6 +194,18 @@ static void test_ambiguous_headers(void **state)
     p = tu_write_st("ctrl.st", header(tiny_config, "\"a\\u001b[31m\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"), 0,
                     data, 4);
     assert_status_msg(load(p), FLAME_ERR_FORMAT, "control character in its name");
+    /* cJSON decodes \u0000 into a NUL that ends the C string: a name or the config would be
+     * read short, whatever follows it hidden from every check */
+    p = tu_write_st("nulname.st", header(tiny_config, "\"tables.item.weight\\u0000x\":{\"dtype\":\"F32\",\"shape\":"
+                                                      "[10,4],\"data_offsets\":[0,160]}"),
+                    0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "safetensors header has a \\u0000 escape at offset");
+    snprintf(cfg, sizeof cfg, "%s\\u0000 junk", tiny_config);
+    p = tu_write_st("nulcfg.st", header(cfg, tiny_tensor), 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "safetensors header has a \\u0000 escape at offset");
+    snprintf(cfg, sizeof cfg, "{\"k\\\\u0000\":0,%s", tiny_config + 1); /* an escaped backslash, then u0000 */
+    p = tu_write_st("nulincfg.st", header(cfg, tiny_tensor), 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "flame.config has a \\u0000 escape at offset 3");
 }
 
 static void test_fifo_is_refused_not_waited_on(void **state)

@@ -164,7 +164,9 @@ typedef struct flame_model flame_model;
  * is read; F32 weights are used in place, F16/BF16 ones converted once to float32, and int8
  * row-wise quantized tables (I8 + per-row scale and bias) are kept int8 and used in place:
  * every reader dequantizes them on the fly (docs/model-format.md, "int8 tables"). The file
- * may be removed or renamed after return, but not rewritten in place (the mapping reads it).
+ * may be removed or renamed after return, but not truncated or rewritten in place while the
+ * model lives: the mapping reads it (a lost page faults with SIGBUS; rewritten bytes are
+ * read unchecked). Replace a model's file by renaming a new one over it.
  *
  * Parameters:
  *   path     file name, NUL-terminated; borrowed.

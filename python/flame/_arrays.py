@@ -60,6 +60,29 @@ def int64(value: Any, name: str) -> int:
     return v
 
 
+def dense(value: Any, name: str = "dense") -> np.ndarray:
+    """Dense features: a 1-D aligned float32 array (None: empty)."""
+    try:
+        d = np.zeros(0, np.float32) if value is None else np.ascontiguousarray(value, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise DTypeError(f"{name} must hold numbers: {e}") from None
+    if d.ndim != 1:
+        raise ShapeError(f"{name} must be 1-D, got shape {d.shape}")
+    return d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
+
+
+def c_int(value: Any, name: str, bits: int, signed: bool = True) -> int:
+    """An int that fits the C field or argument it is passed as (ctypes would silently keep its
+    low bits: 2**32 + 2 threads became 2); the library then checks the meaningful range."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise DTypeError(f"{name} must be an int, got {type(value).__name__}")
+    lo, hi = (-2**(bits - 1), 2**(bits - 1)) if signed else (0, 2**bits)
+    v = int(value)
+    if not lo <= v < hi:
+        raise InvalidArgumentError(f"{name} = {v} is outside [{lo}, {hi})")
+    return v
+
+
 def csr(off: np.ndarray, ii: np.ndarray, name: str) -> None:
     """The two CSR rules said in Python's terms: offsets start at 0 and end at len(ids), so
     every id belongs to a bag and none lies past the array. That they never decrease is

@@ -9,6 +9,7 @@ from typing import Any, Dict, Mapping, Tuple
 import numpy as np
 
 from . import _lib
+from ._arrays import c_int
 from .errors import DTypeError
 
 Table = Mapping[str, Tuple[int, type]]
@@ -33,9 +34,7 @@ def build(table: Table, options: Dict[str, Any], what: str) -> C.c_void_p:
                     raise DTypeError(f"option {key} must be True or False, got {type(value).__name__}")
                 _lib.check(L.flame_config_set_int(cfg, opt, int(value)))
             else:
-                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                    raise DTypeError(f"option {key} must be an int, got {type(value).__name__}")
-                _lib.check(L.flame_config_set_int(cfg, opt, int(value)))
+                _lib.check(L.flame_config_set_int(cfg, opt, c_int(value, f"option {key}", 64)))
     except BaseException:
         L.flame_config_destroy(cfg)
         raise

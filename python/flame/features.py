@@ -43,15 +43,7 @@ class FeatureRecord:
         if isinstance(bags, (str, bytes)) or not isinstance(bags, (Sequence, np.ndarray)):
             raise ShapeError(f"bags must be a sequence of per-slot id sequences, got {type(bags).__name__}")
         object.__setattr__(self, "bags", tuple(_arrays.ids(b, f"bag {s}") for s, b in enumerate(bags)))
-        d = self.dense
-        try:
-            d = np.zeros(0, np.float32) if d is None else np.ascontiguousarray(d, dtype=np.float32)
-            d = d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
-        except (TypeError, ValueError) as e:
-            raise errors.DTypeError(f"dense must hold numbers: {e}") from None
-        if d.ndim != 1:
-            raise ShapeError(f"dense must be 1-D, got shape {d.shape}")
-        object.__setattr__(self, "dense", d)
+        object.__setattr__(self, "dense", _arrays.dense(self.dense))
 
     @classmethod
     def of(cls, bags: Sequence[Any], dense: Any = None) -> "FeatureRecord":
@@ -233,12 +225,11 @@ class FeatureSource(Handle):
         FlameError says otherwise). libflame calls it from scoring threads and the item
         cache's refresh thread, possibly at once: it must be thread-safe, and must not call
         the cache or engine that uses it."""
-        if isinstance(num_slots, bool) or not isinstance(num_slots, (int, np.integer)):
-            raise errors.DTypeError(f"num_slots must be an int, got {type(num_slots).__name__}")
+        num_slots = _arrays.c_int(num_slots, "num_slots", 32)
         if not callable(fetch):
             raise TypeError(f"fetch must be callable, got {type(fetch).__name__}")
-        cb = _Callback(int(num_slots), fetch)
-        return cls._make(lambda h: _lib.lib().flame_feature_source_create_callback(int(num_slots), cb.thunk, None,
+        cb = _Callback(num_slots, fetch)
+        return cls._make(lambda h: _lib.lib().flame_feature_source_create_callback(num_slots, cb.thunk, None,
                                                                                     None, C.byref(h)), cb)
 
     def fetch(self, ids: Any) -> List[Optional[FeatureRecord]]:
@@ -307,9 +298,9 @@ def _item_cache_params(options: dict) -> ItemCacheParams:
                 raise errors.DTypeError(f"option refresh_thread must be True or False, got {type(value).__name__}")
             p.manual_refresh = 0 if value else 1
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise errors.DTypeError(f"option {key} must be an int, got {type(value).__name__}")
-        if value < 1 or value >= 1 << 64:
+        bits = 8 * getattr(ItemCacheParams, key).size  # shards and refresh_percent are 32-bit
+        value = _arrays.c_int(value, f"option {key}", bits, signed=False)
+        if value < 1:
             raise errors.InvalidArgumentError(f"item cache option {key} = {value} is out of range (at least 1"
                                               f"{'; 100 turns refresh-ahead off' if key == 'refresh_percent' else ''})")
         setattr(p, key, int(value))

@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _dlpack, _lib, errors
+from . import _arrays, _dlpack, _lib, errors
 from ._handle import Handle
 from ._structs import (AttentionParams, EmbeddingBagBatch, EmbeddingBagInput, EmbeddingBagParams, EmbeddingTable,
                        F32P, I64P, new)
@@ -165,7 +165,9 @@ def _i64(a: Any, what: str) -> np.ndarray:
     x = np.asarray(_host(a))
     if x.dtype.kind not in "iu":
         raise errors.DTypeError(f"{what} must hold integers, not {x.dtype}")
-    return np.ascontiguousarray(x, dtype=np.int64).reshape(-1)
+    if x.ndim != 1:
+        raise errors.ShapeError(f"{what} must be 1-D, got shape {x.shape}")
+    return np.ascontiguousarray(x, dtype=np.int64)
 
 
 def _ptr(a: Optional[np.ndarray], t) -> Any:
@@ -181,7 +183,10 @@ class EmbeddingBag(Handle):
     combine: "concat" (table t owns its own columns, in order) or "sum" (equal dims, added).
     copy: True (default) copies host tables into the handle (on a GPU: uploads them); False
       borrows float32 and int8 host tables in place on the CPU (this object keeps the arrays
-      alive); float16 and bfloat16 tables are always copied there, as float32. CUDA tables are
+      alive): they (and int8 tables' qparams) must be C-contiguous and of exactly that dtype,
+      else ShapeError/DTypeError; a read-only array (a read-only mmap, bytes) may be borrowed,
+      and update_rows then refuses its table. float16 and bfloat16 tables are always copied
+      there, as float32. CUDA tables are
       always used in place (borrowed: this object keeps them alive and update_rows writes
       into them).
     device: None (default: cuda:N when the tables are CUDA tensors, else the CPU), "cpu",
@@ -219,13 +224,16 @@ class EmbeddingBag(Handle):
         self._cuda_tables: List[_dlpack.View] = []
         self.dtypes: List[int] = []
         self.dims: List[int] = []
+        self._read_only: List[int] = []  # borrowed host tables update_rows may not write
         for i, (t, pool) in enumerate(zip(tables, pools)):
             if on_cuda[i]:
                 data_ptr, qp_ptr, shape, dt = self._cuda_table(i, t)
             else:
-                data, qp, dt = self._table(i, t)
+                data, qp, dt = self._table(i, t, borrow)
                 data_ptr, qp_ptr, shape = data.ctypes.data, _ptr(qp, F32P), data.shape
                 self._keep += [data] + ([qp] if qp is not None else [])
+                if borrow and dt in (F32, INT8) and not all(x.flags.writeable for x in (data, qp) if x is not None):
+                    self._read_only.append(i)
             d = descs[i]
             d.struct_size = C.sizeof(EmbeddingTable)
             d.dtype, d.pooling = dt, _choice(pool, POOLING, f"table {i}: pooling")
@@ -241,9 +249,9 @@ class EmbeddingBag(Handle):
             p.borrow = 0  # the CPU kernel reads float32: these are converted, so copied
         _lib.check(_lib.lib().flame_embedding_bag_create(C.byref(p), C.byref(self._handle)))
         if p.borrow == 0:
-            self._keep = []  # copied: the arrays are no longer needed
+            self._keep, self._read_only = [], []  # copied: the arrays are no longer needed
         self.num_tables = len(tables)
-        self.threads = int(threads)
+        self.threads = _arrays.c_int(threads, "threads", 32)
         self.width = int(_lib.lib().flame_embedding_bag_width(self._handle))
 
     def _cuda_table(self, i: int, t: Any) -> Tuple[int, Optional[int], Tuple[int, int], int]:
@@ -272,7 +280,19 @@ class EmbeddingBag(Handle):
 
 
     @staticmethod
-    def _table(i: int, t: TableLike) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
+    def _table(i: int, t: TableLike, borrow: bool) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
+        """(data, qparams, dtype) of a host table; a borrowed float32 or int8 table is used in
+        place, so it must be C-contiguous and of its own dtype (a silent copy would leave the
+        caller's array behind: update_rows would miss it)."""
+        def in_place(x: Any, what: str, dtype: Any = None) -> np.ndarray:
+            a = np.asarray(x)
+            if borrow and not a.flags.c_contiguous:
+                raise errors.ShapeError(f"table {i}: copy=False borrows the {what} in place: it must be C-contiguous "
+                                        f"(strides {a.strides}); pass copy=True")
+            if borrow and dtype is not None and a.dtype != dtype:
+                raise errors.DTypeError(f"table {i}: copy=False borrows the {what} in place: it must be {np.dtype(dtype)}, "
+                                        f"not {a.dtype}; pass copy=True")
+            return np.ascontiguousarray(a, dtype=dtype)
         if isinstance(t, tuple) and len(t) == 2 and not isinstance(t[0], str):
             t = (_host(t[0]), _host(t[1]))
         elif _dlpack.has_dlpack(t):
@@ -291,13 +311,16 @@ class EmbeddingBag(Handle):
                 if a.dtype != np.uint16 or a.ndim != 2:
                     raise errors.DTypeError(f"table {i}: bfloat16 tables are 2-D uint16 arrays of bit patterns")
                 return a, None, BF16
-            a, qp = np.ascontiguousarray(t[0]), np.ascontiguousarray(t[1], dtype=np.float32)
+            a, qp = in_place(t[0], "int8 table"), in_place(t[1], "qparams", np.float32)
             if a.dtype != np.int8 or a.ndim != 2:
                 raise errors.DTypeError(f"table {i}: a quantized table is a 2-D int8 array, not {a.dtype} {a.shape}")
             if qp.shape != (a.shape[0], 2):
                 raise errors.ShapeError(f"table {i}: qparams has shape {qp.shape}, the table needs ({a.shape[0]}, 2)")
             return a, qp, INT8
-        a = np.ascontiguousarray(t)
+        a = np.asarray(t)
+        if a.dtype == np.float32:
+            a = in_place(a, "float32 table")
+        a = np.ascontiguousarray(a)
         if a.ndim != 2:
             raise errors.ShapeError(f"table {i}: a table is 2-D [rows, dim], not {a.shape}")
         if a.dtype == np.float32:
@@ -334,7 +357,7 @@ class EmbeddingBag(Handle):
                                               "of the handle's device")
         if self.device is not None:
             return self._forward_gpu(ids, offs, ws, out, odt, stream, check, use_torch, all(on_dev) and bool(given),
-                                     self.threads if threads is None else int(threads))
+                                     self.threads if threads is None else _arrays.c_int(threads, "threads", 32))
         if odt != F32:
             raise errors.InvalidArgumentError(f"out_dtype {out_dtype!r}: the CPU writes float32")
         inputs, batch, keep = self._host_inputs(ids, offs, ws)
@@ -355,7 +378,7 @@ class EmbeddingBag(Handle):
         q = new(EmbeddingBagBatch)
         q.batch, q.inputs, q.num_inputs = batch, inputs, n
         q.out, q.ld_out, q.out_dtype = out.ctypes.data, out.strides[0] // 4 if batch > 1 else 0, F32
-        q.threads = self.threads if threads is None else int(threads)
+        q.threads = self.threads if threads is None else _arrays.c_int(threads, "threads", 32)
         with self._use() as h:
             _lib.check(_lib.lib().flame_embedding_bag_forward(h, C.byref(q)))
         del keep
@@ -460,8 +483,9 @@ class EmbeddingBag(Handle):
             _lib.check(_lib.lib().flame_embedding_bag_index_status(h, _c_stream(sh)))
 
     def update_rows(self, table: int, first_row: int, values: Any, qparams: Any = None, stream: Any = None) -> None:
-        """Replaces rows first_row.. of `table` with `values` ([n, dim], the table's dtype;
-        for int8 tables also qparams [n, 2]): host data (numpy or CPU tensors; CUDA tensors are
+        """Replaces rows first_row.. of `table` with `values` ([n, dim] of exactly the table's
+        dtype, never cast: bfloat16 as uint16 bit patterns or a bfloat16 tensor; for int8 tables
+        also qparams [n, 2]): host data (numpy or CPU tensors; CUDA tensors are
         copied to the host first, which waits for their stream). On a GPU the copy is enqueued
         on `stream` (default: the current torch stream), ordered with the lookups there."""
         def host(x):
@@ -471,11 +495,20 @@ class EmbeddingBag(Handle):
             if _is_torch(x):
                 x = _dlpack.View(x).array()
             return x
+        table = _arrays.c_int(table, "table", 32)
+        first_row = _arrays.c_int(first_row, "first_row", 64)
         values, qparams = host(values), host(qparams)
         sh = 0 if self.device is None else _stream_handle(self.device, stream)
         dt = self.dtypes[table] if 0 <= table < self.num_tables else F32
-        np_dt = {F32: np.float32, F16: np.float16, BF16: np.uint16, INT8: np.int8}[dt]
-        v = np.ascontiguousarray(values, dtype=np_dt)
+        np_dt = np.dtype({F32: np.float32, F16: np.float16, BF16: np.uint16, INT8: np.int8}[dt])
+        v = np.asarray(values)
+        if 0 <= table < self.num_tables and v.dtype != np_dt:  # a cast would wrap int8, or misread bf16 bits
+            raise errors.DTypeError(f"values are {v.dtype}; table {table} holds {np_dt}"
+                                    f"{' (bfloat16 bit patterns)' if dt == BF16 else ''}: convert them first")
+        if table in self._read_only:
+            raise errors.InvalidArgumentError(f"table {table} is borrowed read-only memory (copy=False of a "
+                                              f"non-writeable array): update_rows would write into it")
+        v = np.ascontiguousarray(v)
         if v.ndim != 2:
             raise errors.ShapeError(f"values must be 2-D [rows, dim], not {v.shape}")
         if 0 <= table < self.num_tables and v.shape[1] != self.dims[table]:
@@ -484,7 +517,7 @@ class EmbeddingBag(Handle):
         if qp is not None and qp.shape != (v.shape[0], 2):
             raise errors.ShapeError(f"qparams has shape {qp.shape}, the rows need ({v.shape[0]}, 2)")
         with self._use() as h:
-            _lib.check(_lib.lib().flame_embedding_bag_update_rows(h, int(table), int(first_row), v.shape[0],
+            _lib.check(_lib.lib().flame_embedding_bag_update_rows(h, table, first_row, v.shape[0],
                                                                   v.ctypes.data, dt, _ptr(qp, F32P), _c_stream(sh)))
 
     def __repr__(self) -> str:
@@ -533,9 +566,10 @@ def sumi_attention(q: Any = None, k: Any = None, v: Any = None, cu_history: Any 
                                 f"num_seqs + 1 entries each")
     p = new(AttentionParams)
     p.mask = _choice(mask, MASKS, "mask")
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
-        raise errors.InvalidArgumentError(f"heads must be a positive int, got {heads!r}")
-    p.heads = int(heads)
+    p.heads = heads = _arrays.c_int(heads, "heads", 32)
+    if heads < 1:
+        raise errors.InvalidArgumentError(f"heads must be a positive int, got {heads}")
+    threads = _arrays.c_int(threads, "threads", 32)
     p.num_seqs, p.cu_history, p.cu_candidates = ch.size - 1, _ptr(ch, I64P), _ptr(cc, I64P)
     if qkv is not None:
         if q is not None or k is not None or v is not None:
@@ -592,7 +626,7 @@ def sumi_attention(q: Any = None, k: Any = None, v: Any = None, cu_history: Any 
         if out.shape != (rows, width) or not out.flags.writeable:
             raise errors.ShapeError(f"out must be a writeable float32 [{rows}, {width}] array, got {out.shape}")
     p.device, p.dtype = DEVICE_CPU, F32
-    p.out, p.ld_out, p.threads = out.ctypes.data, out.strides[0] // 4, int(threads)
+    p.out, p.ld_out, p.threads = out.ctypes.data, out.strides[0] // 4, threads
     _finish_layout(p, rows, width, qkv is not None)
     _lib.check(_lib.lib().flame_sumi_attention(C.byref(p)))
     del xs

@@ -38,6 +38,13 @@ def metrics_text(engine: Optional[Any] = None, scheduler: Optional[Any] = None,
                  pinned_pool: Optional[Any] = None) -> str:
     """The Prometheus text exposition (format 0.0.4) of the given handles; a scheduler's
     engine is reported with it when engine is not given."""
+    from .engine import Engine
+    from .memory import PinnedPool
+    from .scheduler import Scheduler
+    given = (("engine", engine, Engine), ("scheduler", scheduler, Scheduler), ("pinned_pool", pinned_pool, PinnedPool))
+    for name, obj, kind in given:  # the C side reads each pointer as its own type: a mix-up would crash it
+        if obj is not None and type(obj) is not kind:
+            raise errors.DTypeError(f"{name} must be a flame.{kind.__name__}, got {type(obj).__name__}")
     if engine is None and scheduler is not None:
         engine = scheduler.engine
     src = new(MetricsSources)

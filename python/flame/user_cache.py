@@ -37,16 +37,6 @@ class UserRecord:
         return self.bags[0]
 
 
-def _field(value: Any, name: str, bits: int, signed: bool = False) -> int:
-    """An int that fits the C field (the library then checks the meaningful range)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"{name} must be an int, got {type(value).__name__}")
-    lo, hi = (-2**(bits - 1), 2**(bits - 1)) if signed else (0, 2**bits)
-    if not lo <= int(value) < hi:
-        raise InvalidArgumentError(f"{name} = {int(value)} is outside [{lo}, {hi})")
-    return int(value)
-
-
 # the layout fields of flame_user_cache_params: (C field, bits, signed)
 _LAYOUT = {"capacity": ("capacity", 64, False), "num_slots": ("num_slots", 32, False),
            "max_ids": ("max_ids", 32, False), "max_dense": ("max_dense", 32, False),
@@ -85,7 +75,7 @@ class UserCache(Handle):
         p = new(UserCacheParams)
         for k, v in layout.items():
             field, bits, signed = _LAYOUT[k]
-            setattr(p, field, _field(v, k, bits, signed))
+            setattr(p, field, _arrays.c_int(v, k, bits, signed))
         given = mode != "attach" or any(layout.values())
         _lib.check(_lib.lib().flame_user_cache_open(name.encode(), MODES[mode], C.byref(p) if given else None,
                                                     C.byref(self._handle)))
@@ -114,10 +104,7 @@ class UserCache(Handle):
         arrs = [_arrays.ids(b, f"bag {s}") for s, b in enumerate(bags)]
         ids = np.ascontiguousarray(np.concatenate(arrs) if arrs else np.zeros(0, np.int64))
         lens = np.array([a.size for a in arrs], dtype=np.uint32)
-        d = np.zeros(0, np.float32) if dense is None else np.ascontiguousarray(dense, dtype=np.float32)
-        d = d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
-        if d.ndim != 1:
-            raise ShapeError(f"dense must be 1-D, got shape {d.shape}")
+        d = _arrays.dense(dense)
         f = new(UserFeatures)
         f.ids, f.num_ids = ids.ctypes.data_as(I64P), ids.size
         f.slot_lens = lens.ctypes.data_as(C.POINTER(C.c_uint32))

@@ -307,6 +307,11 @@ flame_status fl_config_parse(const char *json, size_t len, fl_model_cfg *cfg)
             cJSON_Delete(root);
             return BAD("flame.config has bytes after its JSON (at offset %td)", c - json);
         }
+    long nul = fl_json_nul_escape(json, (size_t)(end - json));
+    if (nul >= 0) {
+        cJSON_Delete(root);
+        return BAD("flame.config has a \\u0000 escape at offset %ld (its strings may not hold NUL)", nul);
+    }
     bool nomem = false;
     const char *dup = fl_json_duplicate_key(root, true, &nomem);
     flame_status st = nomem ? fl_error(FLAME_ERR_NOMEM, "out of memory checking the keys of flame.config")

@@ -1,6 +1,5 @@
-/* Duplicate-key detection for the safetensors header and the flame.config document. Keys
- * compare as cJSON holds them (an escaped NUL cuts a key), so two keys that differ only after
- * one are duplicates here too. */
+/* Checks the safetensors header and the flame.config document share: duplicate keys, which
+ * compare as cJSON holds them, and escaped NULs, refused before any key or string is read. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,4 +39,20 @@ const char *fl_json_duplicate_key(const cJSON *node, bool recurse, bool *nomem)
     /* cJSON's nesting limit (CJSON_NESTING_LIMIT) bounds the recursion */
     for (const cJSON *m = node->child; m && !dup && !*nomem; m = m->next) dup = fl_json_duplicate_key(m, true, nomem);
     return dup;
+}
+
+long fl_json_nul_escape(const char *text, size_t len)
+{
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_string) {
+            in_string = text[i] == '"';
+        } else if (text[i] == '"') {
+            in_string = false;
+        } else if (text[i] == '\\' && i + 1 < len) {
+            if (text[i + 1] == 'u' && len - i >= 6 && !memcmp(text + i + 2, "0000", 4)) return (long)i;
+            i++; /* the escaped character: an escaped quote or backslash ends nothing */
+        }
+    }
+    return -1;
 }

@@ -241,6 +241,12 @@ flame_status fl_st_parse(const uint8_t *bytes, uint64_t len, fl_st_file *f)
             cJSON_Delete(root);
             return BAD("safetensors header has bytes after its JSON (at offset %td)", c - text);
         }
+    long nul = fl_json_nul_escape(text, (size_t)(end - text));
+    if (nul >= 0) {
+        cJSON_Delete(root);
+        return BAD("safetensors header has a \\u0000 escape at offset %ld (names and the config may not hold NUL)",
+                   nul);
+    }
     flame_status st = parse_header(root, f);
     cJSON_Delete(root);
     if (st) fl_st_free(f);

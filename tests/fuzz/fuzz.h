@@ -61,4 +61,28 @@ static inline void fz_touch(const void *p, size_t n)
 /* A failure must say why. */
 #define FZ_CHECK_ERROR(st) FZ_ASSERT((st) == FLAME_OK || flame_last_error()[0], "status %d without a message", (int)(st))
 
+/* Scores one request (history and candidate item 0, every side bag empty) on a CPU engine of
+ * the model, so the shapes an accepted model implies are run under the sanitizers, not only
+ * parsed. The scores are not judged: finite weights of any size are a valid model. */
+static inline void fz_score_once(flame_model *m)
+{
+    flame_model_info info = {.struct_size = sizeof info};
+    FZ_ASSERT(flame_model_get_info(m, &info) == FLAME_OK, "%s", flame_last_error());
+    if (info.num_tasks > 64 || info.num_side_features > 64) return;
+    flame_engine *e = NULL;
+    flame_status st = flame_engine_create(m, NULL, &e);
+    FZ_CHECK_ERROR(st);
+    if (st) return;
+    int64_t item[2] = {0, 0}, zero[3] = {0, 0, 0};
+    flame_bags bags[64];
+    for (int i = 0; i < 64; i++) bags[i] = (flame_bags){.offsets = zero, .ids = item};
+    flame_request r = {.struct_size = sizeof r, .history = item, .history_len = 2, .candidates = item,
+                       .num_candidates = 1, .history_side = bags, .candidate_side = bags,
+                       .num_side_features = (size_t)info.num_side_features};
+    float out[64];
+    st = flame_score(e, &r, out, 64);
+    FZ_CHECK_ERROR(st);
+    flame_engine_destroy(e);
+}
+
 #endif

@@ -18,26 +18,12 @@ static int small(const fl_model_cfg *c)
            c->num_blocks <= 4 && c->position_rows <= 1024 && c->max_len <= 64;
 }
 
-static void score_once(const char *json, const fl_model_cfg *cfg)
+static void score_once(const char *json)
 {
     flame_model *m = NULL;
-    flame_engine *e = NULL;
     flame_status st = flame_model_create_random(json, 1, &m);
     FZ_CHECK_ERROR(st);
-    if (!st) st = flame_engine_create(m, NULL, &e);
-    FZ_CHECK_ERROR(st);
-    if (!st) {
-        int64_t item[2] = {0, 0}, zero[3] = {0, 0, 0};
-        flame_bags bags[64];
-        for (int i = 0; i < 64; i++) bags[i] = (flame_bags){.offsets = zero, .ids = item};
-        flame_request r = {.struct_size = sizeof r, .history = item, .history_len = 2, .candidates = item,
-                           .num_candidates = 1, .history_side = bags, .candidate_side = bags,
-                           .num_side_features = (size_t)cfg->num_side};
-        float out[64 * 2];
-        st = flame_score(e, &r, out, (size_t)cfg->num_tasks > 64 ? 0 : 64);
-        FZ_CHECK_ERROR(st);
-    }
-    flame_engine_destroy(e);
+    if (m) fz_score_once(m);
     flame_model_destroy(m);
 }
 
@@ -53,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == FLAME_OK) {
         FZ_ASSERT(cfg.d_model > 0 && cfg.num_tables > 0 && cfg.num_tables <= FL_MAX_TABLES, "d_model %d tables %d",
                   (int)cfg.d_model, (int)cfg.num_tables);
-        if (small(&cfg) && strlen(json) == size) score_once(json, &cfg);
+        if (small(&cfg) && strlen(json) == size) score_once(json);
     }
     free(json);
     return 0;

@@ -248,6 +248,13 @@ def test_item_cache_options_are_checked():
         flame.ItemCache(src, refresh_thread=1)
     with pytest.raises(flame.InvalidArgumentError, match="max_entries = 0 is out of range"):  # 0 is C's "default"
         flame.ItemCache(src, max_entries=0)
+    # each field's own width, not its low bits: shards is 32-bit, max_entries 64-bit
+    with pytest.raises(flame.InvalidArgumentError, match=r"shards = 4294967297 is outside \[0, 4294967296\)"):
+        flame.ItemCache(src, shards=2**32 + 1)
+    with pytest.raises(flame.InvalidArgumentError, match="max_entries = 18446744073709551616 is outside"):
+        flame.ItemCache(src, max_entries=2**64)
+    with pytest.raises(flame.InvalidArgumentError, match="num_slots = 4294967298 is outside"):
+        flame.FeatureSource.from_callback(2**32 + 2, lambda ids: [None] * len(ids))
     with pytest.raises(flame.InvalidArgumentError, match="shards = 5000 is out of range"):  # the library's check
         flame.ItemCache(src, shards=5000)
     with pytest.raises(flame.InvalidArgumentError, match="hot_ttl_us = 1000 is below cold_ttl_us = 2000"):
@@ -328,6 +335,9 @@ def test_user_cache_round_trip_stats_and_params(shm_name):
         with flame.UserCache(shm_name, "attach") as other:
             assert other.params == uc.params
             assert other.get(-2**63).history.tolist() == [4, 4]
+        with pytest.raises(flame.DTypeError, match="dense must hold numbers"):
+            uc.put(6, [[1], []], dense=["a"])  # as FeatureRecord says it
+        assert uc.get(6) is None
 
 
 def test_user_cache_records_cross_processes(shm_name):

@@ -113,6 +113,45 @@ def test_embedding_bag_update_rows():
         np.testing.assert_array_equal(got[0, 5:], np.full(5, 0.25, np.float32))
         with pytest.raises(flame.InvalidArgumentError, match=r"rows 5..6 \(2 rows\) are not within 0..5"):
             bag.update_rows(1, 5, np.zeros((2, 5), np.float16))
+        # never cast: float32 rows into the float16 table, 200 into int8 (it would wrap)
+        with pytest.raises(flame.DTypeError, match="values are float32; table 1 holds float16"):
+            bag.update_rows(1, 0, np.zeros((1, 5), np.float32))
+        with pytest.raises(flame.DTypeError, match="values are int64; table 0 holds int8"):
+            bag.update_rows(0, 0, [[200] * 5], np.ones((1, 2), np.float32))
+        # table and first_row are checked whole, not by their low bits (2**32 was table 0)
+        for args, err, what in (((2**32, 0), flame.InvalidArgumentError, "table = 4294967296 is outside"),
+                                ((1, 2**64 + 1), flame.InvalidArgumentError, "first_row = 18446744073709551617"),
+                                ((1, 1.7), flame.DTypeError, "first_row must be an int, got float")):
+            with pytest.raises(err, match=what):
+                bag.update_rows(*args, newh)
+        np.testing.assert_array_equal(bag([[2], [4]]), got)  # nothing written by the refused calls
+
+
+def test_embedding_bag_borrow_rules():
+    """copy=False uses the caller's array itself: a copy made on the way would leave updates
+    behind, and a read-only one must not be written."""
+    t = RNG.uniform(-1, 1, (8, 4)).astype(np.float32)
+    with pytest.raises(flame.ShapeError, match="table 0: copy=False borrows the float32 table in place: it must "
+                                               "be C-contiguous"):
+        fk.EmbeddingBag([t[:, ::2]], copy=False)
+    q = np.zeros((8, 4), np.int8)
+    with pytest.raises(flame.DTypeError, match="table 1: copy=False borrows the qparams in place: it must be float32"):
+        fk.EmbeddingBag([t, (q, np.ones((8, 2)))], copy=False)
+    with fk.EmbeddingBag([t], copy=False) as bag:  # writeable: updates land in the caller's array
+        bag.update_rows(0, 3, np.full((1, 4), 7, np.float32))
+        assert t[3].tolist() == [7.0] * 4
+    ro = t.copy()
+    ro.flags.writeable = False
+    with fk.EmbeddingBag([ro], copy=False) as bag:  # read-only memory (a read-only mmap, bytes) is read
+        np.testing.assert_array_equal(bag([[5]]), ro[5:6])
+        with pytest.raises(flame.InvalidArgumentError, match="table 0 is borrowed read-only memory"):
+            bag.update_rows(0, 0, np.zeros((1, 4), np.float32))
+    assert ro[0].tolist() == t[0].tolist()
+    with fk.EmbeddingBag([ro]) as bag:  # copied: its own memory, updatable
+        bag.update_rows(0, 0, np.zeros((1, 4), np.float32))
+        assert bag([[0]]).tolist() == [[0.0] * 4]
+    with pytest.raises(flame.InvalidArgumentError, match="threads = 4294967298 is outside"):
+        fk.EmbeddingBag([t], threads=2**32 + 2)
 
 
 def reference_attention(q, k, v, ch, cc, heads, mask):
@@ -174,6 +213,10 @@ def test_sumi_attention_rejections():
         fk.sumi_attention(q, q, q, [0, 5], heads=2, out=q)
     with pytest.raises(flame.DTypeError):
         fk.sumi_attention(q.astype(np.float16), q, q, [0, 5], heads=2)
+    with pytest.raises(flame.ShapeError, match=r"cu_history must be 1-D, got shape \(2, 1\)"):
+        fk.sumi_attention(q, q, q, [[0], [5]], heads=2, out=out)  # not flattened into [0, 5]
+    with pytest.raises(flame.InvalidArgumentError, match="heads = 4294967298 is outside"):
+        fk.sumi_attention(q, q, q, [0, 5], heads=2**32 + 2, out=out)  # not its low bits (2)
     assert np.all(np.isnan(out))
 
 

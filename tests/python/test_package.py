@@ -176,6 +176,8 @@ def test_engine_options(dot_engine):
         flame.Engine(m, threads=257)
     with pytest.raises(flame.DTypeError, match="max_batch must be an int"):
         flame.Engine(m, max_batch="8")
+    with pytest.raises(flame.InvalidArgumentError, match=r"threads = 18446744073709551618 is outside"):
+        flame.Engine(m, threads=2**64 + 2)  # not its low bits (2)
     with pytest.raises((flame.NoDeviceError, flame.UnsupportedError)) as ei:
         flame.Engine(m, device="cuda:99")
     assert ei.value.status in (errors.ERR_NO_DEVICE, errors.ERR_UNSUPPORTED) and "cuda" in ei.value.message

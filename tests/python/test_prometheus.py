@@ -80,3 +80,11 @@ def test_latency_argument_errors(engine):
     with pytest.raises(flame.DTypeError):
         flame.latency(object(), "total")
     assert flame.metrics_text().strip() == ""
+    # the C side reads each handle as its own type: a mixed-up one is refused before the call
+    with flame.PinnedPool() as pool:
+        for kw, what in ((dict(engine=pool), "engine must be a flame.Engine, got PinnedPool"),
+                         (dict(pinned_pool=e), "pinned_pool must be a flame.PinnedPool, got Engine"),
+                         (dict(scheduler=e), "scheduler must be a flame.Scheduler, got Engine")):
+            with pytest.raises(flame.DTypeError, match=what):
+                flame.metrics_text(**kw)
+        assert "flame_pinned_pool" in flame.metrics_text(engine=e, pinned_pool=pool)
