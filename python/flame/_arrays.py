@@ -52,12 +52,7 @@ def ids(value: Any, name: str) -> np.ndarray:
 
 def int64(value: Any, name: str) -> int:
     """A Python int that fits int64 (an id or a key), refused otherwise with a clear message."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise DTypeError(f"{name} must be an int, got {type(value).__name__}")
-    v = int(value)
-    if not -2**63 <= v < 2**63:
-        raise InvalidArgumentError(f"{name} = {v} does not fit int64")
-    return v
+    return c_int(value, name, 64)
 
 
 def dense(value: Any, name: str = "dense") -> np.ndarray:

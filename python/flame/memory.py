@@ -15,10 +15,10 @@ from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _lib
+from . import _arrays, _lib
 from ._handle import Handle
 from ._structs import NumaInfo, PinnedPoolParams, PinnedPoolStats, as_dict, new
-from .errors import DTypeError, InvalidArgumentError
+from .errors import InvalidArgumentError
 
 NUMA_MODES = {0: "libnuma", 1: "no_numa", 2: "one_node"}  # flame_numa_mode
 NODE_LOCAL = -1  # FLAME_NUMA_NODE_LOCAL
@@ -86,22 +86,16 @@ class PinnedPool(Handle):
 
     def __init__(self, numa_node: int = NODE_LOCAL, pin: bool = True, max_cached_bytes: int = 1 << 30):
         self._handle = C.c_void_p()
-        for name, v in (("numa_node", numa_node), ("max_cached_bytes", max_cached_bytes)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise DTypeError(f"{name} must be an int, got {type(v).__name__}")
-        if not -2**31 <= numa_node < 2**31 or not 0 <= max_cached_bytes < 2**64:
-            raise InvalidArgumentError(f"numa_node {numa_node} or max_cached_bytes {max_cached_bytes} is out of range")
+        numa_node = _arrays.c_int(numa_node, "numa_node", 32)
+        max_cached_bytes = _arrays.c_int(max_cached_bytes, "max_cached_bytes", 64, signed=False)
         p = new(PinnedPoolParams)
-        p.numa_node, p.pin, p.max_cached_bytes = int(numa_node), 1 if pin else 0, int(max_cached_bytes)
+        p.numa_node, p.pin, p.max_cached_bytes = numa_node, 1 if pin else 0, max_cached_bytes
         _lib.check(_lib.lib().flame_pinned_pool_create(C.byref(p), C.byref(self._handle)))
         self._live: "weakref.WeakSet[PinnedBuffer]" = weakref.WeakSet()
 
     def alloc(self, nbytes: int) -> PinnedBuffer:
         """A buffer of at least `nbytes` bytes (1 .. 2^47)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
-            raise DTypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
-        if not 0 <= nbytes < 2**64:
-            raise InvalidArgumentError(f"nbytes = {nbytes} is out of range")
+        nbytes = _arrays.c_int(nbytes, "nbytes", 64, signed=False)
         ptr, pinned = C.c_void_p(), C.c_int32()
         with self._use() as h:
             _lib.check(_lib.lib().flame_pinned_alloc(h, int(nbytes), C.byref(ptr), C.byref(pinned)))

@@ -60,13 +60,8 @@ class Scheduler(Handle):
             for i, (u, c) in enumerate(pairs):
                 arr[i] = BatchProfile(_u32(u, f"profile {i} max_users"), _u32(c, f"profile {i} max_candidates"))
             p.profiles, p.num_profiles = C.cast(arr, C.POINTER(BatchProfile)), len(pairs)
-        for name, v in (("max_wait_us", max_wait_us), ("workers", workers), ("max_queue", max_queue),
-                        ("max_bypass", max_bypass)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise errors.DTypeError(f"{name} must be an int, got {type(v).__name__}")
-        if not -2**63 <= max_wait_us < 2**63:
-            raise errors.InvalidArgumentError(f"max_wait_us = {max_wait_us} does not fit int64")
-        p.max_wait_us, p.workers, p.max_queue = int(max_wait_us), _u32(workers, "workers"), _u32(max_queue, "max_queue")
+        p.max_wait_us = _arrays.c_int(max_wait_us, "max_wait_us", 64)
+        p.workers, p.max_queue = _u32(workers, "workers"), _u32(max_queue, "max_queue")
         p.max_bypass = _u32(max_bypass, "max_bypass")
         if not isinstance(adaptive_wait, bool):
             raise errors.DTypeError(f"adaptive_wait must be a bool, got {type(adaptive_wait).__name__}")
@@ -121,16 +116,13 @@ class Scheduler(Handle):
         DeadlineExceededError (a TimeoutError). The Future's `ticket` attribute is its handle
         for cancel(); Future.cancel() itself refuses (the request is handed over at once)."""
         self._check_usable()  # closed (or inherited through fork): raise before anything is kept
-        for name, v in (("priority", priority), ("timeout_us", timeout_us), ("deadline_us", deadline_us)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise errors.DTypeError(f"{name} must be an int, got {type(v).__name__}")
-        if not -2**31 <= priority < 2**31 or not -2**63 <= timeout_us < 2**63 or not 0 <= deadline_us < 2**64:
-            raise errors.InvalidArgumentError(f"priority {priority}, timeout_us {timeout_us} or deadline_us "
-                                              f"{deadline_us} does not fit its C type")
+        priority = _arrays.c_int(priority, "priority", 32)
+        timeout_us = _arrays.c_int(timeout_us, "timeout_us", 64)
+        deadline_us = _arrays.c_int(deadline_us, "deadline_us", 64, signed=False)
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
                                        out)
         opts = new(SubmitOptions)
-        opts.priority, opts.timeout_us, opts.deadline_us = int(priority), int(timeout_us), int(deadline_us)
+        opts.priority, opts.timeout_us, opts.deadline_us = priority, timeout_us, deadline_us
         fut: "Future[np.ndarray]" = Future()
         fut.set_running_or_notify_cancel()  # running from now on: cancel() cannot stop it, so it refuses
         token = next(self._tokens)
@@ -231,8 +223,4 @@ def _completer(pending: Dict[int, Tuple[Future, List[Any], np.ndarray]], lock: t
 
 
 def _u32(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise errors.DTypeError(f"{name} must be an int, got {type(v).__name__}")
-    if not 0 <= int(v) < 2**32:
-        raise errors.InvalidArgumentError(f"{name} = {int(v)} is outside [0, 2^32)")
-    return int(v)
+    return _arrays.c_int(v, name, 32, signed=False)
