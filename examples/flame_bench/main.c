@@ -15,6 +15,8 @@
  * with one token and one candidate, offered --overhead-qps (100,000/s) by --submitters (2)
  * threads in bursts, and scheduler_cpu the process's CPU time a request in that run, the
  * pass's share measured alone, and the difference (overhead.c). */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,29 +40,80 @@ static void usage(void)
             "                   [--engine-profiles UxC[xL],...]\n");
 }
 
+/* A decimal count at *s (digits only: strtoul would take "-1" as 2^64 - 1), at most max;
+ * *s moves past it. */
+static bool count_at(const char **s, unsigned long max, unsigned *out)
+{
+    if (**s < '0' || **s > '9') return false;
+    char *end;
+    errno = 0;
+    const unsigned long v = strtoul(*s, &end, 10);
+    if (errno || v > max) return false;
+    *out = (unsigned)v, *s = end;
+    return true;
+}
+
 static bool parse_cands(const char *s, cand_dist *d)
 {
     unsigned a = 0, b = 0;
-    if (sscanf(s, "fixed:%u", &a) == 1 && a >= 1) *d = (cand_dist){CAND_FIXED, a, a};
-    else if (sscanf(s, "uniform:%u:%u", &a, &b) == 2 && a >= 1 && b >= a) *d = (cand_dist){CAND_UNIFORM, a, b};
-    else if (sscanf(s, "longtail:%u:%u", &a, &b) == 2 && a >= 1 && b >= a) *d = (cand_dist){CAND_LONGTAIL, a, b};
-    else return false;
-    return d->b <= 100000;
+    const char *p = s;
+    if (!strncmp(s, "fixed:", 6)) {
+        p += 6;
+        if (!count_at(&p, 100000, &a) || *p) return false;
+        *d = (cand_dist){CAND_FIXED, a, a};
+    } else {
+        const bool uni = !strncmp(s, "uniform:", 8), tail = !strncmp(s, "longtail:", 9);
+        if (!uni && !tail) return false;
+        p += uni ? 8 : 9;
+        if (!count_at(&p, 100000, &a) || *p++ != ':' || !count_at(&p, 100000, &b) || *p) return false;
+        *d = (cand_dist){uni ? CAND_UNIFORM : CAND_LONGTAIL, a, b};
+    }
+    return d->a >= 1 && d->b >= d->a;
 }
 
+/* USERSxCANDIDATES[,...]: the number of profiles, or -1 (malformed, or more than the scheduler
+ * takes: a list cut short would run another experiment than the one asked for). */
 static int parse_profiles(const char *s, flame_batch_profile *p)
 {
     int n = 0;
-    while (*s && n < FLAME_SCHED_MAX_PROFILES) {
+    while (*s) {
         unsigned u, c;
-        int used = 0;
-        if (sscanf(s, "%ux%u%n", &u, &c, &used) != 2) return -1;
+        if (n == FLAME_SCHED_MAX_PROFILES || !count_at(&s, UINT32_MAX, &u) || *s++ != 'x' ||
+            !count_at(&s, UINT32_MAX, &c))
+            return -1;
         p[n++] = (flame_batch_profile){u, c};
-        s += used;
-        if (*s == ',') s++;
+        if (*s == ',' && s[1]) s++;
         else if (*s) return -1;
     }
     return n;
+}
+
+/* A whole number of the flag in [lo, hi]; false (with a message naming it) otherwise. */
+static bool int_arg(const char *flag, const char *v, long long lo, long long hi, long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    const long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "flame-bench: %s %s is not a whole number in %lld..%lld\n", flag, v, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* A finite number of the flag in (lo, hi] (lo_open) or [lo, hi]; false with a message otherwise
+ * (NaN passes every comparison's negation, so it is refused by name). */
+static bool real_arg(const char *flag, const char *v, double lo, bool lo_open, double hi, double *out)
+{
+    char *end = NULL;
+    const double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x) || x < lo || (lo_open && x == lo) || x > hi) {
+        fprintf(stderr, "flame-bench: %s %s is not a number in %s%g, %g]\n", flag, v, lo_open ? "(" : "[", lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
 }
 
 static void plot(const char *png, const char *csv)
@@ -83,18 +136,18 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *config = NULL, *device = "cpu", *csv = NULL, *png = NULL, *sweep = NULL;
     const char *dtype = NULL, *engine_profiles = NULL; /* FLAME_OPT_BATCH_PROFILES (direct calls too) */
-    long graphs = -1; /* -1: the engine's default */
+    long long graphs = -1; /* -1: the engine's default */
     bool direct = false, adaptive = false, json = false, diurnal = false, overhead = true, only_overhead = false;
     overhead_opts oo = {.qps = 100000, .seconds = 3, .submitters = 2, .max_users = 64, .burst_us = 1000};
-    long threads = 4, workers = 0, max_wait = 500, history = 20;
+    long long threads = 4, workers = 0, max_wait = 500, history = 20, requests = 100000, seed = 1, timeout_us = 0;
+    long long submitters = oo.submitters, users = oo.max_users, ovh_wait = 0;
     double qps = 200, seconds = 5;
-    unsigned long long requests = 100000, seed = 1;
-    int64_t timeout_us = 0;
     cand_dist cands = {CAND_LONGTAIL, 16, 512};
     flame_batch_profile profiles[FLAME_SCHED_MAX_PROFILES];
     int nprof = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
         if (!strcmp(a, "--direct")) direct = true;
         else if (!strcmp(a, "--adaptive")) adaptive = true;
         else if (!strcmp(a, "--json")) json = true;
@@ -107,22 +160,22 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--dtype")) dtype = v;
         else if (!strcmp(a, "--engine-profiles")) engine_profiles = v;
-        else if (!strcmp(a, "--cuda-graphs")) graphs = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--threads")) threads = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--workers")) workers = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--max-wait-us")) max_wait = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--timeout-us")) timeout_us = strtoll(v, NULL, 10);
-        else if (!strcmp(a, "--history")) history = strtol(v, NULL, 10);
-        else if (!strcmp(a, "--qps")) qps = strtod(v, NULL);
+        else if (!strcmp(a, "--cuda-graphs")) ok = int_arg(a, v, 0, 1, &graphs);
+        else if (!strcmp(a, "--threads")) ok = int_arg(a, v, 1, 64, &threads);
+        else if (!strcmp(a, "--workers")) ok = int_arg(a, v, 0, 256, &workers);
+        else if (!strcmp(a, "--max-wait-us")) ok = int_arg(a, v, 0, 10000000, &max_wait);
+        else if (!strcmp(a, "--timeout-us")) ok = int_arg(a, v, 0, 1000000000000LL, &timeout_us);
+        else if (!strcmp(a, "--history")) ok = int_arg(a, v, 0, 100000, &history);
+        else if (!strcmp(a, "--qps")) ok = real_arg(a, v, 0, true, 1e7, &qps);
         else if (!strcmp(a, "--sweep")) sweep = v;
-        else if (!strcmp(a, "--seconds")) seconds = strtod(v, NULL);
-        else if (!strcmp(a, "--requests")) requests = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--overhead-qps")) oo.qps = strtod(v, NULL);
-        else if (!strcmp(a, "--submitters")) oo.submitters = (uint32_t)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--overhead-users")) oo.max_users = (uint32_t)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--overhead-wait-us")) oo.max_wait_us = strtoll(v, NULL, 10);
-        else if (!strcmp(a, "--burst-us")) oo.burst_us = strtod(v, NULL);
+        else if (!strcmp(a, "--seconds")) ok = real_arg(a, v, 0, true, 86400, &seconds);
+        else if (!strcmp(a, "--requests")) ok = int_arg(a, v, 1, 50000000, &requests);
+        else if (!strcmp(a, "--seed")) ok = int_arg(a, v, 0, INT64_MAX, &seed);
+        else if (!strcmp(a, "--overhead-qps")) ok = real_arg(a, v, 0, true, 1e7, &oo.qps);
+        else if (!strcmp(a, "--submitters")) ok = int_arg(a, v, 1, 16, &submitters);
+        else if (!strcmp(a, "--overhead-users")) ok = int_arg(a, v, 1, 65536, &users);
+        else if (!strcmp(a, "--overhead-wait-us")) ok = int_arg(a, v, 0, 10000000, &ovh_wait);
+        else if (!strcmp(a, "--burst-us")) ok = real_arg(a, v, 1, false, 1e6, &oo.burst_us);
         else if (!strcmp(a, "--csv")) csv = v;
         else if (!strcmp(a, "--png")) png = v;
         else if (!strcmp(a, "--candidates")) {
@@ -137,28 +190,23 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else return usage(), 2;
+        if (!ok) return 2;
     }
-    if (qps <= 0 || seconds <= 0 || requests < 1 || requests > 50000000 || threads < 1 || threads > 64 ||
-        history < 0 || history > 100000 || oo.qps <= 0 || oo.qps > 1e7 || oo.submitters < 1 || oo.submitters > 16 ||
-        oo.max_users < 1 || oo.max_users > 65536 || oo.max_wait_us < 0 ||
-        oo.burst_us < 1 || oo.burst_us > 1e6) {
-        fprintf(stderr, "flame-bench: --qps and --seconds must be > 0, --requests 1..5e7, --threads 1..64, "
-                        "--history 0..100000, --overhead-qps 0..1e7, --submitters 1..16, --overhead-users 1..65536, "
-                        "--overhead-wait-us >= 0, --burst-us 1..1e6\n");
-        return 2;
-    }
+    oo.submitters = (uint32_t)submitters, oo.max_users = (uint32_t)users, oo.max_wait_us = ovh_wait;
     double levels[MAX_LEVELS];
     int nlev = 0;
     const bool auto_sweep = sweep && !strcmp(sweep, "auto");
     if (sweep && !auto_sweep) {
-        for (const char *s = sweep; *s && nlev < MAX_LEVELS;) {
+        for (const char *s = sweep; *s;) {
             char *end;
-            levels[nlev] = strtod(s, &end);
-            if (end == s || levels[nlev] <= 0) {
-                fprintf(stderr, "flame-bench: --sweep '%s': expected rates > 0, comma-separated, or auto\n", sweep);
+            const double q = strtod(s, &end);
+            if (end == s || !isfinite(q) || q <= 0 || q > 1e7 || nlev == MAX_LEVELS || (*end && *end != ',') ||
+                (*end == ',' && !end[1])) {
+                fprintf(stderr, "flame-bench: --sweep '%s': expected up to %d rates in (0, 1e7], comma-separated, "
+                                "or auto\n", sweep, MAX_LEVELS);
                 return 2;
             }
-            nlev++;
+            levels[nlev++] = q;
             s = *end == ',' ? end + 1 : end;
         }
     } else {
@@ -185,10 +233,11 @@ int main(int argc, char **argv)
     flame_config_destroy(cfg);
     if (st) {
         fprintf(stderr, "flame-bench: %s\n", flame_last_error());
+        flame_scheduler_destroy(s), flame_engine_destroy(e), flame_model_destroy(m);
         return 1;
     }
     FILE *out = json ? stderr : stdout; /* with --json, stdout holds the JSON alone */
-    fprintf(out, "%s, %s; candidates %s %u..%u, history %ld; %s\n", model_path ? model_path : config ? "a random model of --config" : "embedded default model",
+    fprintf(out, "%s, %s; candidates %s %u..%u, history %lld; %s\n", model_path ? model_path : config ? "a random model of --config" : "embedded default model",
             device, cands.kind == CAND_FIXED ? "fixed" : cands.kind == CAND_UNIFORM ? "uniform" : "long-tailed",
             cands.a, cands.b, history,
             direct ? "direct calls" : adaptive ? "scheduler, adaptive wait" : "scheduler, fixed wait");
@@ -204,18 +253,26 @@ int main(int argc, char **argv)
                         .num_tasks = info.num_tasks, .num_items = info.num_items, .qps = rate, .diurnal = diurnal,
                         .seconds = seconds, .max_requests = requests, .cands = cands, .history = (uint32_t)history,
                         .timeout_us = timeout_us, .seed = seed + (uint64_t)k, .progress = isatty(2), .label = label};
-        if (!run_level(&o, &res[done])) return 1;
+        if (!run_level(&o, &res[done])) {
+            flame_scheduler_destroy(s), flame_engine_destroy(e), flame_model_destroy(m);
+            return 1;
+        }
         const level_result *r = &res[done++];
         fprintf(out, "%10.0f %10.0f %9.0f %9.0f %9.0f %9.0f %8llu %8llu %7.2f %9.0f\n", r->offered_qps, r->achieved_qps,
                 r->p50_us, r->p90_us, r->p99_us, r->p999_us, (unsigned long long)r->timeouts,
                 (unsigned long long)r->rejected, r->mean_batch, r->late_p99_us);
         if (r->failed) fprintf(stderr, "flame-bench: %llu requests failed\n", (unsigned long long)r->failed);
         if (auto_sweep && r->achieved_qps < 0.9 * r->offered_qps) break; /* saturated */
+        if (auto_sweep && !r->sent) break; /* --seconds too short for one arrival: no level says more */
     }
     overhead_result ov;
     oo.seconds = seconds < 3 ? seconds : 3;
     oo.adaptive = adaptive;
     const bool have_ovh = (overhead || only_overhead) && run_overhead(&oo, &ov);
+    if (only_overhead && !have_ovh) {
+        flame_scheduler_destroy(s), flame_engine_destroy(e), flame_model_destroy(m);
+        return 1;
+    }
     if (have_ovh) {
         fprintf(out, "scheduler overhead, 1 token, 1 candidate, profile %ux1, max_wait %lld us%s: offered %.0f/s by %u "
                      "submitters in bursts of %llu, achieved %.0f/s, mean batch %.1f\n",
@@ -230,6 +287,7 @@ int main(int argc, char **argv)
         FILE *f = fopen(path, "w");
         if (!f) {
             perror(path);
+            flame_scheduler_destroy(s), flame_engine_destroy(e), flame_model_destroy(m);
             return 1;
         }
         fprintf(f, "offered_qps,achieved_qps,p50_us,p90_us,p99_us,p999_us,timeouts,rejected,mean_batch\n");

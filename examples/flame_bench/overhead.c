@@ -121,6 +121,14 @@ static double run_submitters(ovh_run *r, uint32_t nth, uint64_t total, uint64_t 
 bool run_overhead(const overhead_opts *o, overhead_result *res)
 {
     memset(res, 0, sizeof *res);
+    const uint32_t nth = o->submitters < 1 ? 1 : o->submitters > 16 ? 16 : o->submitters;
+    const double per_thread_rate = o->qps / nth;
+    const uint64_t per_thread = (uint64_t)(per_thread_rate * o->seconds);
+    if (per_thread == 0) { /* the pass below replays the run's batches: there must be one */
+        fprintf(stderr, "flame-bench: overhead run: %g requests/s by %u submitters for %g s is no request a "
+                        "submitter; skipped\n", o->qps, nth, o->seconds);
+        return false;
+    }
     flame_model *m = NULL;
     flame_config *cfg = NULL;
     flame_engine *e = NULL;
@@ -139,12 +147,9 @@ bool run_overhead(const overhead_opts *o, overhead_result *res)
         flame_scheduler_destroy(s), flame_engine_destroy(e), flame_model_destroy(m);
         return false;
     }
-    const uint32_t nth = o->submitters < 1 ? 1 : o->submitters > 16 ? 16 : o->submitters;
-    const double per_thread_rate = o->qps / nth;
     uint64_t burst = (uint64_t)(per_thread_rate * o->burst_us / 1e6 + 0.5);
     if (burst < 1) burst = 1;
     const uint64_t burst_us = (uint64_t)(burst * 1e6 / per_thread_rate + 0.5); /* the rate, for whole bursts */
-    const uint64_t per_thread = (uint64_t)(per_thread_rate * o->seconds);
     const uint64_t total = per_thread * nth;
     static const int64_t item = 3;
     ovh_run r = {.s = s, .per_thread = per_thread, .burst = burst, .burst_us = burst_us};

@@ -167,8 +167,9 @@ bool run_level(const level_opts *o, level_result *res)
         if (o->diurnal) /* valley qps / 6 at the start and end, peak qps in the middle */
             rate = o->qps / 6 + (o->qps - o->qps / 6) * (1 - cos(2 * M_PI * t / o->seconds)) / 2;
         t += -log(uniform01(&seed)) / rate;
+        if (!(t * 1e6 <= (double)span)) break; /* past the level's end (checked before the cast: a tiny rate's
+                                                  t does not fit an integer) */
         const uint64_t at = start + (uint64_t)(t * 1e6);
-        if (at - start > span) break;
         slot *q = &ru.slots[i];
         const size_t m = draw_cands(&o->cands, &seed);
         q->ids = malloc((o->history + m) * sizeof *q->ids);
@@ -191,7 +192,12 @@ bool run_level(const level_opts *o, level_result *res)
         sent++;
         if (o->sched) {
             flame_submit_options so = {.struct_size = sizeof so, .timeout_us = o->timeout_us};
-            if (flame_scheduler_submit_ex(o->sched, &q->r, q->scores, m * (size_t)o->num_tasks, &so, on_done, q, NULL)) {
+            const flame_status sst =
+                flame_scheduler_submit_ex(o->sched, &q->r, q->scores, m * (size_t)o->num_tasks, &so, on_done, q, NULL);
+            if (sst) {
+                /* a full queue is load shedding, counted; anything else is a mistake worth its message */
+                if (sst != FLAME_ERR_UNAVAILABLE && !rejected)
+                    fprintf(stderr, "flame-bench: a request was refused: %s\n", flame_last_error());
                 rejected++;
                 free(q->ids), free(q->scores);
                 q->ids = NULL, q->scores = NULL;
@@ -221,7 +227,7 @@ bool run_level(const level_opts *o, level_result *res)
     qsort(ru.lat, n, sizeof *ru.lat, cmp_u64);
     qsort(ru.late, sent, sizeof *ru.late, cmp_u64);
     *res = (level_result){
-        .offered_qps = (double)sent / o->seconds, .achieved_qps = (double)atomic_load(&ru.ok) / ((end - start) / 1e6),
+        .offered_qps = (double)sent / o->seconds, .achieved_qps = (double)atomic_load(&ru.ok) / ((end > start ? end - start : 1) / 1e6),
         .p50_us = pct(ru.lat, n, 0.5), .p90_us = pct(ru.lat, n, 0.9), .p99_us = pct(ru.lat, n, 0.99),
         .p999_us = pct(ru.lat, n, 0.999), .late_p50_us = pct(ru.late, sent, 0.5),
         .late_p99_us = pct(ru.late, sent, 0.99), .sent = sent, .ok = atomic_load(&ru.ok),

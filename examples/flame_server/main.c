@@ -4,8 +4,12 @@
  *                  -> {"scores": [[task scores of candidate 0], ...]}
  * through a batch-profile scheduler, so concurrent connections are batched.
  *   flame-server [--model FILE] [--bind ADDR] [--port N] [--device D] [--max-wait-us N] [--adaptive]
+ *                [--workers N] [--max-connections N]
  * --port 0 (the default) takes a free port; the first line on stdout says which:
  * "listening on http://ADDR:PORT". SIGINT or SIGTERM stops it (queued requests complete).
+ * A connection is a thread; past --max-connections (default 1000) new ones are refused, and an
+ * idle one is closed after 10 s. Clients that hold connections open can still fill that
+ * bound: for untrusted clients, put a reverse proxy in front.
  * Side features, when the model has them, are sent as empty bags (the request format carries
  * ids only). docs/metrics.md. */
 #include <arpa/inet.h>
@@ -97,8 +101,8 @@ static int64_t *ids_of(const cJSON *a, const char *name, size_t *n, char *why, s
     }
     int i = 0;
     for (const cJSON *e = a->child; e; e = e->next, i++) {
-        const double v = e->valuedouble;
-        if (!cJSON_IsNumber(e) || v != (double)(int64_t)v || v < 0 || v > 9007199254740992.0) {
+        const double v = e->valuedouble; /* range first: casting 1e300 to int64_t is undefined */
+        if (!cJSON_IsNumber(e) || !(v >= 0 && v <= 9007199254740992.0) || v != (double)(int64_t)v) {
             snprintf(why, why_len, "'%s'[%d] is not a non-negative integer id", name, i);
             free(ids);
             return NULL;
@@ -107,6 +111,37 @@ static int64_t *ids_of(const cJSON *a, const char *name, size_t *n, char *why, s
     }
     *n = (size_t)len;
     return ids;
+}
+
+/* An integer in [lo, hi] from an optional JSON member (absent: *out = 0); false if not one. */
+static bool integer_member(const cJSON *m, double lo, double hi, int64_t *out)
+{
+    *out = 0;
+    if (!m) return true;
+    const double v = m->valuedouble;
+    if (!cJSON_IsNumber(m) || !(v >= lo && v <= hi) || v != (double)(int64_t)v) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
+/* The body's members: known names only, each once (readers disagree on which duplicate wins). */
+static bool check_members(const cJSON *doc, char *why, size_t why_len)
+{
+    static const char *const known[] = {"history", "candidates", "priority", "timeout_us"};
+    int seen[4] = {0};
+    for (const cJSON *m = doc->child; m; m = m->next) {
+        size_t k = 0;
+        while (k < 4 && strcmp(m->string, known[k])) k++;
+        if (k == 4) {
+            snprintf(why, why_len, "unknown member '%.60s' (history, candidates, priority, timeout_us)", m->string);
+            return false;
+        }
+        if (seen[k]++) {
+            snprintf(why, why_len, "member '%s' appears twice", known[k]);
+            return false;
+        }
+    }
+    return true;
 }
 
 static unsigned http_status(flame_status st)
@@ -122,32 +157,35 @@ static unsigned http_status(flame_status st)
 static enum MHD_Result score(server *s, struct MHD_Connection *c, const body *b)
 {
     if (b->too_large) return error(c, 413, "request body over %s bytes", "1048576");
-    cJSON *doc = cJSON_ParseWithLength(b->p ? b->p : "", b->len);
+    const char *end = NULL;
+    cJSON *doc = cJSON_ParseWithLengthOpts(b->p ? b->p : "", b->len, &end, 0);
     if (!cJSON_IsObject(doc)) {
         cJSON_Delete(doc);
         return error(c, 400, "%s", "the body is not a JSON object");
     }
     char why[256] = "";
+    for (const char *t = end; t < b->p + b->len && !why[0]; t++)
+        if (*t != ' ' && *t != '\n' && *t != '\r' && *t != '\t')
+            snprintf(why, sizeof why, "bytes after the JSON object (at offset %td)", t - b->p);
+    if (!why[0]) check_members(doc, why, sizeof why);
     size_t nh = 0, nc = 0;
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(doc, "history");
-    int64_t *hist = h ? ids_of(h, "history", &nh, why, sizeof why) : calloc(1, sizeof *hist);
+    int64_t *hist = why[0] ? NULL : h ? ids_of(h, "history", &nh, why, sizeof why) : calloc(1, sizeof *hist);
     int64_t *cand = hist ? ids_of(cJSON_GetObjectItemCaseSensitive(doc, "candidates"), "candidates", &nc, why,
                                   sizeof why)
                          : NULL;
-    flame_submit_options o = {.struct_size = sizeof o};
-    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(doc, "priority"),
-                *to = cJSON_GetObjectItemCaseSensitive(doc, "timeout_us");
-    if (cand && pr && (!cJSON_IsNumber(pr) || pr->valuedouble != (double)pr->valueint))
-        snprintf(why, sizeof why, "'priority' must be -1, 0 or 1");
-    if (cand && to && (!cJSON_IsNumber(to) || to->valuedouble < 0 || to->valuedouble > 1e12))
-        snprintf(why, sizeof why, "'timeout_us' must be a number of microseconds, 0..1e12");
+    /* read before the document is freed: the members point into it */
+    int64_t priority = 0, timeout_us = 0;
+    if (cand && !integer_member(cJSON_GetObjectItemCaseSensitive(doc, "priority"), -1e9, 1e9, &priority))
+        snprintf(why, sizeof why, "'priority' must be an integer, -1, 0 or 1");
+    if (cand && !integer_member(cJSON_GetObjectItemCaseSensitive(doc, "timeout_us"), 0, 1e12, &timeout_us))
+        snprintf(why, sizeof why, "'timeout_us' must be an integer number of microseconds, 0..1e12 (0: none)");
     cJSON_Delete(doc);
     if (!cand || why[0]) {
         free(hist), free(cand);
-        return error(c, 400, "%s", why);
+        return error(c, 400, "%s", why[0] ? why : "out of memory");
     }
-    o.priority = pr ? pr->valueint : 0;
-    o.timeout_us = to ? (int64_t)to->valuedouble : 0;
+    flame_submit_options o = {.struct_size = sizeof o, .priority = (int32_t)priority, .timeout_us = timeout_us};
     /* empty bags for the side slots: offsets of zeros, long enough for either token list */
     const size_t longest = (nh > nc ? nh : nc) + 1;
     int64_t *zeros = calloc(longest, sizeof *zeros);
@@ -188,6 +226,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     (void)version;
     const bool post = !strcmp(method, "POST");
     if (!*con_cls) { /* first call: headers only */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (post && cl && strtoull(cl, NULL, 10) > MAX_BODY) /* refused before the body is read */
+            return error(c, 413, "request body over %s bytes", "1048576");
         body *b = calloc(1, sizeof *b);
         if (!b) return MHD_NO;
         *con_cls = b;
@@ -224,29 +265,46 @@ static void done_connection(void *cls, struct MHD_Connection *c, void **con_cls,
 static void usage(void)
 {
     fprintf(stderr, "usage: flame-server [--model FILE] [--bind ADDR] [--port N] [--device cpu|cuda|cuda:N]\n"
-                    "                    [--max-wait-us N] [--adaptive] [--workers N]\n");
+                    "                    [--max-wait-us N] [--adaptive] [--workers N] [--max-connections N]\n");
+}
+
+/* A whole decimal number in [lo, hi]; false (with a message) otherwise. */
+static bool number_arg(const char *flag, const char *v, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    const long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "flame-server: %s %s is not a whole number in %ld..%ld\n", flag, v, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
 }
 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *bind = "127.0.0.1", *device = "cpu";
-    long port = 0, max_wait = 500, workers = 0;
+    long port = 0, max_wait = 500, workers = 0, max_connections = 1000;
     bool adaptive = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--adaptive")) adaptive = true;
-        else if (!v) return usage(), 2;
-        else if (!strcmp(a, "--model")) model_path = v, i++;
-        else if (!strcmp(a, "--bind")) bind = v, i++;
-        else if (!strcmp(a, "--device")) device = v, i++;
-        else if (!strcmp(a, "--port")) port = strtol(v, NULL, 10), i++;
-        else if (!strcmp(a, "--max-wait-us")) max_wait = strtol(v, NULL, 10), i++;
-        else if (!strcmp(a, "--workers")) workers = strtol(v, NULL, 10), i++;
+        bool ok = true;
+        if (!strcmp(a, "--adaptive")) {
+            adaptive = true;
+            continue;
+        }
+        if (!v) return usage(), 2;
+        i++;
+        if (!strcmp(a, "--model")) model_path = v;
+        else if (!strcmp(a, "--bind")) bind = v;
+        else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--port")) ok = number_arg(a, v, 0, 65535, &port);
+        else if (!strcmp(a, "--max-wait-us")) ok = number_arg(a, v, 0, 10000000, &max_wait);
+        else if (!strcmp(a, "--workers")) ok = number_arg(a, v, 0, 256, &workers);
+        else if (!strcmp(a, "--max-connections")) ok = number_arg(a, v, 1, 100000, &max_connections);
         else return usage(), 2;
-    }
-    if (port < 0 || port > 65535) {
-        fprintf(stderr, "flame-server: --port %ld is outside 0..65535\n", port);
-        return 2;
+        if (!ok) return 2;
     }
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, bind, &addr.sin_addr) != 1) {
@@ -269,6 +327,9 @@ int main(int argc, char **argv)
     flame_config_destroy(cfg);
     if (st) {
         fprintf(stderr, "flame-server: %s\n", flame_last_error());
+        flame_scheduler_destroy(s.sched);
+        flame_engine_destroy(s.engine);
+        flame_model_destroy(m);
         return 1;
     }
     s.num_side = info.num_side_features;
@@ -279,13 +340,19 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    /* MHD_USE_AUTO: poll or epoll, not select, whose FD_SETSIZE (1024) turned away every
+     * connection once that many were open */
     struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                                                MHD_USE_ERROR_LOG,
+                                                MHD_USE_AUTO | MHD_USE_ERROR_LOG,
                                             0, NULL, NULL, handle, &s, MHD_OPTION_SOCK_ADDR, &addr,
                                             MHD_OPTION_NOTIFY_COMPLETED, done_connection, NULL,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_connections,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "flame-server: cannot listen on %s:%ld: %s\n", bind, port, strerror(errno));
+        flame_scheduler_destroy(s.sched);
+        flame_engine_destroy(s.engine);
+        flame_model_destroy(m);
         return 1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);

@@ -95,3 +95,26 @@ def test_bad_options_are_named():
     assert p.returncode == 2 and "--candidates 'pareto:3'" in p.stderr
     p = subprocess.run([str(EXE), "--profiles", "8by32"], capture_output=True, text=True)
     assert p.returncode == 2 and "--profiles '8by32'" in p.stderr
+    # every number whole and in range (strtod took nan, inf and "5junk"; strtoul took -1 as 2^64 - 1)
+    for args, what in ((["--qps", "nan"], "--qps nan is not a number in (0, 1e+07]"),
+                       (["--seconds", "inf"], "--seconds inf is not a number"),
+                       (["--burst-us", "nan"], "--burst-us nan is not a number in [1, 1e+06]"),
+                       (["--timeout-us", "-5"], "--timeout-us -5 is not a whole number in 0..1000000000000"),
+                       (["--history", "abc"], "--history abc is not a whole number"),
+                       (["--workers", "99999999999"], "--workers 99999999999 is not a whole number in 0..256"),
+                       (["--candidates", "fixed:5junk"], "--candidates 'fixed:5junk'"),
+                       (["--profiles", "-1x5"], "--profiles '-1x5'"),
+                       (["--profiles", ",".join(["1x1"] * 17)], "--profiles '1x1,"),  # more than the scheduler takes
+                       (["--sweep", "1,2,"], "--sweep '1,2,'")):
+        p = subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and what in p.stderr, (args, p.stderr)
+
+
+def test_runs_too_short_for_a_request():
+    # the overhead run replays its batches: with no request it is skipped, and --overhead-only fails
+    p = subprocess.run([str(EXE), "--overhead-only", "--seconds", "0.000001"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 1 and "is no request a submitter; skipped" in p.stderr
+    # a rate so low that its first arrival lies past the level: nothing sent, at once
+    doc = json.loads(bench("--no-overhead", "--sweep", "1e-300", "--seconds", "1", "--json").stdout)
+    assert doc["levels"][0]["achieved_qps"] == 0 and doc["levels"][0]["rejected"] == 0

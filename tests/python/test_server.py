@@ -2,6 +2,7 @@
 (batched through the scheduler by concurrent connections), bad bodies get 400 naming the
 value, and /metrics, fetched like a Prometheus scrape, parses with prometheus_client's parser
 and counts exactly the requests sent."""
+import http.client
 import json
 import subprocess
 import threading
@@ -99,3 +100,39 @@ def test_score_and_scrape_over_http(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(url + "/nope", timeout=10)
     assert e.value.code == 404
+
+
+def test_bodies_refused_with_the_reason(server):
+    _, _, url = server
+    host, port = url.split("//")[1].split(":")
+    for data, what in ((b'{"history":[1],"candidates":[1]} trailing', "bytes after the JSON object (at offset 33)"),
+                       (b'{"history":[1],"candidates":[1],"history":[2]}', "member 'history' appears twice"),
+                       (b'{"history":[1],"candidate":[1]}', "unknown member 'candidate'"),
+                       (b'{"candidates":[1],"timeout_us":0.5}', "'timeout_us' must be an integer"),
+                       (b'{"candidates":[1],"priority":0.5}', "'priority' must be an integer"),
+                       (b'{"candidates":[1e300]}', "'candidates'[0] is not a non-negative integer id")):
+        c = http.client.HTTPConnection(host, int(port), timeout=30)
+        c.request("POST", "/score", body=data)
+        r = c.getresponse()
+        assert r.status == 400 and what in json.loads(r.read())["error"], data
+        c.close()
+    # a declared length over the bound is answered before any of the body is sent
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    c.putrequest("POST", "/score")
+    c.putheader("Content-Length", str(2 << 20))
+    c.endheaders()
+    r = c.getresponse()
+    assert r.status == 413 and "over 1048576 bytes" in json.loads(r.read())["error"]
+    c.close()
+    code, body = post(url, {"history": [1], "candidates": [2], "priority": 1, "timeout_us": 10**6})
+    assert code == 200 and len(body["scores"]) == 1
+
+
+def test_arguments_are_whole_numbers():
+    exe = REPO / "examples" / "flame-server"
+    for args, what in ((["--port", "abc"], "--port abc is not a whole number in 0..65535"),
+                       (["--port", "70000"], "--port 70000 is not a whole number"),
+                       (["--workers", "5x"], "--workers 5x is not a whole number"),
+                       (["--max-connections", "0"], "--max-connections 0 is not a whole number in 1..100000")):
+        p = subprocess.run([str(exe)] + args, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and what in p.stderr, (args, p.stderr)
