@@ -134,11 +134,16 @@ int run_eval(const eval_options *o)
                 }
             users++;
         }
-        progress_update(&prog, u0 + nb);
+        progress_update(&prog, u0 + B < seq.num_users ? u0 + B : seq.num_users); /* lines read, skipped ones too */
     }
     double elapsed = now_us() - t_start;
     progress_finish(&prog);
-    if (rc == 0 && users) {
+    if (rc == 0 && !users) {
+        fprintf(stderr, "flame-score: no line of '%s' has an item to hold out (each is 'user item item ...')\n",
+                o->sequences);
+        rc = 1;
+    }
+    if (rc == 0) {
         for (int k = 0; k < o->num_ks; k++) {
             hr[k] /= (double)users;
             ndcg[k] /= (double)users;

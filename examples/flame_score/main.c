@@ -21,17 +21,22 @@ static void usage(FILE *f)
 }
 
 /* Parses "5,10,20" into ks; -1 with a message on a bad list. */
-static int parse_ks(const char *s, eval_options *o)
+static int parse_ks(const char *arg, eval_options *o)
 {
     o->num_ks = 0;
-    while (*s) {
+    for (const char *s = arg; *s;) {
         char *end;
         long k = strtol(s, &end, 10);
         if (end == s || k < 1 || k > 100000 || o->num_ks == MAX_KS || (*end && *end != ',')) {
-            fprintf(stderr, "flame-score: --k '%s': expected up to %d comma-separated integers in [1, 100000]\n", s,
+            fprintf(stderr, "flame-score: --k '%s': expected up to %d comma-separated integers in [1, 100000]\n", arg,
                     MAX_KS);
             return -1;
         }
+        for (int j = 0; j < o->num_ks; j++)
+            if (o->ks[j] == (int)k) { /* a metric twice would repeat its JSON key */
+                fprintf(stderr, "flame-score: --k '%s': %ld appears twice\n", arg, k);
+                return -1;
+            }
         o->ks[o->num_ks++] = (int)k;
         s = *end ? end + 1 : end;
     }

@@ -30,8 +30,15 @@ int sequences_read(const char *path, sequences *s)
     int rc = 0;
     if (push((void **)&s->offsets, &ocap, 0, sizeof(size_t))) rc = -1;
     else s->offsets[0] = 0;
-    while (rc == 0 && getline(&line, &len, f) != -1) {
+    ssize_t got;
+    while (rc == 0 && (got = getline(&line, &len, f)) != -1) {
         line_no++;
+        if (memchr(line, '\0', (size_t)got)) { /* the string functions below would stop there */
+            fprintf(stderr, "flame-score: %s:%zu: a NUL byte at column %zu\n", path, line_no,
+                    (size_t)((char *)memchr(line, '\0', (size_t)got) - line) + 1);
+            rc = -1;
+            break;
+        }
         char *p = line + strspn(line, " \t\r\n"), *end;
         if (!*p) continue; /* blank line */
         int first = 1; /* the user id: checked, not needed for scoring */

@@ -65,11 +65,16 @@ def test_flame_score_rejects_a_bad_sequences_file(beauty_flame, tmp_path):
         "1 5 6 7\n2 3 1e3 4\n": "2: item id '1e3' is not a non-negative integer",  # never read as 1
         "1 5 6 7\n3 99999999 1\n": "id 99999999 out of range [0, 12103)",          # the library names the id
         "": "holds no 'user item item ...' lines",
+        "1\n2\n": "no line of",                     # users without items: nothing to evaluate is an error
+        "1 2 3 4\0 5 6\n": "1: a NUL byte at column 8",  # not a line cut short
     }
     for text, message in cases.items():
         bad = tmp_path / "bad.txt"
-        bad.write_text(text)
+        bad.write_bytes(text.encode())
         res = subprocess.run([exe, "--model", str(beauty_flame), "--sequences", str(bad), "--eval", "loo"],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 1, (text, res.stdout)
         assert message in res.stderr, (text, res.stderr)
+    res = subprocess.run([exe, "--model", str(beauty_flame), "--sequences", str(bad), "--eval", "loo", "--k", "5,5"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--k '5,5': 5 appears twice" in res.stderr

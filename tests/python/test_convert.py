@@ -96,6 +96,44 @@ def test_bad_shape_and_heads_exit_2(tmp_path, capsys):
     assert "num_heads" in capsys.readouterr().err
 
 
+def test_weights_libflame_would_refuse_are_not_written(tmp_path, capsys):
+    """A NaN, or a value F16 cannot hold (it ends at 65504), would make a file libflame refuses
+    to load: the converter says so instead of writing it."""
+    sd = iclrec_state_dict()
+    sd["item_embeddings.weight"][3, 1] = 1e5
+    rc, dst = run_convert(tmp_path, sd, "--dtype", "F16")
+    assert rc == 2 and "tensor 'tables.item.weight': value 100000.0 (flat index 25) overflows F16" in \
+        capsys.readouterr().err and not dst.exists()
+    assert run_convert(tmp_path, sd, "--dtype", "F32")[0] == 0  # F32 holds it
+    sd["LayerNorm.bias"][2] = np.nan
+    assert run_convert(tmp_path, sd)[0] == 2
+    assert "value nan (flat index 2) is not finite" in capsys.readouterr().err
+
+
+def test_zero_options_and_bad_headers_exit_2(tmp_path, capsys):
+    assert run_convert(tmp_path, iclrec_state_dict(), "--num-heads", "0")[0] == 2  # not the default 2
+    assert "--num-heads 0 must be at least 1" in capsys.readouterr().err
+    bad = tmp_path / "bad.safetensors"
+    for raw, what in ((b"1234", "too short for a safetensors header"),
+                      ((10**12).to_bytes(8, "little") + b"{}", "header length 1000000000000 exceeds the file size"),
+                      ((2).to_bytes(8, "little") + b"[]", "the safetensors header is not a JSON object")):
+        bad.write_bytes(raw)
+        assert convert.main(["iclrec", str(bad), str(tmp_path / "o.safetensors")]) == 2
+        assert what in capsys.readouterr().err
+
+
+def test_evaluate_refuses_ids_outside_the_table(tmp_path, capsys):
+    from flame.tools import evaluate
+    rc, dst = run_convert(tmp_path, iclrec_state_dict())
+    data = tmp_path / "seq.txt"
+    for text, what in (("1 2 -3 4\n", "seq.txt:1: item id -3 is outside 0..22"),  # numpy read -1 as the last
+                       ("1 2 3\n2 23\n", "seq.txt:2: item id 23 is outside 0..22"),
+                       ("1\n2\n", "no line has an item to hold out")):
+        data.write_text(text)
+        assert evaluate.main([str(dst), str(data)]) == 2
+        assert what in capsys.readouterr().err
+
+
 def test_cli_exit_status(tmp_path):
     sd = iclrec_state_dict()
     del sd["item_embeddings.weight"]

@@ -168,7 +168,7 @@ def _tiny(tmp_path, tensors, dtypes):
     full = {k: v for k, v in full.items() if v is not None}
     dt = {k: dtypes.get(k, "F32") for k in full}
     path = tmp_path / "bad.safetensors"
-    st_io.write(path, full, {"flame.config": __import__("json").dumps(cfg)}, dt)
+    st_io.write(path, full, {"flame.config": __import__("json").dumps(cfg)}, dt, finite=False)
     return path
 
 

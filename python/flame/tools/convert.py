@@ -19,6 +19,7 @@ import re
 import sys
 
 import numpy as np
+import safetensors
 
 from . import layout, st_io
 
@@ -190,20 +191,30 @@ def main(argv=None):
                     "file name, else pos_emb rows - 1)")
     ap.add_argument("--dtype", choices=st_io.DTYPES, default="F32", help="storage dtype of the output")
     args = ap.parse_args(argv)
+    # a 0 given is refused, not taken for "not given" (the default)
+    for flag, v in (("--num-heads", args.num_heads), ("--max-len", args.max_len)):
+        if v is not None and v < 1:
+            print(f"flame.tools.convert: {flag} {v} must be at least 1", file=sys.stderr)
+            return 2
     try:
         src = read_state_dict(args.input)
         if args.kind == "iclrec":
-            cfg, out, dropped = iclrec(src, args.num_heads or 2, 1e-12 if args.eps is None else args.eps)
+            cfg, out, dropped = iclrec(src, 2 if args.num_heads is None else args.num_heads,
+                                       1e-12 if args.eps is None else args.eps)
         else:
-            cfg, out, dropped = sasrec(src, args.num_heads or _from_filename(args.input, "head") or 1, args.norm,
-                                       args.max_len or _from_filename(args.input, "maxlen"),
-                                       1e-8 if args.eps is None else args.eps)
-    except (ConvertError, ValueError, OSError) as e:
+            heads = args.num_heads if args.num_heads is not None else _from_filename(args.input, "head") or 1
+            max_len = args.max_len if args.max_len is not None else _from_filename(args.input, "maxlen")
+            cfg, out, dropped = sasrec(src, heads, args.norm, max_len, 1e-8 if args.eps is None else args.eps)
+    except (ConvertError, ValueError, OSError, safetensors.SafetensorError) as e:
         print(f"flame.tools.convert: {args.input}: {e}", file=sys.stderr)
         return 2
     for name in dropped:
         print(f"flame.tools.convert: note: dropping '{name}' (not used by the forward pass)", file=sys.stderr)
-    st_io.write(args.output, out, {"flame.config": json.dumps(cfg)}, args.dtype)
+    try:
+        st_io.write(args.output, out, {"flame.config": json.dumps(cfg)}, args.dtype)
+    except (ValueError, OSError, safetensors.SafetensorError) as e:
+        print(f"flame.tools.convert: {args.output}: {e}", file=sys.stderr)
+        return 2
     print(f"flame.tools.convert: wrote {args.output}: d_model {cfg['d_model']}, {cfg['blocks']['count']} block(s), "
           f"{cfg['blocks']['num_heads']} heads, ffn {cfg['blocks']['ffn_dim']}, max_len {cfg['max_len']}, "
           f"{cfg['tables'][-1]['rows']} items", file=sys.stderr)

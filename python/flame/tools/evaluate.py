@@ -22,9 +22,24 @@ import numpy as np
 from . import reference
 
 
-def read_sequences(path):
+def read_sequences(path, num_items):
+    """The item sequences of the lines that have one (a user with no item has no target, as
+    flame-score skips it); ids must lie in 0..num_items-1 (numpy would read -1 as the last)."""
+    seqs = []
     with open(path) as f:
-        return [np.array(line.split()[1:], dtype=np.int64) for line in f if line.strip()]
+        for no, line in enumerate(f, 1):
+            try:
+                s = np.array(line.split()[1:], dtype=np.int64)
+            except ValueError:
+                raise ValueError(f"{path}:{no}: an item id is not an integer") from None
+            bad = np.flatnonzero((s < 0) | (s >= num_items))
+            if bad.size:
+                raise ValueError(f"{path}:{no}: item id {s[bad[0]]} is outside 0..{num_items - 1}")
+            if s.size:
+                seqs.append(s)
+    if not seqs:
+        raise ValueError(f"{path}: no line has an item to hold out (each is 'user item item ...')")
+    return seqs
 
 
 def user_states(cfg, t, histories):
@@ -57,8 +72,8 @@ def user_states(cfg, t, histories):
 def evaluate(model_path, data_path, ks=(5, 10, 20), dtype=np.float64, mask_scope="full", batch=2048):
     cfg, t = reference.load(model_path)
     t = {k: v.astype(dtype) for k, v in t.items()}
-    seqs = read_sequences(data_path)
     table = t[f"tables.{cfg['head']['table']}.weight"]
+    seqs = read_sequences(data_path, table.shape[0])
     ids = np.arange(table.shape[0])
     ml, K = cfg["max_len"], max(ks)
     ranks, tie_sensitive = [], 0
@@ -95,7 +110,11 @@ def main(argv=None):
                     help="zero the scores of the whole history (default, as ICLRec) or only the kept window")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    m = evaluate(args.model, args.data, dtype=np.dtype(args.dtype), mask_scope=args.mask)
+    try:
+        m = evaluate(args.model, args.data, dtype=np.dtype(args.dtype), mask_scope=args.mask)
+    except (ValueError, OSError) as e:
+        print(f"flame.tools.evaluate: {e}", file=sys.stderr)
+        return 2
     dt = time.perf_counter() - t0
     print(" ".join(f"{k} {m[k]:.4f}" for k in ("HR@5", "NDCG@5", "HR@10", "NDCG@10", "HR@20", "NDCG@20")))
     print(f"{m['users']} users, {m['tie_sensitive_users']} with a tie at the target inside the top 20, "

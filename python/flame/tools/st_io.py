@@ -43,9 +43,16 @@ def unique_keys(pairs):
 def read_header(path):
     """(metadata dict, {name: entry}) straight from the file's JSON header (duplicate keys
     refused)."""
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
+        if size < 8:
+            raise ValueError(f"{path}: {size} bytes, too short for a safetensors header")
         (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8:  # checked before reading: a lying length would allocate it
+            raise ValueError(f"{path}: header length {n} exceeds the file size ({size} bytes)")
         header = json.loads(f.read(n), object_pairs_hook=unique_keys)
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the safetensors header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
     return meta, header
 
@@ -70,10 +77,22 @@ def read(path):
     return meta, tensors, dtypes
 
 
-def encode(a, dtype):
-    """float array (integer array for I8) -> contiguous little-endian array holding `dtype`'s bytes."""
-    if dtype == "BF16":
-        return f32_to_bf16_bits(np.asarray(a, dtype=np.float32))
+def encode(a, dtype, finite=True):
+    """float array (integer array for I8) -> contiguous little-endian array holding `dtype`'s bytes.
+    With `finite`, float values must be finite and stay finite in `dtype` (libflame refuses a
+    file holding a NaN or Inf weight: F16 ends at 65504); False writes them as they are."""
+    if dtype in DTYPES:
+        a = np.asarray(a, dtype=np.float32)
+        bad = np.flatnonzero(~np.isfinite(a)) if finite else []
+        if len(bad):
+            raise ValueError(f"value {a.flat[bad[0]]} (flat index {bad[0]}) is not finite")
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found and named below
+            b = f32_to_bf16_bits(a) if dtype == "BF16" else np.ascontiguousarray(a, dtype=_NUMPY[dtype])
+        wide = bf16_bits_to_f32(b) if dtype == "BF16" else b
+        bad = np.flatnonzero(~np.isfinite(wide)) if finite else []
+        if len(bad):
+            raise ValueError(f"value {a.flat[bad[0]]} (flat index {bad[0]}) overflows {dtype}")
+        return b
     if dtype == "I8":
         a = np.asarray(a)
         if a.dtype != np.int8 and (not np.all(np.isfinite(a)) or np.any(a != np.rint(a)) or np.any(a < -128)
@@ -82,15 +101,20 @@ def encode(a, dtype):
     return np.ascontiguousarray(a, dtype=_NUMPY[dtype])
 
 
-def write(path, tensors, metadata=None, dtype="F32"):
+def write(path, tensors, metadata=None, dtype="F32", finite=True):
     """Writes {name: array} as `dtype` (one of DTYPES, or a {name: dtype} dict whose values
-    may also be "I8" for int8 arrays)."""
+    may also be "I8" for int8 arrays). A NaN or Inf float value, given or made by the
+    narrowing, raises ValueError naming the tensor, unless `finite` is False (a file libflame
+    must refuse, for tests)."""
     keep, specs = [], {}
     for name, a in tensors.items():
         dt = dtype[name] if isinstance(dtype, dict) else dtype
         if dt not in (ALL_DTYPES if isinstance(dtype, dict) else DTYPES):
             raise ValueError(f"dtype must be one of {DTYPES}, got {dt!r}")
-        b = encode(a, dt)
+        try:
+            b = encode(a, dt, finite)
+        except ValueError as e:
+            raise ValueError(f"tensor '{name}': {e}") from None
         keep.append(b)
         if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.8 takes pointers
             specs[name] = safetensors.TensorSpec(dtype=_SPEC_NAME[dt], shape=list(b.shape),
