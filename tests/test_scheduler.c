@@ -737,20 +737,38 @@ static struct {
     flame_scheduler *s;
     flame_engine *e;
     atomic_int gone;
+    atomic_int late_n, late_done; /* submits from the later callbacks, and their done calls */
+    flame_status late[8];
 } iso;
+static void late_done(void *user, flame_status st, const char *message)
+{
+    (void)user, (void)st, (void)message;
+    atomic_fetch_add(&iso.late_done, 1);
+}
 static void destroy_all_in_done(void *user, flame_status st, const char *message)
 {
     on_done(user, st, message);
     if (!atomic_exchange(&iso.gone, 1)) {
         flame_scheduler_destroy(iso.s);
         flame_engine_destroy(iso.e);
+        return;
+    }
+    /* a later callback of the batch submits, an empty request and a whole one: both refused
+     * before the engine (gone) is touched; the empty one was scored on it */
+    req *q = user;
+    flame_request empty = q->r;
+    empty.num_candidates = 0;
+    const int k = atomic_fetch_add(&iso.late_n, 2);
+    if (k + 1 < 8) {
+        iso.late[k] = flame_scheduler_submit(iso.s, &empty, NULL, 0, late_done, NULL);
+        iso.late[k + 1] = flame_scheduler_submit(iso.s, &q->r, q->scores, MAXC * 2, late_done, NULL);
     }
 }
 static void test_destroy_scheduler_and_engine_in_a_callback_during_isolation(void **state)
 {
     fixture *f = *state;
     static req q[4];
-    iso.gone = 0;
+    iso.gone = iso.late_n = iso.late_done = 0;
     assert_int_equal(flame_engine_create(f->sumi, NULL, &iso.e), FLAME_OK);
     const flame_batch_profile p[] = {{4, 64}};
     iso.s = make_sched(iso.e, p, 1, 5000000, 1, 0); /* the four form one batch */
@@ -771,6 +789,9 @@ static void test_destroy_scheduler_and_engine_in_a_callback_during_isolation(voi
         assert_matches(&q[i], 2);
     }
     assert_int_equal(q[3].status, FLAME_ERR_INVALID_ARG);
+    assert_int_equal(atomic_load(&iso.late_n), 6); /* three later callbacks, two submits each */
+    for (int k = 0; k < 6; k++) assert_int_equal(iso.late[k], FLAME_ERR_UNAVAILABLE);
+    assert_int_equal(atomic_load(&iso.late_done), 0);
 }
 
 /* ------------------------------------------------------------------ admission */
@@ -965,6 +986,39 @@ static void test_deadline_while_waiting_for_company(void **state)
     assert_int_equal(stats_of(s).batches, 0);
     flame_scheduler_destroy(s);
     assert_int_equal(atomic_load(&a.calls), 1);
+}
+
+/* A split request whose first part failed in a batch and whose second then expired in the
+ * queue completes on the expiry path, as scored (the failure): its latency is counted from
+ * the clock there (it was counted from 0, a wrapped 2^64 us in every latency sum after). */
+static void test_split_request_failing_then_expiring(void **state)
+{
+    fixture *f = *state;
+    static req v, a;
+    const flame_batch_profile p[] = {{2, 4}};
+    flame_scheduler *s = make_sched(f->se, p, 1, 5000000, 1, 0); /* v waits for company on the fake clock */
+    fl_sched_set_clock(s, fake_clock, NULL);
+    make_req(&v, 3, 4, true);
+    make_req(&a, 3, 8, true); /* parts of 4: the first in v's batch, the second left queued */
+    a.cand[0] = 9999;         /* the first part fails */
+    gate.entered = gate.open = false;
+    flame_submit_options vo = {.struct_size = sizeof vo};
+    assert_int_equal(flame_scheduler_submit_ex(s, &v.r, v.scores, MAXC * 2, &vo, gate_done, &v, NULL), FLAME_OK);
+    submit_opt(s, &a, 0, 1000, 0, on_done);
+    pthread_mutex_lock(&gate.mu); /* the worker is in v's callback, the batch {v, a's first part} done */
+    while (!gate.entered) pthread_cond_wait(&gate.cv, &gate.mu);
+    pthread_mutex_unlock(&gate.mu);
+    advance(s, 2000); /* past a's deadline */
+    release_worker();
+    wait_done(&a);
+    assert_int_equal(v.status, FLAME_OK);
+    assert_int_equal(a.status, FLAME_ERR_INVALID_ARG);
+    flame_latency lat = {.struct_size = sizeof lat};
+    assert_int_equal(flame_scheduler_get_latency(s, FLAME_STAGE_TOTAL, &lat), FLAME_OK);
+    assert_int_equal(lat.count, 2);
+    assert_int_equal(lat.max_us, 2000); /* a, submitted at the clock's start, completed 2,000 us later */
+    assert_int_equal(lat.sum_us, 2000); /* v took no time on the fake clock */
+    flame_scheduler_destroy(s);
 }
 
 static void test_cancel(void **state)
@@ -1388,6 +1442,7 @@ static void test_argument_errors(void **state)
     held[0].num_ids = 1, held[1].num_ids = 0;
     r.candidate_side = held;
     assert_int_equal(flame_scheduler_submit(s, &r, NULL, 0, on_done, &q), FLAME_OK);
+    assert_string_equal(flame_last_error(), ""); /* accepted: the request's error went to done */
     assert_int_equal(atomic_load(&q.calls), 1);
     assert_int_equal(q.status, FLAME_ERR_INVALID_ARG);
     assert_non_null(strstr(q.message, "candidate side feature 'artist' (slot 0): num_ids = 1, but there are no "
@@ -1468,6 +1523,7 @@ int main(void)
         T(test_score_ex_with_options),
         T(test_deadlines),
         T(test_deadline_while_waiting_for_company),
+        T(test_split_request_failing_then_expiring),
         T(test_cancel),
         T(test_every_callback_once_at_destroy),
         T(test_admission_stress),

@@ -152,6 +152,16 @@ static void test_refusals_write_nothing(void **state)
         assert_true(sc[i] == 9.0f);
     }
     assert_int_equal(flame_score_batch_topk(e, f.req, 0, 8, 0, NULL, NULL, 0), FLAME_OK); /* no requests */
+    /* the array's elements are request 0's struct_size apart: one claiming more is refused before
+     * it is read as that many bytes (read past the array, found under ASan) */
+    size_t *two = malloc(2 * sizeof *two);
+    two[0] = 8, two[1] = sizeof(flame_request);
+    char want[160];
+    snprintf(want, sizeof want, "request 1: struct_size = %zu, but the array's elements are 8 bytes apart",
+             sizeof(flame_request));
+    assert_status_msg(flame_score_batch_topk(e, (const flame_request *)two, 2, 8, 0, ids, sc, 32),
+                      FLAME_ERR_INVALID_ARG, want);
+    free(two);
     free(f.all);
     flame_engine_destroy(e);
     flame_model_destroy(m);

@@ -126,6 +126,10 @@ struct flame_scheduler {
     uint64_t next_id;          /* the last ticket given */
     uint64_t next_deadline;    /* no queued job's deadline is earlier (UINT64_MAX: none) */
     bool stopping;
+    /* set, before `stopping`, by destroy: submit reads it before anything else, since a done
+     * callback may submit after another callback of its batch destroyed the scheduler (and then
+     * perhaps the engine) */
+    atomic_bool closed;
     atomic_uint_fast64_t submitted, completed, failed, rejected, split, parts, batches, isolated;
     atomic_uint_fast64_t timeouts, cancelled, in_flight, candidates, slots_used, slots;
     atomic_uint_fast64_t profile_batches[FLAME_SCHED_MAX_PROFILES];

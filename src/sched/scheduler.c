@@ -393,7 +393,9 @@ static void *work(void *arg)
         const size_t n = next_batch(s, w->batch, &expired, &wake);
         if (expired) {
             pthread_mutex_unlock(&s->mu);
-            done_ctx c = {.recycle = &w->recycle};
+            /* now: a split job whose other part failed is completed here as scored, and its
+             * latency is counted from it */
+            done_ctx c = {.now = fl_sched_clock(s), .recycle = &w->recycle};
             complete_list(s, expired, FLAME_ERR_TIMEOUT, &c);
             pthread_mutex_lock(&s->mu);
             pool_put(s, w->recycle);
@@ -443,6 +445,7 @@ static void free_scheduler(flame_scheduler *s)
 
 static void stop_workers(flame_scheduler *s)
 {
+    atomic_store_explicit(&s->closed, true, memory_order_release);
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     wake_all(s);
@@ -532,6 +535,7 @@ FLAME_API flame_status flame_scheduler_create(flame_engine *engine, const flame_
 static void destroy_from_worker(flame_scheduler *s)
 {
     const pthread_t self = pthread_self();
+    atomic_store_explicit(&s->closed, true, memory_order_release);
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     wake_all(s);
@@ -638,6 +642,8 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
     if (!s || !request || !done)
         return fl_error(FLAME_ERR_INVALID_ARG, "flame_scheduler_submit: %s is NULL",
                         !s ? "scheduler" : !request ? "request" : "done");
+    if (atomic_load_explicit(&s->closed, memory_order_acquire)) /* before the engine is touched: it may be gone */
+        return fl_error(FLAME_ERR_UNAVAILABLE, "the scheduler is being destroyed");
     flame_submit_options o = {.struct_size = sizeof o};
     flame_status st;
     if (options && (st = fl_struct_in("flame_submit_options", &o, sizeof o, options))) return st;
@@ -673,6 +679,7 @@ FLAME_API flame_status flame_scheduler_submit_ex(flame_scheduler *s, const flame
         atomic_fetch_add(&s->submitted, 1);
         atomic_fetch_add(st ? &s->failed : &s->completed, 1);
         done(user, st, st ? message : NULL);
+        fl_clear_error(); /* accepted: the request's error went to done, not to this call */
         return FLAME_OK;
     }
     /* a kv_cache request is one engine call whatever its length: one cache lookup and one gather
@@ -761,7 +768,8 @@ FLAME_API flame_status flame_scheduler_cancel(flame_scheduler *s, uint64_t ticke
     if (!parts)
         return fl_error(FLAME_ERR_UNAVAILABLE, "request %llu is no longer queued: %s", (unsigned long long)ticket,
                         running ? "a part of it is being scored" : "it is being scored or has completed");
-    done_ctx c = {.recycle = NULL}; /* s may be gone after this (a done callback may destroy it) */
+    /* s may be gone after this (a done callback may destroy it) */
+    done_ctx c = {.now = fl_sched_clock(s), .recycle = NULL};
     complete_list(s, parts, FLAME_ERR_CANCELLED, &c);
     return FLAME_OK;
 }
