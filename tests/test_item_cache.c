@@ -479,7 +479,7 @@ static void test_s3fifo_eviction_order(void **state)
 }
 
 /* The entry bound holds when the only main entry is the one being installed and small holds
- * hot entries: those are promoted, then evicted from main (found by an attack: the bound
+ * hot entries: those are promoted, then evicted from main (the bound
  * used to be exceeded by one entry per shard). */
 static void test_bound_with_hot_small_and_ghost_return(void **state)
 {

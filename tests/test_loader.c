@@ -206,6 +206,28 @@ static void test_ambiguous_headers(void **state)
     snprintf(cfg, sizeof cfg, "{\"k\\\\u0000\":0,%s", tiny_config + 1); /* an escaped backslash, then u0000 */
     p = tu_write_st("nulincfg.st", header(cfg, tiny_tensor), 0, data, 160);
     assert_status_msg(load(p), FLAME_ERR_FORMAT, "flame.config has a \\u0000 escape at offset 3");
+    /* raw control bytes, which cJSON copies into its strings (JSON forbids them): a raw NUL
+     * would cut the name or the config as the escape did */
+    p = tu_write_st("rawname.st", header(tiny_config, "\"tables.item.weight\001x\":{\"dtype\":\"F32\",\"shape\":"
+                                                      "[10,4],\"data_offsets\":[0,160]}"),
+                    0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "safetensors header has a raw control byte 0x01 inside a string");
+    snprintf(cfg, sizeof cfg, "%s\001 junk", tiny_config); /* the config, a raw NUL (patched in below), junk */
+    p = tu_write_st("rawcfg.st", header(cfg, tiny_tensor), 0, data, 160);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    fseek(f, 8, SEEK_SET); /* past the header length, whose bytes may hold a 1 */
+    for (int c; (c = fgetc(f)) != EOF;)
+        if (c == 1) {
+            fseek(f, -1, SEEK_CUR);
+            fputc(0, f);
+            break;
+        }
+    fclose(f);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "safetensors header has a raw control byte 0x00 inside a string");
+    snprintf(cfg, sizeof cfg, "{\"k\t\":0,%s", tiny_config + 1); /* a raw tab inside the config's key */
+    p = tu_write_st("rawincfg.st", header(cfg, tiny_tensor), 0, data, 160);
+    assert_status_msg(load(p), FLAME_ERR_FORMAT, "safetensors header has a raw control byte 0x09");
 }
 
 static void test_fifo_is_refused_not_waited_on(void **state)

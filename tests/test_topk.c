@@ -153,7 +153,7 @@ static void test_refusals_write_nothing(void **state)
     }
     assert_int_equal(flame_score_batch_topk(e, f.req, 0, 8, 0, NULL, NULL, 0), FLAME_OK); /* no requests */
     /* the array's elements are request 0's struct_size apart: one claiming more is refused before
-     * it is read as that many bytes (read past the array, found under ASan) */
+     * it is read as that many bytes (that read went past the array; ASan sees it) */
     size_t *two = malloc(2 * sizeof *two);
     two[0] = 8, two[1] = sizeof(flame_request);
     char want[160];

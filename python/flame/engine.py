@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _arrays, _config, _lib, features
+from . import _arrays, _config, _lib, errors, features
 from ._handle import Handle
 from ._structs import I64P, F32P, Bags, Request as _Request, EngineStats as _EngineStats, as_dict, new
 from .errors import ShapeError
@@ -102,9 +102,9 @@ class Engine(Handle):
     def __init__(self, model: Model, *, item_cache: Optional[ItemCache] = None,
                  user_cache: Optional[UserCache] = None, **options: Union[str, int]):
         if item_cache is not None and not isinstance(item_cache, ItemCache):
-            raise TypeError(f"item_cache must be a flame.ItemCache or None, got {type(item_cache).__name__}")
+            raise errors.DTypeError(f"item_cache must be a flame.ItemCache or None, got {type(item_cache).__name__}")
         if user_cache is not None and not isinstance(user_cache, UserCache):
-            raise TypeError(f"user_cache must be a flame.UserCache or None, got {type(user_cache).__name__}")
+            raise errors.DTypeError(f"user_cache must be a flame.UserCache or None, got {type(user_cache).__name__}")
         self._handle = C.c_void_p()
         L = _lib.lib()
         info = model.info
@@ -143,7 +143,7 @@ class Engine(Handle):
         it (a missing record pools to zero vectors). Not to be called while the engine scores. Raises InvalidArgumentError when the cache's records have another
         slot count than the model's side features."""
         if cache is not None and not isinstance(cache, ItemCache):
-            raise TypeError(f"cache must be a flame.ItemCache or None, got {type(cache).__name__}")
+            raise errors.DTypeError(f"cache must be a flame.ItemCache or None, got {type(cache).__name__}")
         with self._use() as h, (cache._use() if cache else contextlib.nullcontext()) as ch:
             _lib.check(_lib.lib().flame_engine_set_item_cache(h, ch))
         self._item_cache = cache
@@ -154,7 +154,7 @@ class Engine(Handle):
         user_id's record (slot 0, oldest first; its most recent max_len items) as their
         history; a miss scores an empty history. Not to be called while the engine scores."""
         if cache is not None and not isinstance(cache, UserCache):
-            raise TypeError(f"cache must be a flame.UserCache or None, got {type(cache).__name__}")
+            raise errors.DTypeError(f"cache must be a flame.UserCache or None, got {type(cache).__name__}")
         with self._use() as h, (cache._use() if cache else contextlib.nullcontext()) as ch:
             _lib.check(_lib.lib().flame_engine_set_user_cache(h, ch))
         self._user_cache = cache
@@ -200,12 +200,10 @@ class Engine(Handle):
         uid = 0 if r.user_id is None else _arrays.int64(r.user_id, where + "user_id")
         if r.kv_cache and r.user_id is None:
             raise ShapeError(f"{where}kv_cache is set but no user_id is given: whose history is cached?")
-        if isinstance(r.history_version, bool) or not isinstance(r.history_version, (int, np.integer)) or \
-                not 0 <= int(r.history_version) < 2**64:
-            raise ShapeError(f"{where}history_version = {r.history_version!r} must be an int in 0..2**64-1")
+        version = _arrays.c_int(r.history_version, where + "history_version", 64, signed=False)
         return _Request(C.sizeof(_Request), uid, _ptr(h), h.size, _ptr(c),
                         c.size, sides[0], sides[1], k, 1 if r.from_user_cache else 0,
-                        int(r.history_version), 1 if r.kv_cache else 0)
+                        version, 1 if r.kv_cache else 0)
 
     def score(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
               candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
@@ -276,10 +274,9 @@ class Engine(Handle):
         Returns (ids int64 [len(requests), k], scores float32 [len(requests), k]), best first,
         ties by lower id; a request with fewer than k candidates ends in ids -1, scores -inf.
         """
-        if not isinstance(k, int) or isinstance(k, bool) or not isinstance(task, int) or isinstance(task, bool):
-            raise TypeError("k and task must be integers")
-        if not 1 <= k <= 1024 or not 0 <= task < 2**32:
-            raise ValueError(f"k = {k} must be in 1..1024 and task = {task} a task index")
+        k, task = _arrays.c_int(k, "k", 32, signed=False), _arrays.c_int(task, "task", 32, signed=False)
+        if not 1 <= k <= 1024:
+            raise errors.InvalidArgumentError(f"k = {k} must be in 1..1024")
         keep: List[Any] = []
         reqs = self._requests(requests, keep)
         ids = np.empty((len(requests), k), dtype=np.int64)

@@ -250,9 +250,7 @@ def _redis_options(num_slots, host, port, key_prefix, connect_timeout_ms, read_t
     ints = dict(num_slots=num_slots, port=port, connect_timeout_ms=connect_timeout_ms,
                 read_timeout_ms=read_timeout_ms, keys_per_command=keys_per_command, backoff_min_ms=backoff_min_ms,
                 backoff_max_ms=backoff_max_ms)
-    for k, v in ints.items():
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -2**31 <= v < 2**31:
-            raise errors.DTypeError(f"{k} must be a 32-bit int, got {v!r}")
+    ints = {k: _arrays.c_int(v, k, 32) for k, v in ints.items()}
     for k, v in (("host", host), ("key_prefix", key_prefix)):
         if not isinstance(v, str):
             raise errors.DTypeError(f"{k} must be a string, got {type(v).__name__}")
@@ -327,7 +325,7 @@ class ItemCache(Handle):
 
     def __init__(self, source: FeatureSource, **options: Any):
         if not isinstance(source, FeatureSource):
-            raise TypeError(f"source must be a flame.FeatureSource, got {type(source).__name__}")
+            raise errors.DTypeError(f"source must be a flame.FeatureSource, got {type(source).__name__}")
         self._handle = C.c_void_p()
         self.source, self.num_slots = source, source.num_slots  # the source's callback lives as long as we do
         params = _item_cache_params(options)

@@ -79,7 +79,10 @@ def _cuda_device(d: Any) -> Optional[int]:
     if d is None or d == "cpu" or d == DEVICE_CPU:
         return None
     if isinstance(d, (int, np.integer)) and not isinstance(d, bool):
-        return int(d)
+        n = _arrays.c_int(d, "device", 32)
+        if n < 0:
+            raise errors.InvalidArgumentError(f"device {n} is no CUDA device index")
+        return n
     txt = str(d)
     if txt == "cuda":
         return 0
@@ -186,7 +189,8 @@ class EmbeddingBag(Handle):
       alive): they (and int8 tables' qparams) must be C-contiguous and of exactly that dtype,
       else ShapeError/DTypeError; a read-only array (a read-only mmap, bytes) may be borrowed,
       and update_rows then refuses its table. float16 and bfloat16 tables are always copied
-      there, as float32. CUDA tables are
+      there, as float32; since a handle borrows all its tables or none, copy=False refuses
+      them beside float32 or int8 ones (DTypeError). CUDA tables are
       always used in place (borrowed: this object keeps them alive and update_rows writes
       into them).
     device: None (default: cuda:N when the tables are CUDA tensors, else the CPU), "cpu",
@@ -242,16 +246,24 @@ class EmbeddingBag(Handle):
             d.qparams = qp_ptr
             self.dtypes.append(dt)
             self.dims.append(int(shape[1]))
+        threads = _arrays.c_int(threads, "threads", 32)
         p = new(EmbeddingBagParams)
         p.device, p.combine = (DEVICE_CPU if self.device is None else self.device), _choice(combine, COMBINE, "combine")
         p.tables, p.num_tables, p.borrow = descs, len(tables), 1 if borrow else 0
-        if self.device is None and borrow and any(dt in (F16, BF16) for dt in self.dtypes):
-            p.borrow = 0  # the CPU kernel reads float32: these are converted, so copied
+        half = [i for i, dt in enumerate(self.dtypes) if dt in (F16, BF16)]
+        if self.device is None and borrow and half:
+            # the CPU kernel reads float32, so those are converted, and the handle borrows all of
+            # its tables or none: the float32 and int8 ones would be copied behind the caller's back
+            if len(half) < len(tables):
+                raise errors.DTypeError(f"copy=False: table {half[0]} is {'float16' if self.dtypes[half[0]] == F16 else 'bfloat16'}, "
+                                        f"which the CPU holds converted to float32, so no table could be borrowed; "
+                                        f"pass copy=True or give float32 tables")
+            p.borrow = 0  # every table converted: nothing to borrow, as the docstring says
         _lib.check(_lib.lib().flame_embedding_bag_create(C.byref(p), C.byref(self._handle)))
         if p.borrow == 0:
             self._keep, self._read_only = [], []  # copied: the arrays are no longer needed
         self.num_tables = len(tables)
-        self.threads = _arrays.c_int(threads, "threads", 32)
+        self.threads = threads
         self.width = int(_lib.lib().flame_embedding_bag_width(self._handle))
 
     def _cuda_table(self, i: int, t: Any) -> Tuple[int, Optional[int], Tuple[int, int], int]:
@@ -483,9 +495,10 @@ class EmbeddingBag(Handle):
             _lib.check(_lib.lib().flame_embedding_bag_index_status(h, _c_stream(sh)))
 
     def update_rows(self, table: int, first_row: int, values: Any, qparams: Any = None, stream: Any = None) -> None:
-        """Replaces rows first_row.. of `table` with `values` ([n, dim] of exactly the table's
-        dtype, never cast: bfloat16 as uint16 bit patterns or a bfloat16 tensor; for int8 tables
-        also qparams [n, 2]): host data (numpy or CPU tensors; CUDA tensors are
+        """Replaces rows first_row.. of `table` with `values` ([n, dim]: for a float32 or
+        float16 table any real numbers, converted, refused if one overflows the dtype; for an
+        int8 or bfloat16 table exactly its dtype, never cast (bfloat16 as uint16 bit patterns
+        or a bfloat16 tensor); int8 tables also take qparams [n, 2], converted to float32): host data (numpy or CPU tensors; CUDA tensors are
         copied to the host first, which waits for their stream). On a GPU the copy is enqueued
         on `stream` (default: the current torch stream), ordered with the lookups there."""
         def host(x):
@@ -502,9 +515,17 @@ class EmbeddingBag(Handle):
         dt = self.dtypes[table] if 0 <= table < self.num_tables else F32
         np_dt = np.dtype({F32: np.float32, F16: np.float16, BF16: np.uint16, INT8: np.int8}[dt])
         v = np.asarray(values)
-        if 0 <= table < self.num_tables and v.dtype != np_dt:  # a cast would wrap int8, or misread bf16 bits
-            raise errors.DTypeError(f"values are {v.dtype}; table {table} holds {np_dt}"
-                                    f"{' (bfloat16 bit patterns)' if dt == BF16 else ''}: convert them first")
+        if 0 <= table < self.num_tables and v.dtype != np_dt:
+            if dt in (INT8, BF16) or v.dtype.kind not in "fiu":  # a cast would wrap int8, or misread bf16 bits
+                raise errors.DTypeError(f"values are {v.dtype}; table {table} holds {np_dt}"
+                                        f"{' (bfloat16 bit patterns)' if dt == BF16 else ''}: convert them first")
+            with np.errstate(over="ignore", invalid="ignore"):
+                cast = v.astype(np_dt)
+            bad = np.flatnonzero(np.isfinite(v) & ~np.isfinite(cast)) if v.dtype.kind == "f" else []
+            if len(bad) or (v.dtype.kind in "iu" and cast.size and not np.array_equal(cast, v)):
+                raise errors.InvalidArgumentError(f"values: {v.flat[bad[0]] if len(bad) else 'an integer'} does not fit "
+                                                  f"table {table}'s {np_dt}")
+            v = cast
         if table in self._read_only:
             raise errors.InvalidArgumentError(f"table {table} is borrowed read-only memory (copy=False of a "
                                               f"non-writeable array): update_rows would write into it")

@@ -43,7 +43,7 @@ def metrics_text(engine: Optional[Any] = None, scheduler: Optional[Any] = None,
     from .scheduler import Scheduler
     given = (("engine", engine, Engine), ("scheduler", scheduler, Scheduler), ("pinned_pool", pinned_pool, PinnedPool))
     for name, obj, kind in given:  # the C side reads each pointer as its own type: a mix-up would crash it
-        if obj is not None and type(obj) is not kind:
+        if obj is not None and not isinstance(obj, kind):
             raise errors.DTypeError(f"{name} must be a flame.{kind.__name__}, got {type(obj).__name__}")
     if engine is None and scheduler is not None:
         engine = scheduler.engine

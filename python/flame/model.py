@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
-from . import _lib
+from . import _arrays, _lib
 from ._handle import Handle
 from ._structs import ModelInfo as _ModelInfo, as_dict, new
 
@@ -47,6 +47,7 @@ class Model(Handle):
         """A model of `config` (a flame.config dict or JSON text) with libflame's
         deterministic random weights (flame_model_create_random)."""
         text = config if isinstance(config, str) else json.dumps(config)
+        seed = _arrays.c_int(seed, "seed", 64, signed=False)
         self = cls.__new__(cls)
         self._handle = C.c_void_p()
         _lib.check(_lib.lib().flame_model_create_random(text.encode(), seed, C.byref(self._handle)))

@@ -48,7 +48,7 @@ class Scheduler(Handle):
                  max_wait_us: int = 0, workers: int = 0, max_queue: int = 0, max_bypass: int = 0,
                  adaptive_wait: bool = False):
         if not isinstance(engine, Engine):
-            raise TypeError(f"engine must be a flame.Engine, got {type(engine).__name__}")
+            raise errors.DTypeError(f"engine must be a flame.Engine, got {type(engine).__name__}")
         self._handle = C.c_void_p()
         p = new(SchedulerParams)
         arr = None
@@ -150,10 +150,12 @@ class Scheduler(Handle):
         cancelled (its Future then holds CancelledError), False when it is no longer queued
         (it is being scored or has completed)."""
         ticket = getattr(future_or_ticket, "ticket", future_or_ticket)
-        if isinstance(ticket, bool) or not isinstance(ticket, (int, np.integer)) or not 0 <= int(ticket) < 2**64:
-            raise errors.InvalidArgumentError(f"not a ticket of this scheduler: {future_or_ticket!r}")
+        try:
+            ticket = _arrays.c_int(ticket, "ticket", 64, signed=False)
+        except errors.InvalidArgumentError:
+            raise errors.InvalidArgumentError(f"not a ticket of this scheduler: {future_or_ticket!r}") from None
         with self._use() as h:
-            st = _lib.lib().flame_scheduler_cancel(h, C.c_uint64(int(ticket)))
+            st = _lib.lib().flame_scheduler_cancel(h, C.c_uint64(ticket))
         if st == errors.ERR_UNAVAILABLE:
             return False
         _lib.check(st)

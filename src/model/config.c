@@ -307,10 +307,13 @@ flame_status fl_config_parse(const char *json, size_t len, fl_model_cfg *cfg)
             cJSON_Delete(root);
             return BAD("flame.config has bytes after its JSON (at offset %td)", c - json);
         }
-    long nul = fl_json_nul_escape(json, (size_t)(end - json));
+    bool raw;
+    long nul = fl_json_string_nul(json, (size_t)(end - json), &raw);
     if (nul >= 0) {
         cJSON_Delete(root);
-        return BAD("flame.config has a \\u0000 escape at offset %ld (its strings may not hold NUL)", nul);
+        return raw ? BAD("flame.config has a raw control byte 0x%02x inside a string at offset %ld (JSON forbids them)",
+                         (unsigned char)json[nul], nul)
+                   : BAD("flame.config has a \\u0000 escape at offset %ld (its strings may not hold NUL)", nul);
     }
     bool nomem = false;
     const char *dup = fl_json_duplicate_key(root, true, &nomem);

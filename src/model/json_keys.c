@@ -1,5 +1,6 @@
 /* Checks the safetensors header and the flame.config document share: duplicate keys, which
- * compare as cJSON holds them, and escaped NULs, refused before any key or string is read. */
+ * compare as cJSON holds them, and NULs (escaped or raw) and raw control bytes inside strings,
+ * refused before any key or string is read. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,14 +42,18 @@ const char *fl_json_duplicate_key(const cJSON *node, bool recurse, bool *nomem)
     return dup;
 }
 
-long fl_json_nul_escape(const char *text, size_t len)
+long fl_json_string_nul(const char *text, size_t len, bool *raw)
 {
     bool in_string = false;
+    *raw = false;
     for (size_t i = 0; i < len; i++) {
         if (!in_string) {
             in_string = text[i] == '"';
         } else if (text[i] == '"') {
             in_string = false;
+        } else if ((unsigned char)text[i] < 0x20) {
+            *raw = true;
+            return (long)i;
         } else if (text[i] == '\\' && i + 1 < len) {
             if (text[i + 1] == 'u' && len - i >= 6 && !memcmp(text + i + 2, "0000", 4)) return (long)i;
             i++; /* the escaped character: an escaped quote or backslash ends nothing */

@@ -11,10 +11,11 @@
  * nested in it (inside arrays too); NULL if none, or if memory ran out (*nomem set). */
 const char *fl_json_duplicate_key(const cJSON *obj, bool recurse, bool *nomem);
 
-/* The byte offset of the first \u0000 escape inside a string of the JSON text `text` (`len`
- * bytes, valid JSON), or -1 if none. cJSON decodes it into a NUL that ends the C string, so
- * a name or the config would be read short, whatever followed hidden from every check: the
- * model's JSON texts refuse it. */
-long fl_json_nul_escape(const char *text, size_t len);
+/* The byte offset of the first NUL inside a string of the JSON text `text` (`len` bytes, that
+ * cJSON parsed), escaped (\u0000) or raw (cJSON copies any raw byte below 0x20, which JSON
+ * forbids in strings), or -1 if none; *raw says which. Either ends the C string cJSON gives:
+ * a name or the config would be read short, whatever followed hidden from every check, so the
+ * model's JSON texts refuse both (and every other raw control byte, as JSON does). */
+long fl_json_string_nul(const char *text, size_t len, bool *raw);
 
 #endif

@@ -241,11 +241,14 @@ flame_status fl_st_parse(const uint8_t *bytes, uint64_t len, fl_st_file *f)
             cJSON_Delete(root);
             return BAD("safetensors header has bytes after its JSON (at offset %td)", c - text);
         }
-    long nul = fl_json_nul_escape(text, (size_t)(end - text));
+    bool raw;
+    long nul = fl_json_string_nul(text, (size_t)(end - text), &raw);
     if (nul >= 0) {
         cJSON_Delete(root);
-        return BAD("safetensors header has a \\u0000 escape at offset %ld (names and the config may not hold NUL)",
-                   nul);
+        return raw ? BAD("safetensors header has a raw control byte 0x%02x inside a string at offset %ld (JSON "
+                         "forbids them)", (unsigned char)text[nul], nul)
+                   : BAD("safetensors header has a \\u0000 escape at offset %ld (names and the config may not hold "
+                         "NUL)", nul);
     }
     flame_status st = parse_header(root, f);
     cJSON_Delete(root);

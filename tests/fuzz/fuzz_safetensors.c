@@ -1,6 +1,6 @@
 /* A model file: the safetensors header, the tensor table, the flame.config metadata and every
  * check of the loader (flame_model_load). A file that loads must answer get_info and, when
- * small, score one request with finite scores. */
+ * small, score one request (under the sanitizers; the scores are not judged). */
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -484,8 +484,10 @@ def test_redis_source_serves_what_was_loaded(tmp_path, redis_port):
 def test_redis_unreachable_and_bad_options():
     with pytest.raises(flame.UnavailableError, match="127.0.0.1.*1"):
         flame.FeatureSource.redis(1, port=1, connect_timeout_ms=50)
-    with pytest.raises(flame.DTypeError, match="port must be a 32-bit int"):
+    with pytest.raises(flame.DTypeError, match="port must be an int, got str"):
         flame.FeatureSource.redis(1, port="6379")
+    with pytest.raises(flame.InvalidArgumentError, match=r"port = 4294973592 is outside \[-2147483648, 2147483648\)"):
+        flame.FeatureSource.redis(1, port=2**32 + 6296)
     with pytest.raises(TypeError, match="unknown Redis option"):
         flame.load_redis("f.txt", 1, portt=1)
 

@@ -70,7 +70,10 @@ def test_embedding_bag_against_reference(rep):
         ids.append(RNG.integers(0, v.shape[0], k).astype(np.int64))
         offsets.append(o)
         weights.append(RNG.uniform(-2, 2, k).astype(np.float32) if RNG.integers(3) == 0 else None)
-    with fk.EmbeddingBag(tables, pooling=pools, combine=combine, copy=bool(RNG.integers(2)), threads=2) as bag:
+    half = [(isinstance(t, np.ndarray) and t.dtype == np.float16) or (isinstance(t, tuple) and isinstance(t[0], str))
+            for t in tables]
+    copy = bool(RNG.integers(2)) or (any(half) and not all(half))  # copy=False refuses that mix
+    with fk.EmbeddingBag(tables, pooling=pools, combine=combine, copy=copy, threads=2) as bag:
         out = np.full((batch, bag.width + 3), np.nan, dtype=np.float32)
         got = bag(ids, offsets, weights, out=out[:, :bag.width])
     want = reference_bag(values, pools, ids, offsets, weights, combine)
@@ -113,9 +116,9 @@ def test_embedding_bag_update_rows():
         np.testing.assert_array_equal(got[0, 5:], np.full(5, 0.25, np.float32))
         with pytest.raises(flame.InvalidArgumentError, match=r"rows 5..6 \(2 rows\) are not within 0..5"):
             bag.update_rows(1, 5, np.zeros((2, 5), np.float16))
-        # never cast: float32 rows into the float16 table, 200 into int8 (it would wrap)
-        with pytest.raises(flame.DTypeError, match="values are float32; table 1 holds float16"):
-            bag.update_rows(1, 0, np.zeros((1, 5), np.float32))
+        # a float table takes numbers it can hold; int8 is never cast (200 would wrap)
+        with pytest.raises(flame.InvalidArgumentError, match="values: 100000.0 does not fit table 1's float16"):
+            bag.update_rows(1, 0, np.full((1, 5), 1e5, np.float32))
         with pytest.raises(flame.DTypeError, match="values are int64; table 0 holds int8"):
             bag.update_rows(0, 0, [[200] * 5], np.ones((1, 2), np.float32))
         # table and first_row are checked whole, not by their low bits (2**32 was table 0)
@@ -137,8 +140,10 @@ def test_embedding_bag_borrow_rules():
     q = np.zeros((8, 4), np.int8)
     with pytest.raises(flame.DTypeError, match="table 1: copy=False borrows the qparams in place: it must be float32"):
         fk.EmbeddingBag([t, (q, np.ones((8, 2)))], copy=False)
+    with pytest.raises(flame.DTypeError, match="copy=False: table 1 is float16"):
+        fk.EmbeddingBag([t, t.astype(np.float16)], copy=False)  # the float32 one would be copied too
     with fk.EmbeddingBag([t], copy=False) as bag:  # writeable: updates land in the caller's array
-        bag.update_rows(0, 3, np.full((1, 4), 7, np.float32))
+        bag.update_rows(0, 3, [[7, 7, 7, 7]])  # numbers a float table can hold are converted
         assert t[3].tolist() == [7.0] * 4
     ro = t.copy()
     ro.flags.writeable = False

@@ -78,6 +78,12 @@ def test_model_info_random_and_default(tmp_path):
         assert i.weight_bytes == 4 * sum(int(np.prod(s)) for s in flame.tools.layout.shapes(cfg).values())
     d = flame.Model.default_config()
     assert d["format"] == "flame" and d["head"]["type"] == "sumi" and len(d["head"]["tasks"]) == 3
+    with pytest.raises(flame.InvalidArgumentError, match=r"seed = 18446744073709551621 is outside \[0, "):
+        flame.Model.random(cfg, seed=2**64 + 5)  # not the model of seed 5
+    with pytest.raises(flame.InvalidArgumentError, match="seed = -1 is outside"):
+        flame.Model.random(cfg, seed=-1)
+    with pytest.raises(flame.InvalidArgumentError, match="device = 4294967296 is outside"):
+        flame.kernels.EmbeddingBag([np.zeros((2, 2), np.float32)], device=2**32)  # not device 0
 
 
 def test_engine_stats_count_calls_and_requests(dot_engine):
