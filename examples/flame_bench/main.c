@@ -186,7 +186,8 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(a, "--profiles")) {
             if ((nprof = parse_profiles(v, profiles)) <= 0) {
-                fprintf(stderr, "flame-bench: --profiles '%s': expected USERSxCANDIDATES[,...]\n", v);
+                fprintf(stderr, "flame-bench: --profiles '%s': expected up to %d USERSxCANDIDATES, comma-separated\n", v,
+                        FLAME_SCHED_MAX_PROFILES);
                 return 2;
             }
         } else return usage(), 2;
@@ -197,6 +198,10 @@ int main(int argc, char **argv)
     int nlev = 0;
     const bool auto_sweep = sweep && !strcmp(sweep, "auto");
     if (sweep && !auto_sweep) {
+        if (!*sweep) {
+            fprintf(stderr, "flame-bench: --sweep '': expected rates in (0, 1e7], comma-separated, or auto\n");
+            return 2;
+        }
         for (const char *s = sweep; *s;) {
             char *end;
             const double q = strtod(s, &end);

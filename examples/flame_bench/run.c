@@ -160,6 +160,7 @@ bool run_level(const level_opts *o, level_result *res)
     flame_scheduler_stats s0 = {.struct_size = sizeof s0}, s1 = {.struct_size = sizeof s1};
     if (o->sched) flame_scheduler_get_stats(o->sched, &s0);
     uint64_t seed = o->seed, rejected = 0, sent = 0;
+    bool told = false; /* a refusal other than a full queue was printed */
     const uint64_t start = now_us() + 1000, span = (uint64_t)(o->seconds * 1e6);
     double t = 0; /* seconds from start of the next arrival */
     for (uint64_t i = 0; i < cap; i++) {
@@ -195,10 +196,15 @@ bool run_level(const level_opts *o, level_result *res)
             const flame_status sst =
                 flame_scheduler_submit_ex(o->sched, &q->r, q->scores, m * (size_t)o->num_tasks, &so, on_done, q, NULL);
             if (sst) {
-                /* a full queue is load shedding, counted; anything else is a mistake worth its message */
-                if (sst != FLAME_ERR_UNAVAILABLE && !rejected)
-                    fprintf(stderr, "flame-bench: a request was refused: %s\n", flame_last_error());
-                rejected++;
+                /* a full queue is load shedding (rejected); anything else is a failure, and the first
+                 * one's message is printed */
+                if (sst == FLAME_ERR_UNAVAILABLE) {
+                    rejected++;
+                } else {
+                    if (!told) fprintf(stderr, "flame-bench: a request was refused: %s\n", flame_last_error());
+                    told = true;
+                    atomic_fetch_add(&ru.failed, 1);
+                }
                 free(q->ids), free(q->scores);
                 q->ids = NULL, q->scores = NULL;
                 atomic_fetch_add(&ru.done, 1);

@@ -38,6 +38,10 @@ static int parse_ks(const char *arg, eval_options *o)
                 return -1;
             }
         o->ks[o->num_ks++] = (int)k;
+        if (*end == ',' && !end[1]) { /* "5,": a list cut short */
+            fprintf(stderr, "flame-score: --k '%s': a trailing comma\n", arg);
+            return -1;
+        }
         s = *end ? end + 1 : end;
     }
     return o->num_ks ? 0 : -1;

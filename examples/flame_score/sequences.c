@@ -33,9 +33,9 @@ int sequences_read(const char *path, sequences *s)
     ssize_t got;
     while (rc == 0 && (got = getline(&line, &len, f)) != -1) {
         line_no++;
-        if (memchr(line, '\0', (size_t)got)) { /* the string functions below would stop there */
-            fprintf(stderr, "flame-score: %s:%zu: a NUL byte at column %zu\n", path, line_no,
-                    (size_t)((char *)memchr(line, '\0', (size_t)got) - line) + 1);
+        const char *nul = memchr(line, '\0', (size_t)got);
+        if (nul) { /* the string functions below would stop there */
+            fprintf(stderr, "flame-score: %s:%zu: a NUL byte at column %zu\n", path, line_no, (size_t)(nul - line) + 1);
             rc = -1;
             break;
         }

@@ -124,6 +124,31 @@ static bool integer_member(const cJSON *m, double lo, double hi, int64_t *out)
     return true;
 }
 
+/* Why member `name` was refused, naming the value received. */
+static void number_why(char *why, size_t len, const char *name, const cJSON *m, const char *want)
+{
+    if (cJSON_IsNumber(m)) snprintf(why, len, "'%s' is %.17g, not %s", name, m->valuedouble, want);
+    else snprintf(why, len, "'%s' is not a number (%s)", name, want);
+}
+
+/* The offset of the first NUL inside a JSON string of the body, escaped (\u0000) or raw (any
+ * raw byte below 0x20, which JSON forbids there), or -1. cJSON decodes or copies both into
+ * the C strings it gives, so "history\u0000x" would be read as the member "history". */
+static long string_nul(const char *text, size_t len)
+{
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_string) in_string = text[i] == '"';
+        else if (text[i] == '"') in_string = false;
+        else if ((unsigned char)text[i] < 0x20) return (long)i;
+        else if (text[i] == '\\' && i + 1 < len) {
+            if (text[i + 1] == 'u' && len - i >= 6 && !memcmp(text + i + 2, "0000", 4)) return (long)i;
+            i++; /* the escaped character */
+        }
+    }
+    return -1;
+}
+
 /* The body's members: known names only, each once (readers disagree on which duplicate wins). */
 static bool check_members(const cJSON *doc, char *why, size_t why_len)
 {
@@ -167,6 +192,10 @@ static enum MHD_Result score(server *s, struct MHD_Connection *c, const body *b)
     for (const char *t = end; t < b->p + b->len && !why[0]; t++)
         if (*t != ' ' && *t != '\n' && *t != '\r' && *t != '\t')
             snprintf(why, sizeof why, "bytes after the JSON object (at offset %td)", t - b->p);
+    const long nul = why[0] ? -1 : string_nul(b->p, (size_t)(end - b->p));
+    if (nul >= 0)
+        snprintf(why, sizeof why, "a NUL or raw control byte inside a string at offset %ld (\\u0000 or a byte below "
+                                  "0x20)", nul);
     if (!why[0]) check_members(doc, why, sizeof why);
     size_t nh = 0, nc = 0;
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(doc, "history");
@@ -176,10 +205,12 @@ static enum MHD_Result score(server *s, struct MHD_Connection *c, const body *b)
                          : NULL;
     /* read before the document is freed: the members point into it */
     int64_t priority = 0, timeout_us = 0;
-    if (cand && !integer_member(cJSON_GetObjectItemCaseSensitive(doc, "priority"), -1e9, 1e9, &priority))
-        snprintf(why, sizeof why, "'priority' must be an integer, -1, 0 or 1");
-    if (cand && !integer_member(cJSON_GetObjectItemCaseSensitive(doc, "timeout_us"), 0, 1e12, &timeout_us))
-        snprintf(why, sizeof why, "'timeout_us' must be an integer number of microseconds, 0..1e12 (0: none)");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(doc, "priority"),
+                *to = cJSON_GetObjectItemCaseSensitive(doc, "timeout_us");
+    if (cand && !integer_member(pr, -1, 1, &priority))
+        number_why(why, sizeof why, "priority", pr, "-1, 0 or 1");
+    if (cand && !integer_member(to, 0, 1e12, &timeout_us))
+        number_why(why, sizeof why, "timeout_us", to, "an integer number of microseconds in 0..1e12 (0: none)");
     cJSON_Delete(doc);
     if (!cand || why[0]) {
         free(hist), free(cand);

@@ -88,7 +88,7 @@ def test_score_and_scrape_over_http(server):
     code, body = post(url, {"candidates": "x"})
     assert code == 400 and "'candidates' must be an array" in body["error"]
     code, body = post(url, {"candidates": [1], "priority": 7})
-    assert code == 400 and "priority 7 is none of" in body["error"]
+    assert code == 400 and "'priority' is 7, not -1, 0 or 1" in body["error"]
     fams = scrape(url)
     assert sample(fams, "flame_scheduler_requests", "flame_scheduler_requests_total", status="ok") == 16
     assert sample(fams, "flame_scheduler_requests", "flame_scheduler_requests_total", status="error") == 1
@@ -108,8 +108,12 @@ def test_bodies_refused_with_the_reason(server):
     for data, what in ((b'{"history":[1],"candidates":[1]} trailing', "bytes after the JSON object (at offset 33)"),
                        (b'{"history":[1],"candidates":[1],"history":[2]}', "member 'history' appears twice"),
                        (b'{"history":[1],"candidate":[1]}', "unknown member 'candidate'"),
-                       (b'{"candidates":[1],"timeout_us":0.5}', "'timeout_us' must be an integer"),
-                       (b'{"candidates":[1],"priority":0.5}', "'priority' must be an integer"),
+                       (b'{"candidates":[1],"timeout_us":0.5}', "'timeout_us' is 0.5, not an integer number"),
+                       (b'{"candidates":[1],"priority":2000000000}', "'priority' is 2000000000, not -1, 0 or 1"),
+                       (b'{"candidates":[1],"priority":"high"}', "'priority' is not a number (-1, 0 or 1)"),
+                       (b'{"history\\u0000x":[1],"candidates":[2]}', "a NUL or raw control byte inside a string at "
+                                                                   "offset 9"),
+                       (b'{"history":[1],"candidates":[2],"priority\x01":1}', "raw control byte inside a string"),
                        (b'{"candidates":[1e300]}', "'candidates'[0] is not a non-negative integer id")):
         c = http.client.HTTPConnection(host, int(port), timeout=30)
         c.request("POST", "/score", body=data)

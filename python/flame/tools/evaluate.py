@@ -30,8 +30,8 @@ def read_sequences(path, num_items):
         for no, line in enumerate(f, 1):
             try:
                 s = np.array(line.split()[1:], dtype=np.int64)
-            except ValueError:
-                raise ValueError(f"{path}:{no}: an item id is not an integer") from None
+            except (ValueError, OverflowError):
+                raise ValueError(f"{path}:{no}: an item id is not an integer of int64") from None
             bad = np.flatnonzero((s < 0) | (s >= num_items))
             if bad.size:
                 raise ValueError(f"{path}:{no}: item id {s[bad[0]]} is outside 0..{num_items - 1}")

@@ -50,7 +50,10 @@ def read_header(path):
         (n,) = struct.unpack("<Q", f.read(8))
         if n > size - 8:  # checked before reading: a lying length would allocate it
             raise ValueError(f"{path}: header length {n} exceeds the file size ({size} bytes)")
-        header = json.loads(f.read(n), object_pairs_hook=unique_keys)
+        try:
+            header = json.loads(f.read(n), object_pairs_hook=unique_keys)
+        except RecursionError:  # nested deeper than Python's stack (JSONDecodeError is a ValueError)
+            raise ValueError(f"{path}: the safetensors header nests too deeply") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: the safetensors header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
