@@ -149,7 +149,7 @@ PC_SED := -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INC
 
 # Programs link the shared library found next to them (rpath $ORIGIN/../lib).
 PROG_LDFLAGS := -Llib -Wl,-rpath,'$$ORIGIN/../lib' -lflame -lm -lpthread
-PROG_CFLAGS  := -std=c11 $(WARN) -D_DEFAULT_SOURCE -Iinclude -Isrc $(OPTIONAL_DEFS) $(CFLAGS)
+PROG_CFLAGS  := -std=c11 $(WARN) -D_DEFAULT_SOURCE -Iinclude -Isrc -Iexamples/common $(OPTIONAL_DEFS) $(CFLAGS)
 
 examples: $(EXAMPLES)
 examples/flame-score: $(wildcard examples/flame_score/*.c examples/flame_score/*.h) $(SHLIB) lib/libflame.so

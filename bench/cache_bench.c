@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "flame/flame.h"
+#include "cli_args.h"
 
 static double now_s(void)
 {
@@ -406,7 +407,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
             trace_path = argv[++i];
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-            more_threads = atoi(argv[++i]);
+            long long v_;
+            if (!cli_int("cache-bench", "--threads", argv[++i], 1, MAX_THREADS, &v_)) return 2;
+            more_threads = (int)v_;
             if (more_threads < 1 || more_threads > MAX_THREADS) {
                 fprintf(stderr, "cache-bench: --threads takes 1..%d\n", MAX_THREADS);
                 return 2;
@@ -494,7 +497,9 @@ int main(int argc, char **argv)
             fprintf(f, "\n");
         }
         fclose(f);
-        flame_redis_options o = {.struct_size = sizeof o, .port = atoi(port), .key_prefix = "flamebench:item:",
+        long long port_n;
+        if (!cli_int("cache-bench", "FLAME_TEST_REDIS_PORT", port, 1, 65535, &port_n)) return 2;
+        flame_redis_options o = {.struct_size = sizeof o, .port = (int32_t)port_n, .key_prefix = "flamebench:item:",
                                  .num_slots = 3};
         uint64_t written;
         flame_feature_source *redis;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "cpu/kernels.h"
+#include "cli_args.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t next_u64(void)
@@ -156,9 +157,9 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--json"))
             json = 1;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            { long long v_; if (!cli_int("cpu-embedding-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; reps = (int)v_; }
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
-            rows = atoll(argv[++i]);
+            { long long v_; if (!cli_int("cpu-embedding-bench", "--rows", argv[++i], 1, 1LL << 31, &v_)) return 2; rows = (int64_t)v_; }
         else {
             fprintf(stderr, "usage: cpu-embedding-bench [--json] [--reps N] [--rows R]\n");
             return 2;

@@ -21,6 +21,7 @@
 
 #include "cpu/kernels.h"
 #include "flame/kernels.h"
+#include "cli_args.h"
 
 static double now(void)
 {
@@ -66,9 +67,9 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--json"))
             json = 1;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            { long long v_; if (!cli_int("kernels-api-cpu-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; reps = (int)v_; }
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
-            R = atoll(argv[++i]);
+            { long long v_; if (!cli_int("kernels-api-cpu-bench", "--rows", argv[++i], 1, 1LL << 31, &v_)) return 2; R = (int64_t)v_; }
         else {
             fprintf(stderr, "usage: kernels-api-cpu-bench [--json] [--reps N] [--rows R]\n");
             return 2;

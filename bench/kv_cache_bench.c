@@ -31,6 +31,7 @@
 
 #include "flame/flame.h"
 #include "stage_p50.h"
+#include "cli_args.h"
 
 static double now_us(void)
 {
@@ -387,8 +388,15 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--trace-visits") && i + 1 < argc) visits = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            long long v_;
+            if (!cli_int("kv-cache-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2;
+            reps = (int)v_;
+        } else if (!strcmp(argv[i], "--trace-visits") && i + 1 < argc) {
+            long long v_;
+            if (!cli_int("kv-cache-bench", "--trace-visits", argv[++i], 1, 100000000, &v_)) return 2;
+            visits = (int)v_;
+        }
         else if (!strcmp(argv[i], "--skip-4096")) skip4096 = true;
         else if (!strcmp(argv[i], "--only-trace")) only_trace = true;
         else if (!strcmp(argv[i], "--json")) js = true;

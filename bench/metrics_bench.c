@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "flame/flame.h"
+#include "cli_args.h"
 
 /* a small SUMI model without side features: requests of ids only */
 static const char *config =
@@ -84,7 +85,10 @@ static void scrape(const flame_metrics_sources *src, int n, const char *label)
 
 int main(int argc, char **argv)
 {
-    const int n = argc > 1 ? atoi(argv[1]) : 2000, clients = argc > 2 ? atoi(argv[2]) : 2;
+    long long n = 2000, clients = 2; /* metrics-bench [SCRAPES [CLIENTS]] */
+    if ((argc > 1 && !cli_int("metrics-bench", "SCRAPES", argv[1], 1, 10000000, &n)) ||
+        (argc > 2 && !cli_int("metrics-bench", "CLIENTS", argv[2], 0, 64, &clients)))
+        return 2;
     flame_model *m = NULL;
     flame_engine *e = NULL;
     flame_scheduler *s = NULL;

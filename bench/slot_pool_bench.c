@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "core/slot_pool.h"
+#include "cli_args.h"
 
 static double now_us(void)
 {
@@ -117,17 +118,20 @@ static void measure(int fifo)
 int main(int argc, char **argv)
 {
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--slots")) slots = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--calls")) calls = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--hold-us")) hold_us = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--host-us")) host_us = atof(argv[i + 1]);
+        const char *flag = argv[i], *v = argv[i + 1], *prog = "slot-pool-bench";
+        long long n = 0;
+        bool ok = true;
+        if (!strcmp(flag, "--threads")) ok = cli_int(prog, flag, v, 1, 256, &n), threads = (int)n;
+        else if (!strcmp(flag, "--slots")) ok = cli_int(prog, flag, v, 1, 64, &n), slots = (int)n;
+        else if (!strcmp(flag, "--calls")) ok = cli_int(prog, flag, v, 1, 1000000000, &n), calls = (int)n;
+        else if (!strcmp(flag, "--hold-us")) ok = cli_real(prog, flag, v, 0, false, 1e7, &hold_us);
+        else if (!strcmp(flag, "--host-us")) ok = cli_real(prog, flag, v, 0, false, 1e7, &host_us);
         else {
             fprintf(stderr, "usage: %s [--threads N] [--slots N] [--hold-us US] [--host-us US] [--calls N]\n", argv[0]);
             return 2;
         }
+        if (!ok) return 2; /* (a refused number left its variable 0: it is not used) */
     }
-    if (threads < 1 || slots < 1 || slots > 64 || calls < 1) return 2;
     measure(0);
     measure(1);
     return 0;

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "kernels/tbe_pack.h"
+#include "cli_args.h"
 
 #define T 26
 #define B 4096
@@ -75,9 +76,9 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--json"))
             json = 1;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            { long long v_; if (!cli_int("tbe-pack-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; reps = (int)v_; }
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            threads = atoi(argv[++i]);
+            { long long v_; if (!cli_int("tbe-pack-bench", "--threads", argv[++i], 1, 256, &v_)) return 2; threads = (int)v_; }
         else {
             fprintf(stderr, "usage: tbe-pack-bench [--json] [--reps N] [--threads N]\n");
             return 2;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "cli_args.h"
 
 #define MAX_LEVELS 32
 
@@ -88,32 +89,14 @@ static int parse_profiles(const char *s, flame_batch_profile *p)
     return n;
 }
 
-/* A whole number of the flag in [lo, hi]; false (with a message naming it) otherwise. */
 static bool int_arg(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
-    char *end = NULL;
-    errno = 0;
-    const long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "flame-bench: %s %s is not a whole number in %lld..%lld\n", flag, v, lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
+    return cli_int("flame-bench", flag, v, lo, hi, out);
 }
 
-/* A finite number of the flag in (lo, hi] (lo_open) or [lo, hi]; false with a message otherwise
- * (NaN passes every comparison's negation, so it is refused by name). */
 static bool real_arg(const char *flag, const char *v, double lo, bool lo_open, double hi, double *out)
 {
-    char *end = NULL;
-    const double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x) || x < lo || (lo_open && x == lo) || x > hi) {
-        fprintf(stderr, "flame-bench: %s %s is not a number in %s%g, %g]\n", flag, v, lo_open ? "(" : "[", lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
+    return cli_real("flame-bench", flag, v, lo, lo_open, hi, out);
 }
 
 static void plot(const char *png, const char *csv)

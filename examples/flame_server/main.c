@@ -24,6 +24,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "cli_args.h"
 #include "flame/flame.h"
 
 #define MAX_BODY (1u << 20)
@@ -299,17 +300,11 @@ static void usage(void)
                     "                    [--max-wait-us N] [--adaptive] [--workers N] [--max-connections N]\n");
 }
 
-/* A whole decimal number in [lo, hi]; false (with a message) otherwise. */
 static bool number_arg(const char *flag, const char *v, long lo, long hi, long *out)
 {
-    char *end = NULL;
-    errno = 0;
-    const long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "flame-server: %s %s is not a whole number in %ld..%ld\n", flag, v, lo, hi);
-        return false;
-    }
-    *out = x;
+    long long x;
+    if (!cli_int("flame-server", flag, v, lo, hi, &x)) return false;
+    *out = (long)x;
     return true;
 }
 

@@ -13,6 +13,8 @@
 #include <cuda_runtime_api.h>
 #include <flame/flame.h>
 
+#include "cli_args.h"
+
 #define TABLES 3
 #define ROWS 100000
 #define DIM 64
@@ -27,8 +29,10 @@ static uint16_t f16_bits(float v) /* v = k / 64, |k| <= 64: exact in fp16 */
 
 int main(int argc, char **argv)
 {
-    const int device = argc > 1 ? atoi(argv[1]) : 0;
-    const int64_t batch = argc > 2 ? atoll(argv[2]) : 4096;
+    long long device = 0, batch = 4096; /* tbe-gpu [DEVICE [BATCH]] */
+    if ((argc > 1 && !cli_int("tbe-gpu", "DEVICE", argv[1], 0, 1023, &device)) ||
+        (argc > 2 && !cli_int("tbe-gpu", "BATCH", argv[2], 1, 1 << 24, &batch)))
+        return 2;
     static uint16_t tab[TABLES][ROWS * DIM];
     flame_embedding_table t[TABLES];
     for (int f = 0; f < TABLES; f++) {
@@ -36,7 +40,7 @@ int main(int argc, char **argv)
         t[f] = (flame_embedding_table){.struct_size = sizeof t[f], .dtype = FLAME_DTYPE_F16,
                                        .pooling = FLAME_POOLING_SUM, .rows = ROWS, .dim = DIM, .data = tab[f]};
     }
-    flame_embedding_bag_params p = {.struct_size = sizeof p, .device = device, .combine = FLAME_COMBINE_CONCAT,
+    flame_embedding_bag_params p = {.struct_size = sizeof p, .device = (int32_t)device, .combine = FLAME_COMBINE_CONCAT,
                                     .tables = t, .num_tables = TABLES}; /* copy mode: uploaded once */
     flame_embedding_bag *bag;
     if (flame_embedding_bag_create(&p, &bag) != FLAME_OK) {
@@ -102,7 +106,7 @@ int main(int argc, char **argv)
     cudaMemcpy(h1, out, out_bytes, cudaMemcpyDeviceToHost);
     cudaMemcpy(h2, out2, out_bytes, cudaMemcpyDeviceToHost);
     const int same = memcmp(h1, h2, out_bytes) == 0;
-    printf("pooled %lld examples x %d tables into [%lld, %lld] on device %d; row 0 starts %.4f %.4f %.4f; "
+    printf("pooled %lld examples x %d tables into [%lld, %lld] on device %lld; row 0 starts %.4f %.4f %.4f; "
            "from device ids: %s\n", (long long)batch, TABLES, (long long)batch, (long long)width, device,
            batch ? h1[0] : 0.0f, batch ? h1[1] : 0.0f, batch ? h1[2] : 0.0f, same ? "the same rows" : "DIFFERENT rows");
     free(h1);
