@@ -179,25 +179,25 @@ bench/e2e-bench: bench/e2e_bench.c bench/e2e_clients.c bench/e2e_bench.h bench/s
 # calls the internal kernel wrapper, so it links the static library and the CUDA libs
 bench/embedding-bench: bench/embedding_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench
-	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/embedding_bench.o
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Iexamples/common $(CUDA_ARCHS) -c $< -o build/bench/embedding_bench.o
 	$(CC) -o $@ build/bench/embedding_bench.o $(STLIB) $(LDLIBS)
 
 # SUMI attention: calls the internal kernel wrappers, so it links the static library and the CUDA libs
 bench/attention-bench: bench/attention_bench.cu cuda/kernels.cuh cuda/attention_tc.cuh cuda/attention_wgmma.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench
-	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/attention_bench.o
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Iexamples/common $(CUDA_ARCHS) -c $< -o build/bench/attention_bench.o
 	$(CC) -o $@ build/bench/attention_bench.o $(STLIB) $(LDLIBS)
 
 # the erf-GELU pass: calls the internal wrapper, so it links the static library and the CUDA libs
 bench/activation-bench: bench/activation_bench.cu cuda/kernels.cuh cuda/common.cuh $(STLIB)
 	@mkdir -p build/bench
-	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/activation_bench.o
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Iexamples/common $(CUDA_ARCHS) -c $< -o build/bench/activation_bench.o
 	$(CC) -o $@ build/bench/activation_bench.o $(STLIB) $(LDLIBS)
 
 # the public kernels (flame/kernels.h) against the internal kernels they wrap: links the static library
 bench/kernels-api-bench: bench/kernels_api_bench.cu cuda/kernels.cuh cuda/common.cuh include/flame/kernels.h $(STLIB)
 	@mkdir -p build/bench
-	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda $(CUDA_ARCHS) -c $< -o build/bench/kernels_api_bench.o
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc -Icuda -Iexamples/common $(CUDA_ARCHS) -c $< -o build/bench/kernels_api_bench.o
 	$(CC) -o $@ build/bench/kernels_api_bench.o $(STLIB) $(LDLIBS)
 
 # the public CPU kernels against the internal ones: links the static library

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels.cuh"
+#include "cli_args.h"
 
 #define CK(call)                                                                                               \
     do {                                                                                                       \
@@ -108,9 +109,9 @@ int main(int argc, char **argv)
     std::vector<int64_t> rows;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            { long long v_; if (!cli_int("activation-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; reps = (int)v_; }
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
-            rows.push_back(atoll(argv[++i]));
+            { long long v_; if (!cli_int("activation-bench", "--rows", argv[++i], 1, 1LL << 31, &v_)) return 2; rows.push_back(v_); }
         else {
             fprintf(stderr, "usage: %s [--reps N] [--rows R ...]\n", argv[0]);
             return 2;

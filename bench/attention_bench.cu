@@ -35,6 +35,7 @@
 #include "attention_tc.cuh"
 #include "attention_wgmma.cuh"
 #include "kernels.cuh"
+#include "cli_args.h"
 
 #define CK(call)                                                                                               \
     do {                                                                                                       \
@@ -139,7 +140,7 @@ int main(int argc, char **argv)
     std::vector<std::string> only; // --variant: the variants to time besides tc16 (the reference)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            { long long v_; if (!cli_int("attention-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; reps = (int)v_; }
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc)
             dump = argv[++i];
         else if (!strcmp(argv[i], "--last"))

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels.cuh"
+#include "cli_args.h"
 
 #define CK(call)                                                                                               \
     do {                                                                                                       \
@@ -332,9 +333,9 @@ int main(int argc, char **argv)
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) cx.reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) cx.rows = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--sets") && i + 1 < argc) cx.sets = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) { long long v_; if (!cli_int("embedding-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; cx.reps = (int)v_; }
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) { long long v_; if (!cli_int("embedding-bench", "--rows", argv[++i], 1, 1LL << 31, &v_)) return 2; cx.rows = (int64_t)v_; }
+        else if (!strcmp(argv[i], "--sets") && i + 1 < argc) { long long v_; if (!cli_int("embedding-bench", "--sets", argv[++i], 1, 1024, &v_)) return 2; cx.sets = (int)v_; }
         else {
             fprintf(stderr, "usage: embedding-bench [--json] [--reps N] [--rows R] [--sets S]\n");
             return 2;

@@ -36,6 +36,7 @@
 
 extern "C" {
 #include "flame/kernels.h"
+#include "cli_args.h"
 }
 
 #define CK(call)                                                                                               \
@@ -368,9 +369,9 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--json"))
             json = true;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            { long long v_; if (!cli_int("kernels-api-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; reps = (int)v_; }
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
-            rows = atoll(argv[++i]);
+            { long long v_; if (!cli_int("kernels-api-bench", "--rows", argv[++i], 1, 1LL << 31, &v_)) return 2; rows = (int64_t)v_; }
         else {
             fprintf(stderr, "usage: kernels-api-bench [--json] [--reps N] [--rows R]\n");
             return 2;
