@@ -47,15 +47,10 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
     for (size_t r = 0; r < num_requests; r++) {
         /* each element must be a struct of the stride's size, checked before it is read as one
          * (fl_struct_in reads its own struct_size bytes), as flame_score_batch checks it */
-        const flame_request *at = (const flame_request *)((const char *)requests + r * stride);
-        if (at->struct_size != stride)
-            return fl_error(FLAME_ERR_INVALID_ARG,
-                            "request %zu: struct_size = %zu, but the array's elements are %zu bytes apart (request "
-                            "0's struct_size): every request of one call comes from one flame.h",
-                            r, at->struct_size, stride);
+        if ((st = fl_request_stride_check(requests, stride, r))) return st;
         flame_request q;
         memset(&q, 0, sizeof q);
-        st = fl_struct_in("flame_request", &q, sizeof q, at);
+        st = fl_struct_in("flame_request", &q, sizeof q, (const char *)requests + r * stride);
         if (st) return st;
         if (q.num_candidates > (SIZE_MAX / sizeof(float) - total) / (size_t)tasks)
             return fl_error(FLAME_ERR_INVALID_ARG, "request %zu: %zu candidates overflow the scores", r, q.num_candidates);

@@ -73,6 +73,11 @@ static inline void fl_request_current(const flame_request *q, size_t avail, flam
     out->struct_size = sizeof *out;
 }
 
+/* Request r of an array whose elements are `stride` bytes apart (request 0's struct_size):
+ * INVALID_ARG naming both sizes unless its struct_size is the stride (every request of one
+ * call comes from one flame.h). Checked before the request is read as that many bytes. */
+flame_status fl_request_stride_check(const void *reqs, size_t stride, size_t r);
+
 /* Takes a workspace from the pool (or makes one); NULL on OOM. */
 fl_workspace *fl_workspace_acquire(struct flame_engine *e);
 void fl_workspace_release(struct flame_engine *e, fl_workspace *ws);

@@ -25,6 +25,15 @@ bool fl_requests_need_prepare(const void *reqs, size_t n, size_t stride)
     return false;
 }
 
+flame_status fl_request_stride_check(const void *reqs, size_t stride, size_t r)
+{
+    const size_t size = at(reqs, stride, r)->struct_size;
+    if (size == stride) return FLAME_OK;
+    return BAD("request %zu: struct_size = %zu, but the array's elements are %zu bytes apart (request 0's "
+               "struct_size): every request of one call comes from one flame.h",
+               r, size, stride);
+}
+
 flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const void *reqs, size_t n, size_t stride,
                                  const flame_request **out, uint64_t *hits, uint64_t *misses)
 {
@@ -34,11 +43,8 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
     if (!copies) return fl_error(FLAME_ERR_NOMEM, "out of memory copying %zu request(s)", n);
     size_t users = 0;
     for (size_t r = 0; r < n; r++) {
-        /* an array's elements are stride bytes apart: each must be a struct of that size */
-        if (at(reqs, stride, r)->struct_size != stride)
-            return BAD("request %zu: struct_size = %zu, but the array's elements are %zu bytes apart (request 0's "
-                       "struct_size): every request of one call comes from one flame.h",
-                       r, at(reqs, stride, r)->struct_size, stride);
+        const flame_status mixed = fl_request_stride_check(reqs, stride, r);
+        if (mixed) return mixed;
         fl_request_current(at(reqs, stride, r), stride, &copies[r]);
         const flame_request *q = &copies[r];
         int32_t flag = q->history_from_user_cache;
