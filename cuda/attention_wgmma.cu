@@ -663,8 +663,9 @@ struct item_slot {
     int64_t item;
 };
 constexpr int SLOT_FULL = 2, SLOT_FREE = 4; // + the round's parity; 1 is the producer's own
+constexpr int TURN = 6;                     // + the warpgroup: its turn to issue products (PINGPONG)
 
-template <typename T, int DH, int BN, int STAGES>
+template <typename T, int DH, int BN, int STAGES, bool PINGPONG>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     attn_ovl_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
                     int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, uint32_t *work)
@@ -778,6 +779,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const uint32_t qa = qs + wg * 64 * 128;
     uint32_t ring = 0;
+    // PINGPONG: the warpgroups take turns issuing their products (FlashAttention-3's
+    // inter-warpgroup schedule), so one's softmax runs under the other's products rather than
+    // both contending at once. Each takes nblk + 1 turns an item (S_0; S_j with P_{j-1} V_{j-1};
+    // the last P V; then an empty turn for each block past its rows, in which it hands that
+    // block back, so a stage it holds never waits on a turn of the other), strictly
+    // alternating, warpgroup 0 first: bar.sync on its own barrier, bar.arrive on the other's.
+    auto turn_wait = [&]() {
+        if (PINGPONG) named_sync(TURN + wg, 256);
+    };
+    auto turn_pass = [&]() {
+        if (PINGPONG) named_arrive(TURN + (wg ^ 1), 256);
+    };
+    if (PINGPONG && wg == 1) named_arrive(TURN, 256);
     for (int64_t round = 0;; round++) {
         named_sync(SLOT_FULL + (int)(round & 1), WS_THREADS);
         const item_slot &sl = slots[round & 1];
@@ -811,15 +825,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             float s[BN / 2], alpha[2];
             uint32_t p[BN / 16][4];
             wait_full(0);
+            turn_wait();
             issue_s<T, DH, BN>(s, qa, ks0 + kv_at(0));
+            turn_pass();
             wg_wait0();
             fence_regs(s);
             softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
             pack_p<T, BN>(s, p);
             for (int blk = 1; blk < nwork; blk++) {
                 wait_full(blk);
+                turn_wait();
                 issue_s<T, DH, BN>(s, qa, ks0 + kv_at(blk));
                 issue_pv<T, DH, BN>(a, p, vs0 + kv_at(blk - 1));
+                turn_pass();
                 wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
                 fence_regs(s);
                 softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
@@ -831,21 +849,28 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 pack_p<T, BN>(s, p);
             }
             release_q();
+            turn_wait();
             issue_pv<T, DH, BN>(a, p, vs0 + kv_at(nwork - 1));
+            turn_pass();
             wg_wait0();
             keep_regs(p);
             fence_regs(a.o);
             release(nwork - 1);
         } else {
+            turn_wait(); // S_0's turn, empty; the last P V's falls to the first block past its rows
+            turn_pass();
             release_q();
         }
         for (int blk = nwork; blk < nblk; blk++) { // blocks past this warpgroup's rows: handed back
+            turn_wait();
+            turn_pass();
             wait_full(blk);
             release(blk);
         }
         ring += nblk;
         finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
     }
+    if (PINGPONG && wg == 0) named_sync(TURN, 256); // warpgroup 1's last pass: none is left pending
 #endif
 }
 
@@ -879,17 +904,17 @@ flame_status launch_ws(const fl_attn_tile *tiles, int64_t num_tiles, const int32
 
 // ctas: the grid, at most one CTA an item (0: one an item, the one-shot form); work: the
 // counters of the greedy schedule (attn_ovl_kernel), or NULL.
-template <typename T, int DH, int BN, int STAGES>
+template <typename T, int DH, int BN, int STAGES, bool PINGPONG = false>
 flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
                         int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major,
                         int64_t ctas, uint32_t *work)
 {
     constexpr int smem = layout<DH, BN, STAGES>::SMEM;
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
     const int64_t items = num_tiles * heads, grid = ctas > 0 && ctas < items ? ctas : items;
-    attn_ovl_kernel<T, DH, BN, STAGES><<<(unsigned)grid, WS_THREADS, smem, s>>>(
+    attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG><<<(unsigned)grid, WS_THREADS, smem, s>>>(
         tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo,
         grid < items ? work : nullptr);
     FL_LAUNCH_CHECK();
@@ -940,7 +965,9 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     // CTAs get to them (B32 L1024 M512 333-337 us against 381-382 one CTA an item; B8 L4096
     // M512 592-633 against 630-658, within the noise between machine instances); without them,
     // one CTA an item (the persistent form's fixed assignment leaves its CTAs 7-10% apart:
-    // 355-364 and 673 us).
+    // 355-364 and 673 us). With the warpgroups taking turns issuing their products
+    // (FL_WG_POVL128P), an H100: B32 L1024 M512 341-343 us against 350, L4096 the same within the
+    // noise; the default once its full test and compute-sanitizer runs have passed.
     const int which = variant                      ? variant
                       : dh == 128                  ? (work ? FL_WG_POVL128 : FL_WG_OVL128)
                       : num_tiles * heads >= 132   ? FL_WG_LOCK64
@@ -951,7 +978,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     const int head_major = dh == 128;
     // the persistent forms: one CTA an SM (one fits: shared memory), or max_ctas
     int64_t ctas = 0;
-    if (which == FL_WG_POVL64 || which == FL_WG_POVL128) {
+    if (which == FL_WG_POVL64 || which == FL_WG_POVL128 || which == FL_WG_POVL128P) {
         int dev = 0, sms = 0;
         FL_CUDA_TRY(cudaGetDevice(&dev));
         FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -966,6 +993,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
         case FL_WG_OVL64: return launch_ovl<T, 64, 64, 4>(ARGS, 0, nullptr);
         case FL_WG_POVL64: return launch_ovl<T, 64, 64, 4>(ARGS, ctas, work);
         case FL_WG_POVL128: return launch_ovl<T, 64, 128, 3>(ARGS, ctas, work);
+        case FL_WG_POVL128P: return launch_ovl<T, 64, 128, 3, true>(ARGS, ctas, work);
         default: return launch_ovl<T, 64, 128, 3>(ARGS, 0, nullptr);
         }
     switch (which) {
@@ -976,6 +1004,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     case FL_WG_OVL64: return launch_ovl<T, 128, 64, 4>(ARGS, 0, nullptr);
     case FL_WG_POVL64: return launch_ovl<T, 128, 64, 4>(ARGS, ctas, work);
     case FL_WG_POVL128: return launch_ovl<T, 128, 128, 3>(ARGS, ctas, work);
+    case FL_WG_POVL128P: return launch_ovl<T, 128, 128, 3, true>(ARGS, ctas, work);
     default: return launch_ovl<T, 128, 128, 3>(ARGS, 0, nullptr);
     }
 #undef ARGS

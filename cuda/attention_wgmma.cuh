@@ -17,8 +17,9 @@ bool fl_cuda_attention_wg_fits(int32_t dh, const T *q, int64_t ldq, const T *k, 
 // each key block, key blocks of 64 or 128), warp-specialised (a producer warpgroup stages
 // blocks three deep), warp-specialised with the warpgroups taking turns on the tensor cores,
 // warp-specialised with each warpgroup's softmax overlapped with its previous P V product
-// (key blocks of 64 or 128), and that kernel persistent (one CTA an SM running items in turn,
-// the next item's Q and first block staged while the last one finishes).
+// (key blocks of 64 or 128), that kernel persistent (one CTA an SM running items in turn,
+// the next item's Q and first block staged while the last one finishes), and the persistent
+// kernel with the warpgroups taking turns issuing their products.
 enum {
     FL_WG_DEFAULT = 0,
     FL_WG_LOCK64 = 1,
@@ -29,7 +30,8 @@ enum {
     FL_WG_OVL128 = 6,
     FL_WG_POVL64 = 7,
     FL_WG_POVL128 = 8,
-    FL_WG_LAST = FL_WG_POVL128
+    FL_WG_POVL128P = 9,
+    FL_WG_LAST = FL_WG_POVL128P
 };
 
 // Contract of fl_cuda_attention for tiles of up to FL_ATTN_QT_WG queries, processed in list
