@@ -782,9 +782,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     // PINGPONG: the warpgroups take turns issuing their products (FlashAttention-3's
     // inter-warpgroup schedule), so one's softmax runs under the other's products rather than
     // both contending at once. Each takes nblk + 1 turns an item (S_0; S_j with P_{j-1} V_{j-1};
-    // the last P V; then an empty turn for each block past its rows, in which it hands that
-    // block back, so a stage it holds never waits on a turn of the other), strictly
-    // alternating, warpgroup 0 first: bar.sync on its own barrier, bar.arrive on the other's.
+    // the last P V; then an empty turn for each block past its rows, after which it hands that
+    // block back), strictly alternating, warpgroup 0 first: bar.sync on its own barrier,
+    // bar.arrive on the other's, so at most one arrival is ever pending. No wait closes a cycle
+    // with the ring: turn t waits for block t, staged once both warpgroups released block
+    // t - STAGES, which the other did by its turn t - 1 (STAGES >= 2). Warpgroup 1's last pass
+    // is taken up by warpgroup 0 after the last item.
     auto turn_wait = [&]() {
         if (PINGPONG) named_sync(TURN + wg, 256);
     };
@@ -857,7 +860,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             fence_regs(a.o);
             release(nwork - 1);
         } else {
-            turn_wait(); // S_0's turn, empty; the last P V's falls to the first block past its rows
+            turn_wait(); // S_0's turn, empty; with the nblk below, nblk + 1 as on the other path
             turn_pass();
             release_q();
         }
