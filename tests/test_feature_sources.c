@@ -543,6 +543,86 @@ static void test_redis_mget_reply_shapes(void **state)
 
 #endif /* FLAME_WITH_REDIS */
 
+/* A callback source: item 1's bag lists items 100..(100 + RELATED - 1), every other item's its
+ * id x 10; item 7777 fails the whole fetch. */
+enum { RELATED = 600 };
+static flame_status related_fetch(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    (void)user;
+    static int64_t v[RELATED];
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] == 7777) return FLAME_ERR_FORMAT;
+        const size_t k = ids[i] == 1 ? RELATED : 1;
+        for (size_t j = 0; j < k; j++) v[j] = ids[i] == 1 ? 100 + (int64_t)j : ids[i] * 10;
+        const int64_t off[2] = {0, (int64_t)k};
+        flame_status st = flame_feature_batch_set(out, i, off, v, k, NULL, 0);
+        if (st) return st;
+    }
+    return FLAME_OK;
+}
+
+/* ids read back from the output batch itself (a record's bag of related items) and passed as
+ * the next call's ids into the same batch: read from a copy, not from records being rewritten;
+ * a count of records whose sizes cannot be held is refused before the batch is touched; a
+ * failed fetch leaves an empty batch. */
+static void test_ids_from_own_batch_and_batch_bounds(void **state)
+{
+    (void)state;
+    flame_feature_source *src;
+    assert_int_equal(flame_feature_source_create_callback(1, related_fetch, NULL, NULL, &src), FLAME_OK);
+    flame_item_cache_params p = {.struct_size = sizeof p, .manual_refresh = 1};
+    flame_item_cache *c;
+    assert_int_equal(flame_item_cache_create(src, &p, &c), FLAME_OK);
+    for (int via_cache = 0; via_cache < 2; via_cache++) {
+        flame_feature_batch *b, *warm;
+        assert_int_equal(flame_feature_batch_create(1, &b), FLAME_OK);
+        assert_int_equal(flame_feature_batch_create(1, &warm), FLAME_OK);
+        int64_t first[50]; /* some of the related items cached: hits are copied into the batch first */
+        for (int i = 0; i < 50; i++) first[i] = 100 + i;
+        assert_int_equal(flame_item_cache_get(c, first, 50, warm), FLAME_OK);
+        const int64_t one = 1;
+        assert_int_equal(flame_feature_source_fetch(src, &one, 1, b), FLAME_OK);
+        int32_t found;
+        const int64_t *rel;
+        size_t n;
+        assert_int_equal(flame_feature_batch_get_slot(b, 0, 0, &found, &rel, &n), FLAME_OK);
+        assert_int_equal(n, RELATED);
+        flame_status st = via_cache ? flame_item_cache_get(c, rel, n, b) : flame_feature_source_fetch(src, rel, n, b);
+        assert_int_equal(st, FLAME_OK);
+        assert_int_equal(flame_feature_batch_size(b), RELATED);
+        for (size_t i = 0; i < RELATED; i++) {
+            const int64_t *v;
+            size_t k;
+            assert_int_equal(flame_feature_batch_get_slot(b, i, 0, &found, &v, &k), FLAME_OK);
+            assert_true(found);
+            assert_int_equal(k, 1);
+            assert_int_equal(v[0], (100 + (int64_t)i) * 10);
+        }
+        /* ids claimed to lie in the batch's records but running past them */
+        assert_int_equal(flame_feature_batch_get_slot(b, 0, 0, &found, &rel, &n), FLAME_OK);
+        st = via_cache ? flame_item_cache_get(c, rel, 1u << 30, b) : flame_feature_source_fetch(src, rel, 1u << 30, b);
+        assert_int_equal(st, FLAME_ERR_INVALID_ARG);
+        assert_non_null(strstr(flame_last_error(), "run past"));
+        assert_int_equal(flame_feature_batch_size(b), RELATED); /* untouched */
+        /* more records than a size_t can size */
+        st = via_cache ? flame_item_cache_get(c, first, SIZE_MAX, b) : flame_feature_source_fetch(src, first, SIZE_MAX, b);
+        assert_int_equal(st, FLAME_ERR_INVALID_ARG);
+        assert_non_null(strstr(flame_last_error(), "18446744073709551615 records is too large"));
+        assert_int_equal(flame_feature_batch_size(b), RELATED);
+        flame_feature_batch_destroy(warm);
+        flame_feature_batch_destroy(b);
+    }
+    /* a fetch that fails leaves an empty batch, not the records written before the failure */
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(1, &b), FLAME_OK);
+    const int64_t ids[3] = {5, 6, 7777};
+    assert_int_equal(flame_feature_source_fetch(src, ids, 3, b), FLAME_ERR_FORMAT);
+    assert_int_equal(flame_feature_batch_size(b), 0);
+    flame_feature_batch_destroy(b);
+    flame_item_cache_destroy(c);
+    flame_feature_source_destroy(src);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -550,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_batch_set_from_own_records),
         cmocka_unit_test(test_file_source),
         cmocka_unit_test(test_async_callback_through_cache),
+        cmocka_unit_test(test_ids_from_own_batch_and_batch_bounds),
 #if FLAME_WITH_REDIS
         cmocka_unit_test(test_redis_load_and_fetch),
         cmocka_unit_test(test_redis_reconnect),

@@ -155,9 +155,10 @@ typedef struct flame_feature_source flame_feature_source;
 /* Host callback, batched: fetch the records of ids[0..n-1] into `out` (size n, already set):
  * for each index call flame_feature_batch_set or flame_feature_batch_set_missing, then return
  * FLAME_OK (every index must have been written), or a failure status (the whole fetch
- * fails; FLAME_ERR_UNAVAILABLE is the usual one). Called from scoring threads and the cache's
- * refresh thread, possibly concurrently: it must be thread-safe. It must not call into the
- * cache or engine that uses it. */
+ * fails; FLAME_ERR_UNAVAILABLE is the usual one; a value that is not a flame_status fails it
+ * with FLAME_ERR_UNAVAILABLE, the message naming the value). Called from scoring threads and
+ * the cache's refresh thread, possibly concurrently: it must be thread-safe. It must not call
+ * into the cache or engine that uses it. */
 typedef flame_status (*flame_feature_fetch_fn)(void *user, const int64_t *ids, size_t n, flame_feature_batch *out);
 
 /* Host callback, asynchronous form: starts the fetch and returns at once; the records are
@@ -291,15 +292,18 @@ FLAME_API int32_t flame_feature_source_num_slots(const flame_feature_source *sou
  *
  * Parameters:
  *   source   the source.
- *   ids      [n] int64 item ids; may be NULL when n is 0; borrowed.
- *   n        the number of ids.
+ *   ids      [n] int64 item ids; may be NULL when n is 0; borrowed. They may lie in out's own
+ *            records (a bag read back from out): they are then copied before out is reset.
+ *   n        the number of ids, at most (SIZE_MAX / 16 - 8) / 2.
  *   out      reset to size n and written (record i for ids[i]); its num_slots must equal the
- *            source's.
+ *            source's. On failure it is left empty (size 0), never with part of the records;
+ *            on a refusal before the fetch (INVALID_ARG for n) it is left as it was.
  * Thread-safety: thread-safe (concurrent fetches on one source), each with its own out.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source or out, NULL ids with n > 0, slot
- *   counts that differ, a callback that returned FLAME_OK with a record unwritten: the message
- *   names the record and id); the source's failure (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT,
- *   or the status a callback returned); FLAME_ERR_NOMEM.
+ *   counts that differ, n above the limit, ids lying in out's records that run past them, a
+ *   callback that returned FLAME_OK with a record unwritten: the message names the record and
+ *   id); the source's failure (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT, or the status a callback
+ *   returned); FLAME_ERR_NOMEM.
  */
 FLAME_API flame_status flame_feature_source_fetch(flame_feature_source *source, const int64_t *ids, size_t n,
                                                   flame_feature_batch *out);
@@ -476,13 +480,15 @@ FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *cache, flam
  *
  * Parameters:
  *   cache    the cache.
- *   ids      [n] int64 item ids (repeats allowed); may be NULL when n is 0; borrowed.
- *   n        the number of ids.
+ *   ids      [n] int64 item ids (repeats allowed); may be NULL when n is 0; borrowed. They may
+ *            lie in out's own records (a bag read back from out): they are then copied first.
+ *   n        the number of ids, at most (SIZE_MAX / 16 - 8) / 2.
  *   out      reset to size n and written (record i for ids[i]); its num_slots must equal the
- *            source's.
+ *            source's; left as it was on a refusal of n or ids.
  * Thread-safety: thread-safe (hits take no lock), each call with its own out.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or out, NULL ids with n > 0, slot counts
- *   that differ); the source's failure status when the fetch of a miss failed (nothing is
+ *   that differ, n above the limit, ids lying in out's records that run past them); the
+ *   source's failure status when the fetch of a miss failed (nothing is
  *   cached for those ids, whose records in out read as never written; the others are
  *   written); FLAME_ERR_NOMEM.
  */

@@ -1,5 +1,6 @@
 /* The feature file (docs/features.md): a text table read into an id -> record hash table. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,8 @@ void fl_feature_table_free(fl_feature_table *t)
     memset(t, 0, sizeof *t);
 }
 
-/* Parses "a,b,c" (or "") into v[]; returns the count or -1. */
+/* Parses "a,b,c" (or "") into v[]; returns the count, -1 for a malformed list or -2 when it
+ * holds more than `room` ids. */
 static long parse_ids(char *s, int64_t *v, long room)
 {
     long n = 0;
@@ -67,7 +69,8 @@ static long parse_ids(char *s, int64_t *v, long room)
         char *end;
         errno = 0;
         long long x = strtoll(s, &end, 10);
-        if (end == s || errno || n >= room || (*end && *end != ',')) return -1;
+        if (end == s || errno || (*end && *end != ',')) return -1;
+        if (n >= room) return -2;
         v[n++] = x;
         s = *end ? end + 1 : end;
         if (*end && !*s) return -1; /* a trailing comma: a value left out */
@@ -75,19 +78,28 @@ static long parse_ids(char *s, int64_t *v, long room)
     return n;
 }
 
-static long parse_floats(char *s, float *v, long room)
+/* Parses "x,y,z" into v[]; returns the count, or -1 with *bad at the offending entry and *why
+ * saying what is wrong with it. */
+static long parse_floats(char *s, float *v, long room, char **bad, const char **why)
 {
     long n = 0;
     while (*s) {
         char *end;
         errno = 0;
         float x = strtof(s, &end);
-        /* out of float's range (1e999) or not finite (inf, nan): not a feature value */
-        if (end == s || errno == ERANGE || !isfinite(x) || n >= room || (*end && *end != ',')) return -1;
+        *bad = s;
+        if (end == s || (*end && *end != ',')) return *why = "is not a float", -1;
+        /* ERANGE on underflow (1e-40, a subnormal, or 1e-50, rounded to 0) is a valid value;
+         * overflow (1e999, rounded to inf), inf and nan are not feature values */
+        if (errno == ERANGE && !(isfinite(x) && fabsf(x) <= FLT_MIN)) return *why = "is out of float's range", -1;
+        if (!isfinite(x)) return *why = "is not a finite float", -1;
+        if (n >= room) return *why = "is one value too many", -1;
         v[n++] = x;
         s = *end ? end + 1 : end;
-        if (*end && !*s) return -1;
+        if (*end && !*s) return *bad = s, *why = "is an empty entry (a trailing comma)", -1;
     }
+    *bad = s;
+    *why = "is the end of the list";
     return n;
 }
 
@@ -114,6 +126,9 @@ static flame_status parse_line(fl_feature_table *t, char *line, size_t lineno, c
     int64_t offsets[FL_MAX_SLOTS + 1] = {0};
     for (int s = 0; s < t->num_slots; s++) {
         long n = parse_ids(fields[1 + s], ids + offsets[s], MAX_LINE_IDS - offsets[s]);
+        if (n == -2)
+            return fl_error(FLAME_ERR_FORMAT, "%s:%zu: slot %d: more than %d ids on one line (the limit per line, all slots together)",
+                            path, lineno, s, MAX_LINE_IDS);
         if (n < 0) return fl_error(FLAME_ERR_FORMAT, "%s:%zu: slot %d: bad id list '%.40s'", path, lineno, s, fields[1 + s]);
         for (long i = 0; i < n; i++)
             if (ids[offsets[s] + i] < 0)
@@ -122,10 +137,15 @@ static flame_status parse_line(fl_feature_table *t, char *line, size_t lineno, c
         offsets[s + 1] = offsets[s] + n;
     }
     if (t->num_dense) {
-        long n = parse_floats(fields[want - 1], dense, t->num_dense);
+        char *bad;
+        const char *why;
+        long n = parse_floats(fields[want - 1], dense, t->num_dense, &bad, &why);
+        if (n < 0)
+            return fl_error(FLAME_ERR_FORMAT, "%s:%zu: dense: expected %d comma-separated finite floats; '%.*s' %s", path,
+                            lineno, t->num_dense, (int)(strcspn(bad, ",") < 40 ? strcspn(bad, ",") : 40), bad, why);
         if (n != t->num_dense)
-            return fl_error(FLAME_ERR_FORMAT, "%s:%zu: dense: expected %d comma-separated finite floats", path, lineno,
-                            t->num_dense);
+            return fl_error(FLAME_ERR_FORMAT, "%s:%zu: dense: expected %d comma-separated finite floats, got %ld in '%.40s'",
+                            path, lineno, t->num_dense, n, fields[want - 1]);
     }
     uint32_t oldlen;
     if (fl_feature_table_find(t, id, &oldlen))
@@ -141,6 +161,50 @@ static flame_status parse_line(fl_feature_table *t, char *line, size_t lineno, c
     t->used += (len + 7) & ~(size_t)7;
     t->count++;
     return FLAME_OK;
+}
+
+#define HEADER_FORM "'flame-features 1 slots=S dense=D'"
+
+/* One integer of the header at *p: "<key>" then a decimal in [lo, hi] (strtoll, so no
+ * wrap-around: 4294967298 is out of range, not 2); *p moves past it. */
+static flame_status header_int(char **p, const char *key, long lo, long hi, const char *path, size_t lineno, int *out)
+{
+    size_t klen = strlen(key);
+    if (strncmp(*p, key, klen))
+        return fl_error(FLAME_ERR_FORMAT, "%s:%zu: expected the header " HEADER_FORM " (S 0..%d, D 0..%d)", path, lineno,
+                        FL_MAX_SLOTS, FL_MAX_DENSE);
+    char *s = *p + klen, *end;
+    errno = 0;
+    long long x = (*s >= '0' && *s <= '9') || *s == '+' || *s == '-' ? strtoll(s, &end, 10) : (end = s, 0);
+    if (end == s || (*end && *end != ' ' && *end != '\t'))
+        return fl_error(FLAME_ERR_FORMAT, "%s:%zu: expected the header " HEADER_FORM " (S 0..%d, D 0..%d); '%s%.*s' is not an integer",
+                        path, lineno, FL_MAX_SLOTS, FL_MAX_DENSE, key, (int)(strcspn(s, " \t") < 40 ? strcspn(s, " \t") : 40), s);
+    if (errno == ERANGE || x < lo || x > hi)
+        return fl_error(FLAME_ERR_FORMAT, "%s:%zu: header %s%.*s is out of range %ld..%ld (expected the header " HEADER_FORM ")",
+                        path, lineno, *key ? key : "version ", (int)(end - s < 40 ? end - s : 40), s, lo, hi);
+    *out = (int)x;
+    *p = end;
+    return FLAME_OK;
+}
+
+/* "flame-features 1 slots=S dense=D": words separated by spaces or tabs, nothing before or after. */
+static flame_status parse_header(char *line, const char *path, size_t lineno, int *v, int *ns, int *nd)
+{
+    static const char magic[] = "flame-features";
+    char *p = line + sizeof magic - 1;
+    if (strncmp(line, magic, sizeof magic - 1) || (*p != ' ' && *p != '\t'))
+        return fl_error(FLAME_ERR_FORMAT, "%s:%zu: expected the header " HEADER_FORM " (S 0..%d, D 0..%d)", path, lineno,
+                        FL_MAX_SLOTS, FL_MAX_DENSE);
+    while (*p == ' ' || *p == '\t') p++;
+    flame_status st = header_int(&p, "", 1, 1, path, lineno, v);
+    while (*p == ' ' || *p == '\t') p++;
+    if (!st) st = header_int(&p, "slots=", 0, FL_MAX_SLOTS, path, lineno, ns);
+    while (*p == ' ' || *p == '\t') p++;
+    if (!st) st = header_int(&p, "dense=", 0, FL_MAX_DENSE, path, lineno, nd);
+    if (!st && *p)
+        st = fl_error(FLAME_ERR_FORMAT, "%s:%zu: expected the header " HEADER_FORM " (S 0..%d, D 0..%d); '%.40s' after it",
+                      path, lineno, FL_MAX_SLOTS, FL_MAX_DENSE, p);
+    return st;
 }
 
 flame_status fl_feature_table_read(const char *path, fl_feature_table *t)
@@ -166,12 +230,8 @@ flame_status fl_feature_table_read(const char *path, fl_feature_table *t)
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = '\0';
         if (got == 0 || line[0] == '#') continue;
         if (!header) {
-            int v = 0, ns = 0, nd = 0, used = 0;
-            if (sscanf(line, "flame-features %d slots=%d dense=%d%n", &v, &ns, &nd, &used) != 3 || line[used] ||
-                v != 1 || ns < 0 || ns > FL_MAX_SLOTS || nd < 0 || nd > FL_MAX_DENSE)
-                st = fl_error(FLAME_ERR_FORMAT,
-                              "%s:%zu: expected the header 'flame-features 1 slots=S dense=D' (S 0..%d, D 0..%d)",
-                              path, lineno, FL_MAX_SLOTS, FL_MAX_DENSE);
+            int v = 0, ns = 0, nd = 0;
+            st = parse_header(line, path, lineno, &v, &ns, &nd);
             t->num_slots = ns, t->num_dense = nd;
             header = true;
             continue;

@@ -72,6 +72,10 @@ FLAME_API size_t flame_feature_batch_size(const flame_feature_batch *b)
 
 flame_status fl_batch_reset(flame_feature_batch *b, size_t n)
 {
+    /* the grown capacity (n + n / 2 + 8 records) must be a size that fits size_t */
+    const size_t most = (SIZE_MAX / sizeof *b->rec - 8) / 2;
+    if (n > most)
+        return fl_error(FLAME_ERR_INVALID_ARG, "a batch of %zu records is too large (at most %zu)", n, most);
     if (n > b->cap_n) {
         size_t cap = n + n / 2 + 8;
         fl_rec_ref *r = realloc(b->rec, cap * sizeof *r);
@@ -82,6 +86,23 @@ flame_status fl_batch_reset(flame_feature_batch *b, size_t n)
     if (n) memset(b->rec, 0, n * sizeof *b->rec);
     b->n = n;
     b->used = 0;
+    return FLAME_OK;
+}
+
+static uint64_t arena_offset(const flame_feature_batch *b, const void *p, size_t len);
+
+flame_status fl_batch_own_ids(const flame_feature_batch *b, const int64_t **ids, size_t n, int64_t **copy)
+{
+    *copy = NULL;
+    const uint64_t off = n ? arena_offset(b, *ids, 1) : UINT64_MAX;
+    if (off == UINT64_MAX) return FLAME_OK;
+    if (n > (b->used - off) / sizeof **ids) /* ids inside the records must end inside them too */
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "ids lie in the output batch's records, but %zu ids run past their last byte", n);
+    *copy = malloc(n * sizeof **copy);
+    if (!*copy) return fl_error(FLAME_ERR_NOMEM, "out of memory copying %zu ids that lie in the output batch", n);
+    memcpy(*copy, *ids, n * sizeof **copy);
+    *ids = *copy;
     return FLAME_OK;
 }
 

@@ -71,6 +71,10 @@ struct flame_feature_batch {
 
 /* Resizes to n records, all unset. */
 flame_status fl_batch_reset(flame_feature_batch *b, size_t n);
+/* The ids to read while b is reset and rewritten: *ids left as it is, or, when it lies in b's
+ * records (a bag read back from b), replaced by a copy the caller frees (*copy).
+ * FLAME_ERR_INVALID_ARG: such ids run past the records; FLAME_ERR_NOMEM. */
+flame_status fl_batch_own_ids(const flame_feature_batch *b, const int64_t **ids, size_t n, int64_t **copy);
 /* Copies a valid blob into record i. */
 flame_status fl_batch_put_blob(flame_feature_batch *b, size_t i, const uint8_t *blob, size_t len);
 /* fl_batch_put_blob for a blob readable up to len rounded up to 8 bytes (an item cache

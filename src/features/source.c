@@ -22,15 +22,23 @@ void fl_source_release(struct flame_feature_source *s)
 
 flame_status fl_source_fetch(struct flame_feature_source *s, const int64_t *ids, size_t n, flame_feature_batch *out)
 {
-    flame_status st = fl_batch_reset(out, n);
-    if (st || n == 0) return st;
-    st = s->ops->fetch(s, ids, n, out);
+    int64_t *copy = NULL; /* ids read back from out are read from a copy: out is rewritten below */
+    const int64_t *own = ids;
+    flame_status st = fl_batch_own_ids(out, &own, n, &copy);
     if (st) return st;
-    for (size_t i = 0; i < n; i++)
+    st = fl_batch_reset(out, n);
+    if (st || n == 0) {
+        free(copy);
+        return st;
+    }
+    st = s->ops->fetch(s, own, n, out);
+    for (size_t i = 0; !st && i < n; i++)
         if (out->rec[i].state == FL_REC_UNSET)
-            return fl_error(FLAME_ERR_INVALID_ARG, "feature source left record %zu (id %lld) unwritten", i,
-                            (long long)ids[i]);
-    return FLAME_OK;
+            st = fl_error(FLAME_ERR_INVALID_ARG, "feature source left record %zu (id %lld) unwritten", i,
+                          (long long)own[i]);
+    if (st) fl_batch_reset(out, 0); /* a failed fetch leaves an empty batch, never part of one */
+    free(copy);
+    return st;
 }
 
 FLAME_API int32_t flame_feature_source_num_slots(const flame_feature_source *s)

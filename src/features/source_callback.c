@@ -10,6 +10,26 @@ typedef struct cb_source {
     void *user;
 } cb_source;
 
+/* Whether a callback's status is one of the FLAME_ERR_* members of flame_status (a switch, not a
+ * range, so a retired code left as a gap is not one). */
+static bool is_error_status(flame_status st)
+{
+    switch (st) {
+    case FLAME_ERR_INVALID_ARG:
+    case FLAME_ERR_NOMEM:
+    case FLAME_ERR_IO:
+    case FLAME_ERR_FORMAT:
+    case FLAME_ERR_UNSUPPORTED:
+    case FLAME_ERR_NO_DEVICE:
+    case FLAME_ERR_BUFFER_TOO_SMALL:
+    case FLAME_ERR_INTERNAL:
+    case FLAME_ERR_UNAVAILABLE:
+    case FLAME_ERR_TIMEOUT:
+    case FLAME_ERR_CANCELLED: return true;
+    default: return false;
+    }
+}
+
 static flame_status cb_fetch(struct flame_feature_source *s, const int64_t *ids, size_t n, flame_feature_batch *out)
 {
     cb_source *c = (cb_source *)s;
@@ -21,9 +41,14 @@ static flame_status cb_fetch(struct flame_feature_source *s, const int64_t *ids,
         c->fetch_async(c->user, ids, n, out);
         st = fl_batch_wait(out);
     }
-    if (st) return fl_error(st, "feature callback failed with %s for a batch of %zu ids (first %lld)",
-                            flame_status_string(st), n, (long long)ids[0]);
-    return FLAME_OK;
+    if (st == FLAME_OK) return FLAME_OK;
+    if (!is_error_status(st)) /* not a flame_status: never passed on to the caller as one */
+        return fl_error(FLAME_ERR_UNAVAILABLE,
+                        "feature callback returned %d, which is not a flame_status (FLAME_OK or a FLAME_ERR_* value), "
+                        "for a batch of %zu ids (first %lld): treated as a failure",
+                        (int)st, n, n ? (long long)ids[0] : 0LL);
+    return fl_error(st, "feature callback failed with %s for a batch of %zu ids (first %lld)", flame_status_string(st),
+                    n, n ? (long long)ids[0] : 0LL);
 }
 
 static void cb_destroy(struct flame_feature_source *s)

@@ -277,7 +277,20 @@ static inline void ahead_entry(const ahead *a, size_t j)
     if (e) __builtin_prefetch(e), __builtin_prefetch(e + sizeof(fl_entry)); /* header, record */
 }
 
+static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out);
+
 flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    int64_t *copy = NULL; /* ids read back from out (a bag of its records) are read from a copy */
+    const int64_t *own = ids;
+    flame_status st = fl_batch_own_ids(out, &own, n, &copy);
+    if (st) return st;
+    st = get_into(c, own, n, out);
+    free(copy);
+    return st;
+}
+
+static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out)
 {
     flame_status st = fl_batch_reset(out, n);
     if (st || n == 0) return st;

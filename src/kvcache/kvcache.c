@@ -4,6 +4,8 @@
  * request), so one lock costs nothing measurable. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "kvcache/kvcache.h"
 
@@ -350,10 +352,29 @@ void fl_kv_get_stats(fl_kv_cache *c, fl_kv_stats *s)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* The hashes' seed: a secret drawn once per process from the system's random source. Each step
+ * h = mix(h ^ id) is a bijection of h, so with a known seed two windows whose states differ by
+ * d collide at the next items if those differ by d (XOR): a birthday search over a few million
+ * two-item prefixes finds such windows for a 16k-item catalogue. Without the seed no state is
+ * known, and finding a colliding pair takes guesses the process would have to answer. */
+static uint64_t kv_seed;
+static void draw_seed(void)
+{
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s) { /* no entropy source: time and addresses */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)&ts);
+    }
+    kv_seed = mix64(s ^ 0x6b76636163686531ull);
+}
+
 void fl_kv_prefix_hashes(const int64_t *items, const fl_kv_bags_view *side, int num_side, int64_t first,
                          int32_t tokens, uint64_t *prefix)
 {
-    uint64_t h = 0x6b76636163686531ull; /* any fixed seed */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, draw_seed);
+    uint64_t h = kv_seed;
     prefix[0] = h;
     for (int32_t k = 0; k < tokens; k++) {
         h = mix64(h ^ (uint64_t)items[first + k]);

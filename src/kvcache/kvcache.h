@@ -103,9 +103,11 @@ void fl_kv_release(fl_kv_cache *c, fl_kv_ticket *t);
 void fl_kv_count_tokens(fl_kv_cache *c, uint64_t computed, uint64_t saved);
 void fl_kv_get_stats(fl_kv_cache *c, fl_kv_stats *s);
 
-/* The window's prefix hashes: prefix[0] = a fixed seed, prefix[k + 1] = mix(prefix[k], token k's
- * item id and the ids of each of its side bags, with the bag lengths). splitmix64's finalizer
- * (Steele, Lea and Flood, OOPSLA 2014) as the mixer: 64 bits, not cryptographic. */
+/* The window's prefix hashes: prefix[0] = a seed drawn once per process from the system's random
+ * source (secret: windows that collide cannot be built without it), prefix[k + 1] =
+ * mix(prefix[k], token k's item id and the ids of each of its side bags, with the bag lengths).
+ * splitmix64's finalizer (Steele, Lea and Flood, OOPSLA 2014) as the mixer: 64 bits, not
+ * cryptographic; equal windows hash equally within one process only. */
 typedef struct fl_kv_bags_view {
     const int64_t *offsets, *ids; /* a slot's CSR over the request's whole history */
 } fl_kv_bags_view;
