@@ -651,9 +651,52 @@ static void test_arguments_and_options(void **state)
     assert_status_msg(flame_item_cache_get_stats(f->cache, &s), FLAME_ERR_INVALID_ARG, "struct_size = 4");
 }
 
+static flame_status one_id_fetch(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    (void)user;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t off[2] = {0, 1};
+        flame_status st = flame_feature_batch_set(out, i, off, &ids[i], 1, NULL, 0);
+        if (st) return st;
+    }
+    return FLAME_OK;
+}
+
+/* Bounds smaller than the default 64 shards: the cache holds no more than max_entries entries
+ * and max_bytes bytes (each shard used to keep one entry above a share rounded up or below one
+ * record: 64 entries with max_entries 1). */
+static void test_small_bounds_hold(void **state)
+{
+    (void)state;
+    flame_feature_source *src;
+    assert_int_equal(flame_feature_source_create_callback(1, one_id_fetch, NULL, NULL, &src), FLAME_OK);
+    const uint64_t entries[] = {1, 7, 100, 1000000}, bytes[] = {4096, 4096, 1ull << 20, 8192};
+    int64_t ids[1000];
+    for (int i = 0; i < 1000; i++) ids[i] = i;
+    for (int k = 0; k < 4; k++) {
+        flame_item_cache_params p = {.struct_size = sizeof p, .manual_refresh = 1, .max_entries = entries[k],
+                                     .max_bytes = bytes[k]};
+        flame_item_cache *c;
+        assert_int_equal(flame_item_cache_create(src, &p, &c), FLAME_OK);
+        flame_feature_batch *b;
+        assert_int_equal(flame_feature_batch_create(1, &b), FLAME_OK);
+        assert_int_equal(flame_item_cache_get(c, ids, 1000, b), FLAME_OK);
+        flame_item_cache_stats t = {.struct_size = sizeof t};
+        assert_int_equal(flame_item_cache_get_stats(c, &t), FLAME_OK);
+        if (t.entries > entries[k] || t.bytes > bytes[k])
+            fail_msg("max_entries %llu max_bytes %llu: holds %llu entries, %llu bytes", (unsigned long long)entries[k],
+                     (unsigned long long)bytes[k], (unsigned long long)t.entries, (unsigned long long)t.bytes);
+        assert_true(t.entries >= 1);
+        flame_feature_batch_destroy(b);
+        flame_item_cache_destroy(c);
+    }
+    flame_feature_source_destroy(src);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_small_bounds_hold),
         cmocka_unit_test_setup_teardown(test_batch_hits_misses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ttl_from_popularity, setup, teardown),
         cmocka_unit_test_setup_teardown(test_custom_ttl_fn, setup, teardown),

@@ -390,7 +390,10 @@ typedef struct flame_item_cache_params {
                                     up to retry_max_us; 0 = 100 ms */
     uint64_t retry_max_us;       /* 0 = 30 s; at least retry_min_us */
     uint32_t shards;             /* independent locks, rounded up to a power of two; 0 = 64;
-                                    up to 4096 */
+                                    up to 4096; fewer when max_entries or max_bytes / 64 KiB is
+                                    smaller (each shard bounds its share of both, and may keep
+                                    one record past its share of the bytes: the one it just
+                                    took, when that record alone is larger) */
     uint32_t refresh_percent;    /* refresh-ahead point: percent of the TTL after which a hit
                                     schedules a background refresh; 0 = 80; 1..99; 100 =
                                     refresh-ahead off */

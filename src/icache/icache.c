@@ -448,15 +448,21 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
     c->refresh_min_hits = p.refresh_min_hits;
     c->retry_min = p.retry_min_us, c->retry_max = p.retry_max_us;
     while ((1ull << c->shard_bits) < (uint64_t)p.shards) c->shard_bits++;
+    /* fewer shards than asked when the bounds are small: each shard bounds its own share and
+     * keeps the entry it just took even above it, so more shards than entries (or than 64 KiB
+     * shares of the bytes) would hold up to a shard's count over the cache's bounds */
+    while (c->shard_bits > 0 && ((1ull << c->shard_bits) > p.max_entries || (p.max_bytes >> c->shard_bits) < 65536))
+        c->shard_bits--;
     c->nshards = 1u << c->shard_bits;
     pthread_mutex_init(&c->rq_lock, NULL);
     pthread_cond_init(&c->rq_cv, NULL);
     c->shards = aligned_alloc(64, c->nshards * sizeof(fl_shard));
     if (!c->shards) goto nomem;
     memset(c->shards, 0, c->nshards * sizeof(fl_shard));
-    uint64_t per_entries = (p.max_entries + c->nshards - 1) / c->nshards;
-    uint64_t per_bytes = p.max_bytes / c->nshards;
     for (uint32_t i = 0; i < c->nshards; i++) {
+        /* the shares add up to the bounds exactly: the first max_entries % nshards take one more */
+        const uint64_t per_entries = p.max_entries / c->nshards + (i < p.max_entries % c->nshards);
+        const uint64_t per_bytes = p.max_bytes / c->nshards;
         fl_shard *sh = &c->shards[i];
         pthread_mutex_init(&sh->lock, NULL);
         sh->ebr = &c->ebr;
