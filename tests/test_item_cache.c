@@ -693,10 +693,53 @@ static void test_small_bounds_hold(void **state)
     flame_feature_source_destroy(src);
 }
 
+static flame_status fails_on_7777(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == 7777) return FLAME_ERR_FORMAT;
+    return one_id_fetch(user, ids, n, out);
+}
+
+/* A fetch of several misses that fails is made again id by id: the id that fails alone is the
+ * call's error (named), the others are served and cached. */
+static void test_failed_fetch_isolates_the_bad_id(void **state)
+{
+    (void)state;
+    flame_feature_source *src;
+    assert_int_equal(flame_feature_source_create_callback(1, fails_on_7777, NULL, NULL, &src), FLAME_OK);
+    flame_item_cache_params p = {.struct_size = sizeof p, .manual_refresh = 1};
+    flame_item_cache *c;
+    assert_int_equal(flame_item_cache_create(src, &p, &c), FLAME_OK);
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(1, &b), FLAME_OK);
+    const int64_t ids[3] = {1, 7777, 2};
+    assert_int_equal(flame_item_cache_get(c, ids, 3, b), FLAME_ERR_FORMAT);
+    assert_non_null(strstr(flame_last_error(), "7777"));
+    flame_item_cache_stats t = {.struct_size = sizeof t};
+    assert_int_equal(flame_item_cache_get_stats(c, &t), FLAME_OK);
+    assert_int_equal(t.entries, 2);
+    const int64_t good[2] = {2, 1};
+    assert_int_equal(flame_item_cache_get(c, good, 2, b), FLAME_OK);
+    flame_item_cache_stats u = {.struct_size = sizeof u};
+    assert_int_equal(flame_item_cache_get_stats(c, &u), FLAME_OK);
+    assert_int_equal(u.hits - t.hits, 2);
+    for (size_t i = 0; i < 2; i++) {
+        int32_t found;
+        const int64_t *v;
+        size_t k;
+        assert_int_equal(flame_feature_batch_get_slot(b, i, 0, &found, &v, &k), FLAME_OK);
+        assert_true(found && k == 1 && v[0] == good[i]);
+    }
+    flame_feature_batch_destroy(b);
+    flame_item_cache_destroy(c);
+    flame_feature_source_destroy(src);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_bounds_hold),
+        cmocka_unit_test(test_failed_fetch_isolates_the_bad_id),
         cmocka_unit_test_setup_teardown(test_batch_hits_misses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ttl_from_popularity, setup, teardown),
         cmocka_unit_test_setup_teardown(test_custom_ttl_fn, setup, teardown),

@@ -491,7 +491,9 @@ FLAME_API flame_status flame_item_cache_set_ttl_fn(flame_item_cache *cache, flam
  * Thread-safety: thread-safe (hits take no lock), each call with its own out.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or out, NULL ids with n > 0, slot counts
  *   that differ, n above the limit, ids lying in out's records that run past them); the
- *   source's failure status when the fetch of a miss failed (nothing is
+ *   source's failure status (a fetch of several misses refused for a record, FLAME_ERR_FORMAT
+ *   or FLAME_ERR_INVALID_ARG, is made again id by id, so only the ids that fail alone fail,
+ *   here and in the calls waiting on them; other failures fail the batch) when the fetch of a miss failed (nothing is
  *   cached for those ids, whose records in out read as never written; the others are
  *   written); FLAME_ERR_NOMEM.
  */

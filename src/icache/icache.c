@@ -1,5 +1,6 @@
 /* The item cache: lookups (lock-free hits), single-flight fills, writes, lifetime and stats. */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -338,15 +339,41 @@ static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, siz
             fst = fl_error(FLAME_ERR_NOMEM, "out of memory for a fetch of %zu ids", nlead);
         }
         uint64_t done_at = fl_now(c);
+        /* a fetch of several ids refused for a record (FORMAT, INVALID_ARG) is made again id by
+         * id, as refreshes are: one bad record must not fail the flights of the others (nor the
+         * calls that joined them). A source that failed as a whole (UNAVAILABLE, a timeout) is
+         * not asked again per id: that would multiply its timeouts by the batch's size. */
+        const bool isolate = got && nlead > 1 && (fst == FLAME_ERR_FORMAT || fst == FLAME_ERR_INVALID_ARG);
+        flame_status first = FLAME_OK;
+        char first_msg[256] = "";
+        if (isolate)
+            fl_log(FLAME_LOG_WARN, "item cache: fetch of %zu ids failed (%s); fetching them one by one", nlead,
+                   flame_last_error());
         for (size_t k = 0; k < nlead; k++) {
+            flame_status kst = fst;
+            size_t at = k;
+            if (isolate) {
+                atomic_fetch_add(&c->fetches, 1);
+                kst = fl_source_fetch(c->source, &keys[k], 1, got);
+                at = 0;
+                if (kst && !first) {
+                    first = kst;
+                    snprintf(first_msg, sizeof first_msg, "%s", flame_last_error());
+                }
+                done_at = fl_now(c);
+            }
             uint32_t len = 0, state = 0;
-            const uint8_t *blob = fst ? NULL : fl_batch_blob(got, k, &len, &state);
+            const uint8_t *blob = kst ? NULL : fl_batch_blob(got, at, &len, &state);
             pthread_mutex_lock(&lead[k].sh->lock);
-            fl_flight_finish(c, lead[k].sh, lead[k].f, fst, blob, len, done_at);
+            fl_flight_finish(c, lead[k].sh, lead[k].f, kst, blob, len, done_at);
             pthread_mutex_unlock(&lead[k].sh->lock);
-            if (!fst && !st) st = put_result(out, lead[k].idx, blob, len);
+            if (!kst && !st) st = put_result(out, lead[k].idx, blob, len);
         }
-        if (fst && !st) st = fst;
+        if (isolate) {
+            if (first && !st) st = fl_error(first, "%s", first_msg);
+        } else if (fst && !st) {
+            st = fst;
+        }
         flame_feature_batch_destroy(got);
         free(keys);
     }
