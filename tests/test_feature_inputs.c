@@ -6,16 +6,6 @@
 
 #include "testutil.h"
 
-static const char *write_file(const char *name, const char *text)
-{
-    static char path[256];
-    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
-
 /* ---- header integers: parsed with their full range, never wrapped */
 
 static void test_header_integers(void **state)
@@ -24,44 +14,44 @@ static void test_header_integers(void **state)
     flame_feature_source *s;
     /* 4294967298 = 2^32 + 2: sscanf %d wrapped it to 2 and the file was read with 2 slots */
     assert_status_msg(flame_feature_source_create_file(
-                          write_file("h1.txt", "flame-features 1 slots=4294967298 dense=0\n1\t5,6\t\n"), &s),
+                          tu_write_text("h1.txt", "flame-features 1 slots=4294967298 dense=0\n1\t5,6\t\n"), &s),
                       FLAME_ERR_FORMAT, "h1.txt:1: header slots=4294967298 is out of range 0..64");
     assert_null(s);
     assert_status_msg(flame_feature_source_create_file(
-                          write_file("h2.txt", "flame-features 1 slots=99999999999999999999999 dense=0\n"), &s),
+                          tu_write_text("h2.txt", "flame-features 1 slots=99999999999999999999999 dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "h2.txt:1: header slots=99999999999999999999999 is out of range 0..64");
-    assert_status_msg(flame_feature_source_create_file(write_file("h3.txt", "flame-features 1 slots=-1 dense=0\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("h3.txt", "flame-features 1 slots=-1 dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "h3.txt:1: header slots=-1 is out of range 0..64");
-    assert_status_msg(flame_feature_source_create_file(write_file("h4.txt", "flame-features 1 slots=65 dense=0\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("h4.txt", "flame-features 1 slots=65 dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "header slots=65 is out of range 0..64");
     assert_status_msg(
-        flame_feature_source_create_file(write_file("h5.txt", "flame-features 1 slots=1 dense=4294967297\n"), &s),
+        flame_feature_source_create_file(tu_write_text("h5.txt", "flame-features 1 slots=1 dense=4294967297\n"), &s),
         FLAME_ERR_FORMAT, "h5.txt:1: header dense=4294967297 is out of range 0..65536");
-    assert_status_msg(flame_feature_source_create_file(write_file("h6.txt", "flame-features 1 slots=1 dense=65537\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("h6.txt", "flame-features 1 slots=1 dense=65537\n"), &s),
                       FLAME_ERR_FORMAT, "header dense=65537 is out of range 0..65536");
-    assert_status_msg(flame_feature_source_create_file(write_file("h7.txt", "flame-features 4294967297 slots=1 dense=0\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("h7.txt", "flame-features 4294967297 slots=1 dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "h7.txt:1: header version 4294967297 is out of range 1..1");
-    assert_status_msg(flame_feature_source_create_file(write_file("h8.txt", "flame-features 2 slots=1 dense=0\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("h8.txt", "flame-features 2 slots=1 dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "header version 2 is out of range 1..1");
     /* not integers, or something after the header */
-    assert_status_msg(flame_feature_source_create_file(write_file("h9.txt", "flame-features 1 slots=2x dense=0\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("h9.txt", "flame-features 1 slots=2x dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "'slots=2x' is not an integer");
-    assert_status_msg(flame_feature_source_create_file(write_file("ha.txt", "flame-features 1 slots= 2 dense=0\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("ha.txt", "flame-features 1 slots= 2 dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "ha.txt:1: expected the header 'flame-features 1 slots=S dense=D' (S 0..64, "
                                         "D 0..65536); 'slots=' is not an integer");
-    assert_status_msg(flame_feature_source_create_file(write_file("hb.txt", "flame-features 1 slots=1 dense=0 x\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("hb.txt", "flame-features 1 slots=1 dense=0 x\n"), &s),
                       FLAME_ERR_FORMAT, "' x' after it");
-    assert_status_msg(flame_feature_source_create_file(write_file("hc.txt", "flame-features 1 slots=1 dense=0 \n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("hc.txt", "flame-features 1 slots=1 dense=0 \n"), &s),
                       FLAME_ERR_FORMAT, "hc.txt:1: expected the header 'flame-features 1 slots=S dense=D' (S 0..64, D 0..65536); ' ' after it");
-    assert_status_msg(flame_feature_source_create_file(write_file("hd.txt", "flame-features1 slots=1 dense=0\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("hd.txt", "flame-features1 slots=1 dense=0\n"), &s),
                       FLAME_ERR_FORMAT, "hd.txt:1: expected the header");
     assert_null(s);
     /* the limits themselves and extra spaces between the words are fine */
-    assert_int_equal(flame_feature_source_create_file(write_file("he.txt", "flame-features  1\tslots=64   dense=65536\n"), &s),
+    assert_int_equal(flame_feature_source_create_file(tu_write_text("he.txt", "flame-features  1\tslots=64   dense=65536\n"), &s),
                      FLAME_OK);
     assert_int_equal(flame_feature_source_num_slots(s), 64);
     flame_feature_source_destroy(s);
-    assert_int_equal(flame_feature_source_create_file(write_file("hf.txt", "# c\nflame-features 1 slots=0 dense=0\n7\n"), &s),
+    assert_int_equal(flame_feature_source_create_file(tu_write_text("hf.txt", "# c\nflame-features 1 slots=0 dense=0\n7\n"), &s),
                      FLAME_OK);
     assert_int_equal(flame_feature_source_num_slots(s), 0);
     flame_feature_source_destroy(s);
@@ -74,7 +64,7 @@ static void test_dense_values(void **state)
     (void)state;
     flame_feature_source *s;
     assert_int_equal(flame_feature_source_create_file(
-                         write_file("d1.txt", "flame-features 1 slots=0 dense=5\n17\t1e-40,-1e-40,0x1p-149,1.17549435e-38,1e-50\n"),
+                         tu_write_text("d1.txt", "flame-features 1 slots=0 dense=5\n17\t1e-40,-1e-40,0x1p-149,1.17549435e-38,1e-50\n"),
                          &s),
                      FLAME_OK);
     flame_feature_batch *b;
@@ -103,12 +93,12 @@ static void test_dense_values(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[96];
         snprintf(text, sizeof text, "flame-features 1 slots=0 dense=1\n1\t%s\n", bad[i].value);
-        assert_status_msg(flame_feature_source_create_file(write_file("d2.txt", text), &s), FLAME_ERR_FORMAT,
+        assert_status_msg(flame_feature_source_create_file(tu_write_text("d2.txt", text), &s), FLAME_ERR_FORMAT,
                           "d2.txt:2: dense: expected 1 comma-separated finite floats");
-        assert_status_msg(flame_feature_source_create_file(write_file("d2.txt", text), &s), FLAME_ERR_FORMAT, bad[i].want);
+        assert_status_msg(flame_feature_source_create_file(tu_write_text("d2.txt", text), &s), FLAME_ERR_FORMAT, bad[i].want);
         assert_null(s);
     }
-    assert_status_msg(flame_feature_source_create_file(write_file("d3.txt", "flame-features 1 slots=0 dense=3\n1\t1,2\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("d3.txt", "flame-features 1 slots=0 dense=3\n1\t1,2\n"), &s),
                       FLAME_ERR_FORMAT, "d3.txt:2: dense: expected 3 comma-separated finite floats, got 2 in '1,2'");
 }
 

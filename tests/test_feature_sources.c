@@ -17,16 +17,6 @@
 #include <hiredis/hiredis.h>
 #endif
 
-static const char *write_file(const char *name, const char *text)
-{
-    static char path[256];
-    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
-
 static const char *features_text = "# two slots and two dense values\n"
                                    "flame-features 1 slots=2 dense=2\n"
                                    "1\t7\t3,4\t0.5,-1\n"
@@ -140,7 +130,7 @@ static void test_file_source(void **state)
 {
     (void)state;
     flame_feature_source *s;
-    assert_int_equal(flame_feature_source_create_file(write_file("f.txt", features_text), &s), FLAME_OK);
+    assert_int_equal(flame_feature_source_create_file(tu_write_text("f.txt", features_text), &s), FLAME_OK);
     assert_int_equal(flame_feature_source_num_slots(s), 2);
     flame_feature_batch *b;
     assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
@@ -152,28 +142,28 @@ static void test_file_source(void **state)
     flame_feature_batch_destroy(b);
     flame_feature_source_destroy(s);
     /* malformed files name the line */
-    assert_status_msg(flame_feature_source_create_file(write_file("g.txt", "flame-features 1 slots=1 dense=0\n1\t2\t3\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("g.txt", "flame-features 1 slots=1 dense=0\n1\t2\t3\n"), &s),
                       FLAME_ERR_FORMAT, "g.txt:2: 3 tab-separated fields, expected 2");
-    assert_status_msg(flame_feature_source_create_file(write_file("h.txt", "flame-features 1 slots=1 dense=0\n1\t2,x\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("h.txt", "flame-features 1 slots=1 dense=0\n1\t2,x\n"), &s),
                       FLAME_ERR_FORMAT, "h.txt:2: slot 0: bad id list '2,x'");
-    assert_status_msg(flame_feature_source_create_file(write_file("i.txt", "flame-features 1 slots=1 dense=0\n1\t2\n1\t3\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("i.txt", "flame-features 1 slots=1 dense=0\n1\t2\n1\t3\n"), &s),
                       FLAME_ERR_FORMAT, "i.txt:3: id 1 appears twice");
-    assert_status_msg(flame_feature_source_create_file(write_file("k.txt", "flame-features 1 slots=1 dense=0\n-1\t2\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("k.txt", "flame-features 1 slots=1 dense=0\n-1\t2\n"), &s),
                       FLAME_ERR_FORMAT, "k.txt:2: item id -1 is negative");
-    assert_status_msg(flame_feature_source_create_file(write_file("l.txt", "flame-features 1 slots=2 dense=0\n4\t2\t1,-3\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("l.txt", "flame-features 1 slots=2 dense=0\n4\t2\t1,-3\n"), &s),
                       FLAME_ERR_FORMAT, "l.txt:2: slot 1: id -3 is negative");
-    assert_status_msg(flame_feature_source_create_file(write_file("j.txt", "slots=1\n"), &s), FLAME_ERR_FORMAT,
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("j.txt", "slots=1\n"), &s), FLAME_ERR_FORMAT,
                       "j.txt:1: expected the header");
     assert_status_msg(flame_feature_source_create_file("/nonexistent/x", &s), FLAME_ERR_IO, "cannot open feature file");
     assert_null(s);
     /* an empty list entry, a value out of float's range or not finite, a NUL inside a line */
-    assert_status_msg(flame_feature_source_create_file(write_file("m.txt", "flame-features 1 slots=1 dense=0\n1\t2,3,\n"), &s),
+    assert_status_msg(flame_feature_source_create_file(tu_write_text("m.txt", "flame-features 1 slots=1 dense=0\n1\t2,3,\n"), &s),
                       FLAME_ERR_FORMAT, "m.txt:2: slot 0: bad id list '2,3,'");
     const char *dense_bad[] = {"1e999", "inf", "nan", "0.5,"};
     for (int i = 0; i < 4; i++) {
         char text[96];
         snprintf(text, sizeof text, "flame-features 1 slots=1 dense=1\n1\t2\t%s\n", dense_bad[i]);
-        assert_status_msg(flame_feature_source_create_file(write_file("n.txt", text), &s), FLAME_ERR_FORMAT,
+        assert_status_msg(flame_feature_source_create_file(tu_write_text("n.txt", text), &s), FLAME_ERR_FORMAT,
                           "n.txt:2: dense: expected 1 comma-separated finite floats");
         assert_null(s);
     }
@@ -285,7 +275,7 @@ static void test_redis_load_and_fetch(void **state)
     snprintf(prefix, sizeof prefix, "flametest:%d:a:", (int)getpid());
     flame_redis_options o = opts(prefix);
     uint64_t written = 0;
-    assert_int_equal(flame_redis_load_features(&o, write_file("r.txt", features_text), &written), FLAME_OK);
+    assert_int_equal(flame_redis_load_features(&o, tu_write_text("r.txt", features_text), &written), FLAME_OK);
     assert_int_equal(written, 3);
     flame_feature_source *s;
     assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
@@ -318,7 +308,7 @@ static void test_redis_load_and_fetch(void **state)
     flame_feature_batch_destroy(b);
     flame_feature_source_destroy(s);
     o.num_slots = 3;
-    assert_status_msg(flame_redis_load_features(&o, write_file("r.txt", features_text), NULL), FLAME_ERR_INVALID_ARG,
+    assert_status_msg(flame_redis_load_features(&o, tu_write_text("r.txt", features_text), NULL), FLAME_ERR_INVALID_ARG,
                       "has 2 slots, the options say 3");
     o.struct_size = 4;
     assert_status_msg(flame_feature_source_create_redis(&o, &s), FLAME_ERR_INVALID_ARG, "struct_size = 4");
@@ -330,7 +320,7 @@ static void test_redis_reconnect(void **state)
     char prefix[64];
     snprintf(prefix, sizeof prefix, "flametest:%d:b:", (int)getpid());
     flame_redis_options o = opts(prefix);
-    assert_int_equal(flame_redis_load_features(&o, write_file("r.txt", features_text), NULL), FLAME_OK);
+    assert_int_equal(flame_redis_load_features(&o, tu_write_text("r.txt", features_text), NULL), FLAME_OK);
     flame_feature_source *s;
     assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
     flame_feature_batch *b;

@@ -103,6 +103,18 @@ static inline const char *tu_tmpdir(void)
     return dir;
 }
 
+/* Writes `text` to tu_tmpdir()/name; returns the path (a static buffer: the next call reuses it). */
+static inline const char *tu_write_text(const char *name, const char *text)
+{
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
+    FILE *f = fopen(path, "w");
+    if (!f) abort();
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
 /* Writes a safetensors file: an 8-byte length (header_len_override if non-zero, else the
  * real length), the header text, then `data`. Returns the path (static buffer per call site
  * is not needed: the caller passes `name`). */

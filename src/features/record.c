@@ -89,23 +89,6 @@ flame_status fl_batch_reset(flame_feature_batch *b, size_t n)
     return FLAME_OK;
 }
 
-static uint64_t arena_offset(const flame_feature_batch *b, const void *p, size_t len);
-
-flame_status fl_batch_own_ids(const flame_feature_batch *b, const int64_t **ids, size_t n, int64_t **copy)
-{
-    *copy = NULL;
-    const uint64_t off = n ? arena_offset(b, *ids, 1) : UINT64_MAX;
-    if (off == UINT64_MAX) return FLAME_OK;
-    if (n > (b->used - off) / sizeof **ids) /* ids inside the records must end inside them too */
-        return fl_error(FLAME_ERR_INVALID_ARG,
-                        "ids lie in the output batch's records, but %zu ids run past their last byte", n);
-    *copy = malloc(n * sizeof **copy);
-    if (!*copy) return fl_error(FLAME_ERR_NOMEM, "out of memory copying %zu ids that lie in the output batch", n);
-    memcpy(*copy, *ids, n * sizeof **copy);
-    *ids = *copy;
-    return FLAME_OK;
-}
-
 /* Reserves len bytes (8-aligned) in the arena; returns the offset or UINT64_MAX. */
 static uint64_t arena_take(flame_feature_batch *b, size_t len)
 {
@@ -129,6 +112,21 @@ static uint64_t arena_offset(const flame_feature_batch *b, const void *p, size_t
     const uintptr_t a = (uintptr_t)b->arena, x = (uintptr_t)p;
     if (!b->arena || !p || !len || x < a || x - a >= b->used) return UINT64_MAX;
     return x - a;
+}
+
+flame_status fl_batch_own_ids(const flame_feature_batch *b, const int64_t **ids, size_t n, int64_t **copy)
+{
+    *copy = NULL;
+    const uint64_t off = n ? arena_offset(b, *ids, 1) : UINT64_MAX;
+    if (off == UINT64_MAX) return FLAME_OK;
+    if (n > (b->used - off) / sizeof **ids) /* ids inside the records must end inside them too */
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "ids lie in the output batch's records, but %zu ids run past their last byte", n);
+    *copy = malloc(n * sizeof **copy);
+    if (!*copy) return fl_error(FLAME_ERR_NOMEM, "out of memory copying %zu ids that lie in the output batch", n);
+    memcpy(*copy, *ids, n * sizeof **copy);
+    *ids = *copy;
+    return FLAME_OK;
 }
 
 flame_status fl_batch_put_blob(flame_feature_batch *b, size_t i, const uint8_t *blob, size_t len)
