@@ -36,7 +36,7 @@ static void expect_bad(const char *value, const char *needle)
         fail_msg("'%s' was accepted", value);
     if (!strstr(flame_last_error(), needle)) fail_msg("'%s': message '%s' lacks '%s'", value, flame_last_error(), needle);
     char buf[64];
-    assert_int_equal(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, sizeof buf), FLAME_OK);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, sizeof buf, NULL), FLAME_OK);
     assert_string_equal(buf, "2x8"); /* unchanged on failure */
     flame_config_destroy(c);
 }
@@ -61,10 +61,10 @@ static void test_parse(void **state)
     flame_config *c = NULL;
     assert_int_equal(flame_config_create(&c), FLAME_OK);
     char buf[64];
-    assert_int_equal(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, sizeof buf), FLAME_OK);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, sizeof buf, NULL), FLAME_OK);
     assert_string_equal(buf, ""); /* none by default */
     assert_int_equal(flame_config_set_string(c, FLAME_OPT_BATCH_PROFILES, "4x64x32,1x128"), FLAME_OK);
-    assert_int_equal(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, sizeof buf), FLAME_OK);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, sizeof buf, NULL), FLAME_OK);
     assert_string_equal(buf, "4x64x32,1x128");
     flame_config_destroy(c);
 

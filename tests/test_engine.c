@@ -543,10 +543,10 @@ static void test_config_options(void **state)
     assert_status_msg(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda:x"), FLAME_ERR_INVALID_ARG, "'cuda:x'");
     assert_int_equal(flame_config_set_string(c, FLAME_OPT_DEVICE, "cuda:1"), FLAME_OK);
     char buf[8];
-    assert_int_equal(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, sizeof buf), FLAME_OK);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, sizeof buf, NULL), FLAME_OK);
     assert_string_equal(buf, "cuda:1");
-    assert_status_msg(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, 3), FLAME_ERR_BUFFER_TOO_SMALL, "needs 7 bytes");
-    assert_int_equal(flame_config_get_string(c, FLAME_OPT_DTYPE, buf, sizeof buf), FLAME_OK);
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, 3, NULL), FLAME_ERR_BUFFER_TOO_SMALL, "needs 7 bytes");
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_DTYPE, buf, sizeof buf, NULL), FLAME_OK);
     assert_string_equal(buf, "fp32");
     assert_status_msg(flame_config_set_string(c, FLAME_OPT_DTYPE, "fp8"), FLAME_ERR_INVALID_ARG, "'fp8' is not one of fp32, fp16, bf16");
     assert_int_equal(flame_config_set_string(c, FLAME_OPT_DTYPE, "bf16"), FLAME_OK);
@@ -567,6 +567,134 @@ static void test_config_options(void **state)
     assert_int_equal(v, 1);
     flame_config_destroy(c);
     flame_config_destroy(NULL);
+}
+
+/* flame_config_get_string reports the size it needs as flame_metrics_text does: a size query
+ * (NULL, 0), a buffer one byte short refused with both sizes and left as it was, the exact
+ * size taken. */
+static void test_config_get_string_size(void **state)
+{
+    (void)state;
+    flame_config *c = NULL;
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    size_t need = 12345;
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, NULL, 0, &need),
+                      FLAME_ERR_BUFFER_TOO_SMALL, "FLAME_OPT_BATCH_PROFILES needs 1 bytes with its NUL, buf has 0");
+    assert_int_equal(need, 1); /* "" by default: its NUL alone */
+
+    const char *value = "4x64x32,1x128"; /* 13 characters */
+    assert_int_equal(flame_config_set_string(c, FLAME_OPT_BATCH_PROFILES, value), FLAME_OK);
+    need = 0;
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, NULL, 0, &need),
+                      FLAME_ERR_BUFFER_TOO_SMALL, "needs 14 bytes with its NUL, buf has 0");
+    assert_int_equal(need, 14);
+
+    char buf[32], before[32];
+    memset(buf, '#', sizeof buf);
+    memcpy(before, buf, sizeof buf);
+    need = 0;
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, 13, &need),
+                      FLAME_ERR_BUFFER_TOO_SMALL, "FLAME_OPT_BATCH_PROFILES needs 14 bytes with its NUL, buf has 13");
+    assert_int_equal(need, 14);
+    assert_memory_equal(buf, before, sizeof buf); /* not half-written */
+
+    need = 0;
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_BATCH_PROFILES, buf, 14, &need), FLAME_OK);
+    assert_int_equal(need, 14);
+    assert_string_equal(buf, value);
+    assert_memory_equal(buf + 14, before + 14, sizeof buf - 14); /* nothing past the NUL */
+    memset(buf, '#', sizeof buf);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, 4, NULL), FLAME_OK); /* needed may be NULL */
+    assert_string_equal(buf, "cpu");
+
+    /* the other failures: *needed 0, buf untouched */
+    memcpy(before, buf, sizeof buf);
+    need = 7;
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_DEVICE, NULL, 5, &need), FLAME_ERR_INVALID_ARG,
+                      "buf is NULL with buf_len 5");
+    assert_int_equal(need, 0);
+    need = 7;
+    assert_status_msg(flame_config_get_string(NULL, FLAME_OPT_DEVICE, buf, sizeof buf, &need), FLAME_ERR_INVALID_ARG,
+                      "config is NULL");
+    assert_int_equal(need, 0);
+    need = 7;
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_MAX_BATCH, buf, sizeof buf, &need), FLAME_ERR_INVALID_ARG,
+                      "FLAME_OPT_MAX_BATCH is not a string option");
+    assert_int_equal(need, 0);
+    assert_memory_equal(buf, before, sizeof buf);
+    flame_config_destroy(c);
+}
+
+/* Every config message names the option as the header spells it; a value that is no option
+ * (3 is a retired one, negatives, past the last) is given as its number. */
+static void test_config_messages_name_options(void **state)
+{
+    (void)state;
+    enum { INT, STRING, POINTER };
+    static const struct {
+        flame_option option;
+        const char *name;
+        int kind;
+    } all[] = {
+        {FLAME_OPT_DEVICE, "FLAME_OPT_DEVICE", STRING},
+        {FLAME_OPT_MAX_BATCH, "FLAME_OPT_MAX_BATCH", INT},
+        {FLAME_OPT_DTYPE, "FLAME_OPT_DTYPE", STRING},
+        {FLAME_OPT_DEVICE_MEMORY_BUDGET, "FLAME_OPT_DEVICE_MEMORY_BUDGET", INT},
+        {FLAME_OPT_CUDA_STREAM, "FLAME_OPT_CUDA_STREAM", POINTER},
+        {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", INT},
+        {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", INT},
+        {FLAME_OPT_THREADS, "FLAME_OPT_THREADS", INT},
+        {FLAME_OPT_ITEM_CACHE, "FLAME_OPT_ITEM_CACHE", POINTER},
+        {FLAME_OPT_USER_CACHE, "FLAME_OPT_USER_CACHE", POINTER},
+        {FLAME_OPT_CUDA_ATTENTION, "FLAME_OPT_CUDA_ATTENTION", INT},
+        {FLAME_OPT_CPU_KERNELS, "FLAME_OPT_CPU_KERNELS", STRING},
+        {FLAME_OPT_KV_CACHE_BYTES, "FLAME_OPT_KV_CACHE_BYTES", INT},
+        {FLAME_OPT_KV_CACHE_BLOCK_TOKENS, "FLAME_OPT_KV_CACHE_BLOCK_TOKENS", INT},
+        {FLAME_OPT_BATCH_PROFILES, "FLAME_OPT_BATCH_PROFILES", STRING},
+    };
+    flame_config *c = NULL;
+    assert_int_equal(flame_config_create(&c), FLAME_OK);
+    int64_t v = 0;
+    void *p = NULL;
+    char buf[64], want[96];
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        const flame_option o = all[i].option;
+        const char *n = all[i].name;
+        /* each option through the three setters and getters that do not take it */
+        if (all[i].kind != INT) {
+            snprintf(want, sizeof want, "%s is not an integer option", n);
+            assert_status_msg(flame_config_set_int(c, o, 1), FLAME_ERR_INVALID_ARG, want);
+            assert_string_equal(flame_last_error(), want);
+            assert_status_msg(flame_config_get_int(c, o, &v), FLAME_ERR_INVALID_ARG, want);
+        }
+        if (all[i].kind != STRING) {
+            snprintf(want, sizeof want, "%s is not a string option", n);
+            assert_status_msg(flame_config_set_string(c, o, "x"), FLAME_ERR_INVALID_ARG, want);
+            assert_string_equal(flame_last_error(), want);
+            assert_status_msg(flame_config_get_string(c, o, buf, sizeof buf, NULL), FLAME_ERR_INVALID_ARG, want);
+        }
+        if (all[i].kind != POINTER) {
+            snprintf(want, sizeof want, "%s is not a pointer option", n);
+            assert_status_msg(flame_config_set_pointer(c, o, NULL), FLAME_ERR_INVALID_ARG, want);
+            assert_string_equal(flame_last_error(), want);
+            assert_status_msg(flame_config_get_pointer(c, o, &p), FLAME_ERR_INVALID_ARG, want);
+        }
+    }
+    assert_status_msg(flame_config_get_string(c, FLAME_OPT_DEVICE, buf, 3, NULL), FLAME_ERR_BUFFER_TOO_SMALL,
+                      "FLAME_OPT_DEVICE needs 4 bytes with its NUL, buf has 3");
+    assert_status_msg(flame_config_set_string(c, FLAME_OPT_DTYPE, "fp8"), FLAME_ERR_INVALID_ARG,
+                      "FLAME_OPT_DTYPE = 'fp8' is not one of fp32, fp16, bf16");
+
+    assert_status_msg(flame_config_set_int(c, (flame_option)3, 1), FLAME_ERR_INVALID_ARG, "option 3 is not an integer option");
+    assert_status_msg(flame_config_get_string(c, (flame_option)0, buf, sizeof buf, NULL), FLAME_ERR_INVALID_ARG,
+                      "option 0 is not a string option");
+    assert_status_msg(flame_config_set_pointer(c, (flame_option)17, NULL), FLAME_ERR_INVALID_ARG,
+                      "option 17 is not a pointer option");
+    assert_status_msg(flame_config_get_pointer(c, (flame_option)-1, &p), FLAME_ERR_INVALID_ARG,
+                      "option -1 is not a pointer option");
+    assert_status_msg(flame_config_set_string(c, (flame_option)99, "cpu"), FLAME_ERR_INVALID_ARG,
+                      "option 99 is not a string option");
+    flame_config_destroy(c);
 }
 
 typedef struct log_capture {
@@ -731,11 +859,11 @@ static void test_cpu_kernels_option(void **state)
     flame_config *c = NULL;
     char buf[16];
     assert_int_equal(flame_config_create(&c), FLAME_OK);
-    assert_int_equal(flame_config_get_string(c, FLAME_OPT_CPU_KERNELS, buf, sizeof buf), FLAME_OK);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_CPU_KERNELS, buf, sizeof buf, NULL), FLAME_OK);
     assert_string_equal(buf, "auto");
     assert_status_msg(flame_config_set_string(c, FLAME_OPT_CPU_KERNELS, "avx"), FLAME_ERR_INVALID_ARG,
                       "FLAME_OPT_CPU_KERNELS = 'avx' is not one of auto, avx512, avx2, blas");
-    assert_int_equal(flame_config_get_string(c, FLAME_OPT_CPU_KERNELS, buf, sizeof buf), FLAME_OK);
+    assert_int_equal(flame_config_get_string(c, FLAME_OPT_CPU_KERNELS, buf, sizeof buf, NULL), FLAME_OK);
     assert_string_equal(buf, "auto"); /* unchanged by the refusal */
     const char *choice[] = {"auto", "avx512", "avx2", "blas"};
     const fl_cpu_isa asked[] = {FL_ISA_BASE /* unused */, FL_ISA_AVX512, FL_ISA_AVX2, FL_ISA_BASE};
@@ -1000,6 +1128,8 @@ int main(void)
         cmocka_unit_test(test_dot_batch_shared_range),
         cmocka_unit_test(test_eight_threads_bitwise),
         cmocka_unit_test(test_config_options),
+        cmocka_unit_test(test_config_get_string_size),
+        cmocka_unit_test(test_config_messages_name_options),
         cmocka_unit_test(test_device_choice),
         cmocka_unit_test(test_concurrent_calls_with_threaded_blas_warn_once),
         cmocka_unit_test(test_log_hook_swaps_are_safe),

@@ -266,6 +266,8 @@ FLAME_API flame_status flame_model_get_info(const flame_model *model, flame_mode
 
 typedef struct flame_config flame_config;
 
+/* The config's messages name an option as it is spelt here ("FLAME_OPT_DTYPE"); a value that
+ * is no option is given as its number ("option 99"). */
 typedef enum flame_option {
     /* string: "cpu" (default), "auto" (GPU 0 if the library was built with CUDA and a GPU is
      * usable, else the CPU, saying why through the log hook), "cuda" (= "cuda:0") or "cuda:N"
@@ -412,7 +414,7 @@ FLAME_API flame_status flame_config_set_int(flame_config *config, flame_option o
  *   value    receives the value.
  * Thread-safety: concurrent gets are safe; not concurrently with a set on the same config.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config or value, an option that is not an
- *   integer option; *value untouched).
+ *   integer option: the message names it; *value untouched).
  */
 FLAME_API flame_status flame_config_get_int(const flame_config *config, flame_option option, int64_t *value);
 
@@ -434,17 +436,29 @@ FLAME_API flame_status flame_config_set_string(flame_config *config, flame_optio
 /*
  * flame_config_get_string: reads a string option.
  *
+ * The size convention of flame_metrics_text: buf = NULL with buf_len = 0 asks for the size
+ * alone (FLAME_ERR_BUFFER_TOO_SMALL with *needed set), so a caller can allocate exactly:
+ *
+ *     size_t need;
+ *     flame_config_get_string(cfg, FLAME_OPT_BATCH_PROFILES, NULL, 0, &need);
+ *     char *s = malloc(need);   (then the same call with s, need)
+ *
  * Parameters:
  *   config   the config.
  *   option   a string option of flame_option.
- *   buf      receives the value with its NUL; [buf_len] bytes, the caller's.
+ *   buf      out: the value with its NUL; [buf_len] bytes, the caller's; written only when it
+ *            fits whole. NULL only with buf_len 0.
  *   buf_len  capacity of buf in bytes.
+ *   needed   out (may be NULL): bytes the value takes with its NUL, set with FLAME_OK and
+ *            FLAME_ERR_BUFFER_TOO_SMALL; 0 with any other status.
  * Thread-safety: concurrent gets are safe; not concurrently with a set on the same config.
- * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config or buf, an option that is not a string
- *   option); FLAME_ERR_BUFFER_TOO_SMALL (the value and its NUL need more than buf_len bytes:
- *   the message gives both sizes). buf is untouched on failure.
+ * Returns: FLAME_OK; FLAME_ERR_BUFFER_TOO_SMALL when buf_len < *needed, the size query
+ *   included (the message names the option and gives both sizes); FLAME_ERR_INVALID_ARG (NULL
+ *   config, NULL buf with buf_len > 0, an option that is not a string option: the message
+ *   names it). buf is untouched on failure.
  */
-FLAME_API flame_status flame_config_get_string(const flame_config *config, flame_option option, char *buf, size_t buf_len);
+FLAME_API flame_status flame_config_get_string(const flame_config *config, flame_option option, char *buf,
+                                               size_t buf_len, size_t *needed);
 
 /*
  * flame_config_set_pointer: sets a pointer option (FLAME_OPT_CUDA_STREAM, FLAME_OPT_ITEM_CACHE,
@@ -456,7 +470,7 @@ FLAME_API flame_status flame_config_get_string(const flame_config *config, flame
  *   value    stored as given, never dereferenced by the config; NULL restores the default.
  * Thread-safety: not concurrently with other calls on the same config.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config, an option that is not a pointer
- *   option).
+ *   option: the message names it).
  */
 FLAME_API flame_status flame_config_set_pointer(flame_config *config, flame_option option, void *value);
 
@@ -469,7 +483,7 @@ FLAME_API flame_status flame_config_set_pointer(flame_config *config, flame_opti
  *   value    receives the pointer.
  * Thread-safety: concurrent gets are safe; not concurrently with a set on the same config.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL config or value, an option that is not a
- *   pointer option; *value untouched).
+ *   pointer option: the message names it; *value untouched).
  */
 FLAME_API flame_status flame_config_get_pointer(const flame_config *config, flame_option option, void **value);
 

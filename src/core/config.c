@@ -1,28 +1,60 @@
 /* flame_config: typed option setters with bounds (zstd's setParameter idiom). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/options.h"
 #include "engine/batch_profiles.h"
 
+/* Every option's name, so that messages say which option (the caller wrote the name, not its
+ * number). Indexed by value; a gap (3, a retired option) is NULL. */
+static const char *const option_names[] = {
+    [FLAME_OPT_DEVICE] = "FLAME_OPT_DEVICE",
+    [FLAME_OPT_MAX_BATCH] = "FLAME_OPT_MAX_BATCH",
+    [FLAME_OPT_DTYPE] = "FLAME_OPT_DTYPE",
+    [FLAME_OPT_DEVICE_MEMORY_BUDGET] = "FLAME_OPT_DEVICE_MEMORY_BUDGET",
+    [FLAME_OPT_CUDA_STREAM] = "FLAME_OPT_CUDA_STREAM",
+    [FLAME_OPT_CUDA_EXECUTORS] = "FLAME_OPT_CUDA_EXECUTORS",
+    [FLAME_OPT_CUDA_GRAPHS] = "FLAME_OPT_CUDA_GRAPHS",
+    [FLAME_OPT_THREADS] = "FLAME_OPT_THREADS",
+    [FLAME_OPT_ITEM_CACHE] = "FLAME_OPT_ITEM_CACHE",
+    [FLAME_OPT_USER_CACHE] = "FLAME_OPT_USER_CACHE",
+    [FLAME_OPT_CUDA_ATTENTION] = "FLAME_OPT_CUDA_ATTENTION",
+    [FLAME_OPT_CPU_KERNELS] = "FLAME_OPT_CPU_KERNELS",
+    [FLAME_OPT_KV_CACHE_BYTES] = "FLAME_OPT_KV_CACHE_BYTES",
+    [FLAME_OPT_KV_CACHE_BLOCK_TOKENS] = "FLAME_OPT_KV_CACHE_BLOCK_TOKENS",
+    [FLAME_OPT_BATCH_PROFILES] = "FLAME_OPT_BATCH_PROFILES",
+};
+
+/* The option's name, or "option N" for a value that is no option (written into `tmp`). The
+ * value is read as unsigned so that a negative one cannot index the table. */
+typedef struct option_label {
+    char text[32];
+} option_label;
+
+static const char *option_name(flame_option o, option_label *tmp)
+{
+    const unsigned v = (unsigned)o;
+    if (v < sizeof option_names / sizeof option_names[0] && option_names[v]) return option_names[v];
+    snprintf(tmp->text, sizeof tmp->text, "option %d", (int)o);
+    return tmp->text;
+}
+
 typedef struct int_option {
     flame_option option;
-    const char *name;
     int64_t min, max;
     size_t offset;
 } int_option;
 
 static const int_option int_options[] = {
-    {FLAME_OPT_MAX_BATCH, "FLAME_OPT_MAX_BATCH", 1, 65536, offsetof(struct flame_config, max_batch)},
-    {FLAME_OPT_DEVICE_MEMORY_BUDGET, "FLAME_OPT_DEVICE_MEMORY_BUDGET", 0, (int64_t)1 << 50,
-     offsetof(struct flame_config, device_memory_budget)},
-    {FLAME_OPT_CUDA_EXECUTORS, "FLAME_OPT_CUDA_EXECUTORS", 1, 16, offsetof(struct flame_config, cuda_executors)},
-    {FLAME_OPT_CUDA_GRAPHS, "FLAME_OPT_CUDA_GRAPHS", 0, 1, offsetof(struct flame_config, cuda_graphs)},
-    {FLAME_OPT_CUDA_ATTENTION, "FLAME_OPT_CUDA_ATTENTION", 0, 1, offsetof(struct flame_config, cuda_attention)},
-    {FLAME_OPT_THREADS, "FLAME_OPT_THREADS", 0, 256, offsetof(struct flame_config, threads)},
-    {FLAME_OPT_KV_CACHE_BYTES, "FLAME_OPT_KV_CACHE_BYTES", 0, (int64_t)1 << 50, offsetof(struct flame_config, kv_cache_bytes)},
-    {FLAME_OPT_KV_CACHE_BLOCK_TOKENS, "FLAME_OPT_KV_CACHE_BLOCK_TOKENS", 1, 4096,
-     offsetof(struct flame_config, kv_cache_block_tokens)},
+    {FLAME_OPT_MAX_BATCH, 1, 65536, offsetof(struct flame_config, max_batch)},
+    {FLAME_OPT_DEVICE_MEMORY_BUDGET, 0, (int64_t)1 << 50, offsetof(struct flame_config, device_memory_budget)},
+    {FLAME_OPT_CUDA_EXECUTORS, 1, 16, offsetof(struct flame_config, cuda_executors)},
+    {FLAME_OPT_CUDA_GRAPHS, 0, 1, offsetof(struct flame_config, cuda_graphs)},
+    {FLAME_OPT_CUDA_ATTENTION, 0, 1, offsetof(struct flame_config, cuda_attention)},
+    {FLAME_OPT_THREADS, 0, 256, offsetof(struct flame_config, threads)},
+    {FLAME_OPT_KV_CACHE_BYTES, 0, (int64_t)1 << 50, offsetof(struct flame_config, kv_cache_bytes)},
+    {FLAME_OPT_KV_CACHE_BLOCK_TOKENS, 1, 4096, offsetof(struct flame_config, kv_cache_block_tokens)},
 };
 
 void fl_config_defaults(struct flame_config *c)
@@ -68,11 +100,12 @@ FLAME_API flame_status flame_config_set_int(flame_config *config, flame_option o
 {
     fl_clear_error();
     if (!config) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_set_int: config is NULL");
+    option_label l;
     const int_option *o = find_int(option);
-    if (!o) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not an integer option", (int)option);
+    if (!o) return fl_error(FLAME_ERR_INVALID_ARG, "%s is not an integer option", option_name(option, &l));
     if (value < o->min || value > o->max)
-        return fl_error(FLAME_ERR_INVALID_ARG, "%s = %lld is out of range [%lld, %lld]", o->name, (long long)value,
-                        (long long)o->min, (long long)o->max);
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s = %lld is out of range [%lld, %lld]", option_name(option, &l),
+                        (long long)value, (long long)o->min, (long long)o->max);
     *(int64_t *)((char *)config + o->offset) = value;
     return FLAME_OK;
 }
@@ -81,8 +114,9 @@ FLAME_API flame_status flame_config_get_int(const flame_config *config, flame_op
 {
     fl_clear_error();
     if (!config || !value) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_int: NULL argument");
+    option_label l;
     const int_option *o = find_int(option);
-    if (!o) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not an integer option", (int)option);
+    if (!o) return fl_error(FLAME_ERR_INVALID_ARG, "%s is not an integer option", option_name(option, &l));
     *value = *(const int64_t *)((const char *)config + o->offset);
     return FLAME_OK;
 }
@@ -116,14 +150,6 @@ static bool valid_string(flame_option o, const char *v)
     return !strcmp(v, "fp32") || !strcmp(v, "fp16") || !strcmp(v, "bf16");
 }
 
-static const char *string_option_name(flame_option o)
-{
-    return o == FLAME_OPT_DEVICE          ? "FLAME_OPT_DEVICE"
-           : o == FLAME_OPT_DTYPE         ? "FLAME_OPT_DTYPE"
-           : o == FLAME_OPT_BATCH_PROFILES ? "FLAME_OPT_BATCH_PROFILES"
-                                          : "FLAME_OPT_CPU_KERNELS";
-}
-
 static const char *string_option_values(flame_option o)
 {
     return o == FLAME_OPT_DEVICE ? "cpu, auto, cuda, cuda:N"
@@ -135,9 +161,10 @@ FLAME_API flame_status flame_config_set_string(flame_config *config, flame_optio
 {
     fl_clear_error();
     if (!config || !value) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_set_string: NULL argument");
+    option_label l;
     size_t cap = 0;
     char *slot = string_slot(config, option, &cap);
-    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "%s is not a string option", option_name(option, &l));
     if (option == FLAME_OPT_BATCH_PROFILES) { /* checked by its parser, whose message names the bad profile */
         fl_batch_profiles ps;
         if (strlen(value) >= cap)
@@ -149,24 +176,31 @@ FLAME_API flame_status flame_config_set_string(flame_config *config, flame_optio
         return FLAME_OK;
     }
     if (strlen(value) >= cap || !valid_string(option, value))
-        return fl_error(FLAME_ERR_INVALID_ARG, "%s = '%.40s' is not one of %s", string_option_name(option), value,
+        return fl_error(FLAME_ERR_INVALID_ARG, "%s = '%.40s' is not one of %s", option_name(option, &l), value,
                         string_option_values(option));
     strcpy(slot, value);
     return FLAME_OK;
 }
 
+/* flame_metrics_text's convention: `needed` gets the size with the NUL whether or not it fit,
+ * so buf = NULL with buf_len = 0 asks for the size alone; buf is written only whole. */
 FLAME_API flame_status flame_config_get_string(const flame_config *config, flame_option option, char *buf,
-                                               size_t buf_len)
+                                               size_t buf_len, size_t *needed)
 {
     fl_clear_error();
-    if (!config || !buf) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_string: NULL argument");
+    if (needed) *needed = 0;
+    if (!config) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_string: config is NULL");
+    if (!buf && buf_len)
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_string: buf is NULL with buf_len %zu", buf_len);
+    option_label l;
     size_t cap = 0;
     const char *slot = string_slot((struct flame_config *)config, option, &cap);
-    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a string option", (int)option);
-    size_t n = strlen(slot) + 1;
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "%s is not a string option", option_name(option, &l));
+    const size_t n = strlen(slot) + 1;
+    if (needed) *needed = n;
     if (n > buf_len)
-        return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "option %d needs %zu bytes, buffer has %zu", (int)option, n,
-                        buf_len);
+        return fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "%s needs %zu bytes with its NUL, buf has %zu",
+                        option_name(option, &l), n, buf_len);
     memcpy(buf, slot, n);
     return FLAME_OK;
 }
@@ -186,8 +220,9 @@ FLAME_API flame_status flame_config_set_pointer(flame_config *config, flame_opti
 {
     fl_clear_error();
     if (!config) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_set_pointer: config is NULL");
+    option_label l;
     void **slot = pointer_slot(config, option);
-    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "%s is not a pointer option", option_name(option, &l));
     *slot = value;
     return FLAME_OK;
 }
@@ -196,8 +231,9 @@ FLAME_API flame_status flame_config_get_pointer(const flame_config *config, flam
 {
     fl_clear_error();
     if (!config || !value) return fl_error(FLAME_ERR_INVALID_ARG, "flame_config_get_pointer: NULL argument");
+    option_label l;
     void **slot = pointer_slot((struct flame_config *)config, option);
-    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "option %d is not a pointer option", (int)option);
+    if (!slot) return fl_error(FLAME_ERR_INVALID_ARG, "%s is not a pointer option", option_name(option, &l));
     *value = *slot;
     return FLAME_OK;
 }
