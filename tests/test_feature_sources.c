@@ -1,7 +1,8 @@
 /* Feature batches and sources: the record API, the feature file, the async callback form and
  * the Redis source against a real server (FLAME_TEST_REDIS_PORT; absent = FAIL, never skip):
- * loader round trip, pipelining across commands, missing keys, bad values, read timeout,
- * reconnect after the server drops the connection, backoff after a refused connect. */
+ * loader round trip, pipelining across commands, missing keys, bad values (undecodable, or
+ * holding what the feature file refuses), read timeout, reconnect after the server drops the
+ * connection, backoff after a refused connect. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -314,6 +315,86 @@ static void test_redis_load_and_fetch(void **state)
     assert_status_msg(flame_feature_source_create_redis(&o, &s), FLAME_ERR_INVALID_ARG, "struct_size = 4");
 }
 
+/* A record of 2 slots ({a}, {b}) and 2 dense values ({d0, d1}) in the documented encoding:
+ * u32 2, u32 2, u32 counts {1, 1} (16 bytes, already a multiple of 8), i64 a, i64 b, f32 d0, d1. */
+enum { HAND_RECORD_BYTES = 40 };
+static void hand_record(uint8_t *v, int64_t a, int64_t b, float d0, float d1)
+{
+    const uint32_t head[4] = {2, 2, 1, 1};
+    memcpy(v, head, 16);
+    memcpy(v + 16, &a, 8);
+    memcpy(v + 24, &b, 8);
+    memcpy(v + 32, &d0, 4);
+    memcpy(v + 36, &d1, 4);
+}
+
+/* Values the feature file refuses are refused from Redis too: a dense value that is NaN or
+ * infinite, a negative id in a bag (FLAME_ERR_FORMAT naming the key, the slot or index and the
+ * value), a record kept under a negative id; the connection stays usable, and through the item
+ * cache only the bad id fails. */
+static void test_redis_hostile_values(void **state)
+{
+    (void)state;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "flametest:%d:h:", (int)getpid());
+    flame_redis_options o = opts(prefix);
+    flame_feature_source *s;
+    assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+    redisContext *a = admin();
+    static const struct {
+        int64_t key, b;
+        float d1;
+        const char *want;
+    } recs[] = {{1, 2, 0.5f, NULL},
+                {11, 2, NAN, "dense[1] = nan is not a finite float"},
+                {12, 2, INFINITY, "dense[1] = inf is not a finite float"},
+                {13, 2, -INFINITY, "dense[1] = -inf is not a finite float"},
+                {14, -3, 0.5f, "slot 1: id -3 is negative"},
+                {-5, 2, 0.5f, NULL}};
+    uint8_t v[HAND_RECORD_BYTES];
+    for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++) {
+        hand_record(v, 7, recs[i].b, -0.0f, recs[i].d1);
+        redisReply *r = redisCommand(a, "SET %s%lld %b", prefix, (long long)recs[i].key, v, sizeof v);
+        freeReplyObject(r);
+    }
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+    const int64_t one = 1;
+    assert_int_equal(flame_feature_source_fetch(s, &one, 1, b), FLAME_OK);
+    expect_slot(b, 0, 1, (int64_t[]){2}, 1);
+    for (size_t i = 1; i < 5; i++) {
+        const int64_t ids[3] = {1, recs[i].key, 1}; /* 2 keys per MGET: the bad one in the first */
+        char want[160];
+        snprintf(want, sizeof want, "redis key '%s%lld': %s", prefix, (long long)recs[i].key, recs[i].want);
+        assert_status_msg(flame_feature_source_fetch(s, ids, 3, b), FLAME_ERR_FORMAT, want);
+        assert_int_equal(flame_feature_batch_size(b), 0);
+        assert_int_equal(flame_feature_source_fetch(s, &one, 1, b), FLAME_OK); /* still in step */
+        expect_slot(b, 0, 1, (int64_t[]){2}, 1);
+    }
+    const int64_t neg[2] = {1, -5};
+    assert_status_msg(flame_feature_source_fetch(s, neg, 2, b), FLAME_ERR_FORMAT,
+                      "a record for item id -5 (record 1), which is negative");
+    /* through the item cache: the bad ids fail alone, the good one is cached */
+    flame_item_cache *c;
+    flame_item_cache_params p = {.struct_size = sizeof p, .manual_refresh = 1};
+    assert_int_equal(flame_item_cache_create(s, &p, &c), FLAME_OK);
+    const int64_t mixed[3] = {12, 1, -5};
+    char want[160];
+    snprintf(want, sizeof want, "redis key '%s12': dense[1] = inf is not a finite float", prefix);
+    assert_status_msg(flame_item_cache_get(c, mixed, 3, b), FLAME_ERR_FORMAT, want);
+    flame_item_cache_stats st = {.struct_size = sizeof st};
+    assert_int_equal(flame_item_cache_get_stats(c, &st), FLAME_OK);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(flame_item_cache_get(c, &one, 1, b), FLAME_OK);
+    expect_slot(b, 0, 0, (int64_t[]){7}, 1);
+    flame_item_cache_destroy(c);
+    redisReply *r = redisCommand(a, "DEL %s1 %s11 %s12 %s13 %s14 %s-5", prefix, prefix, prefix, prefix, prefix, prefix);
+    freeReplyObject(r);
+    redisFree(a);
+    flame_feature_batch_destroy(b);
+    flame_feature_source_destroy(s);
+}
+
 static void test_redis_reconnect(void **state)
 {
     (void)state;
@@ -623,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_ids_from_own_batch_and_batch_bounds),
 #if FLAME_WITH_REDIS
         cmocka_unit_test(test_redis_load_and_fetch),
+        cmocka_unit_test(test_redis_hostile_values),
         cmocka_unit_test(test_redis_reconnect),
         cmocka_unit_test(test_redis_timeout_and_backoff),
         cmocka_unit_test(test_redis_trickling_server_is_bounded),

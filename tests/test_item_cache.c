@@ -1,6 +1,7 @@
 /* Item cache behaviour against a scripted callback source and an injected clock: batching,
  * TTL from popularity, refresh-ahead (manual and threaded), stale-on-error with backoff,
  * single-flight, negative caching, S3-FIFO eviction order, bounds, no lost updates. */
+#include <float.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -613,6 +614,49 @@ static void test_record_ids_must_match_final_offset(void **state)
     free(ids);
 }
 
+/* A put refuses what the feature file refuses (a dense value that is NaN or infinite, a
+ * negative id in a bag, a negative item id) with FLAME_ERR_INVALID_ARG naming the slot or
+ * index and the value, and the cache is unchanged: the old value is served, a new id gets no
+ * entry. */
+static void test_put_refuses_hostile_values(void **state)
+{
+    fixture *f = *state;
+    make_cache(f);
+    const int64_t key = 5, fresh = 9;
+    assert_int_equal(served(f, key), 0);
+    const uint64_t entries = stats(f).entries;
+    const int64_t offs[3] = {0, 1, 2};
+    static const struct {
+        float dense1;
+        int64_t id1;
+        const char *want;
+    } bad[] = {{NAN, 5, "record 0: dense[1] = nan is not a finite float"},
+               {INFINITY, 5, "record 0: dense[1] = inf is not a finite float"},
+               {-INFINITY, 5, "record 0: dense[1] = -inf is not a finite float"},
+               {0.25f, -3, "record 0: slot 1: id -3 (ids[1]) is negative"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int64_t ids[2] = {key * 100 + 7, bad[i].id1};
+        const float dense[2] = {0.5f, bad[i].dense1};
+        assert_status_msg(flame_item_cache_put(f->cache, key, offs, ids, 2, dense, 2), FLAME_ERR_INVALID_ARG, bad[i].want);
+        assert_status_msg(flame_item_cache_put(f->cache, fresh, offs, ids, 2, dense, 2), FLAME_ERR_INVALID_ARG, bad[i].want);
+    }
+    const int64_t ids[2] = {1, 2}; /* a good record under a negative id */
+    assert_status_msg(flame_item_cache_put(f->cache, -1, offs, ids, 2, NULL, 0), FLAME_ERR_INVALID_ARG,
+                      "flame_item_cache_put: item id -1 is negative");
+    assert_status_msg(flame_item_cache_put(f->cache, INT64_MIN, offs, ids, 2, NULL, 0),
+                      FLAME_ERR_INVALID_ARG, "item id -9223372036854775808 is negative");
+    assert_int_equal(stats(f).entries, entries); /* nothing written */
+    assert_int_equal(served(f, key), 0);
+    assert_int_equal(src.calls, 1);
+    assert_int_equal(served(f, fresh), 0); /* fetched: the refused puts left no entry */
+    assert_int_equal(src.calls, 2);
+    assert_int_equal(served(f, -1), -1); /* the source's answer: missing */
+    /* finite values at the edges are values */
+    const float edge[3] = {-0.0f, FLT_MAX, 1e-40f};
+    assert_int_equal(flame_item_cache_put(f->cache, key, offs, (int64_t[]){key * 100 + 8, 0}, 2, edge, 3), FLAME_OK);
+    assert_int_equal(served(f, key), 8);
+}
+
 static void test_arguments_and_options(void **state)
 {
     fixture *f = *state;
@@ -755,6 +799,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_byte_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_beats_inflight_fetch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_ids_must_match_final_offset, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_refuses_hostile_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_arguments_and_options, setup, teardown),
     };
     return cmocka_run_group_tests_name("item_cache", tests, NULL, NULL);

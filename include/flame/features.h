@@ -70,19 +70,23 @@ FLAME_API size_t flame_feature_batch_size(const flame_feature_batch *batch);
  *                 ids[slot_offsets[s] .. slot_offsets[s+1]-1]; slot_offsets[0] == 0,
  *                 non-decreasing, slot_offsets[num_slots] == num_ids; a slot holds at most
  *                 2^32 - 1 ids. May be NULL when num_slots is 0. Copied.
- *   ids           [num_ids] int64 ids; may be NULL when num_ids is 0. Copied. May be a bag
+ *   ids           [num_ids] int64 ids, each >= 0 (ids are table rows, as the engine and the
+ *                 feature file take them); may be NULL when num_ids is 0. Copied. May be a bag
  *                 of this batch read back with flame_feature_batch_get_slot (a callback copying
  *                 a repeated id's record): the copy is made from where that bag is after the
  *                 batch has grown.
  *   num_ids       length of ids.
- *   dense         [num_dense] float32 values; may be NULL when num_dense is 0. Copied. May be
- *                 values of this batch read back with flame_feature_batch_get_dense, as ids.
+ *   dense         [num_dense] float32 values, each finite (not NaN, not infinite); may be NULL
+ *                 when num_dense is 0. Copied. May be values of this batch read back with
+ *                 flame_feature_batch_get_dense, as ids.
  *   num_dense     0..65536.
  * Thread-safety: not concurrently with other calls on the same batch.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL batch, index out of range, offsets that break
  *   a rule above or contradict num_ids: the message names the record, the slot and both
- *   numbers; NULL arrays with content; num_dense above 65536; a record above 4 GiB);
- *   FLAME_ERR_NOMEM. On failure the record is left as it was.
+ *   numbers; NULL arrays with content; num_dense above 65536; a record above 4 GiB; a
+ *   negative id or a dense value that is NaN or infinite: the message names the record, the
+ *   slot or index and the value); FLAME_ERR_NOMEM. On failure the record is left as it was
+ *   (and a fetch that then fails quotes the first such refusal: flame_feature_fetch_fn).
  */
 FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *batch, size_t index, const int64_t *slot_offsets,
                                                const int64_t *ids, size_t num_ids, const float *dense,
@@ -156,9 +160,15 @@ typedef struct flame_feature_source flame_feature_source;
  * for each index call flame_feature_batch_set or flame_feature_batch_set_missing, then return
  * FLAME_OK (every index must have been written), or a failure status (the whole fetch
  * fails; FLAME_ERR_UNAVAILABLE is the usual one; a value that is not a flame_status fails it
- * with FLAME_ERR_UNAVAILABLE, the message naming the value). Called from scoring threads and
- * the cache's refresh thread, possibly concurrently: it must be thread-safe. It must not call
- * into the cache or engine that uses it. */
+ * with FLAME_ERR_UNAVAILABLE, the message naming the value). A record that
+ * flame_feature_batch_set refuses (a negative id, a dense value that is NaN or infinite:
+ * what the feature file refuses) is not written: the fetch fails with the status returned
+ * (FLAME_ERR_INVALID_ARG when the callback passes the refusal on; the same when it returns
+ * FLAME_OK, for the record left unwritten), the message quoting the refusal. Answering a
+ * negative id in ids with a record (not flame_feature_batch_set_missing) fails the fetch with
+ * FLAME_ERR_FORMAT. Called from scoring threads and the cache's refresh thread, possibly
+ * concurrently: it must be thread-safe. It must not call into the cache or engine that uses
+ * it. */
 typedef flame_status (*flame_feature_fetch_fn)(void *user, const int64_t *ids, size_t n, flame_feature_batch *out);
 
 /* Host callback, asynchronous form: starts the fetch and returns at once; the records are
@@ -239,9 +249,11 @@ typedef struct flame_redis_options {
  * about connect_timeout_ms + 2 x read_timeout_ms whatever the server does
  * (FLAME_ERR_UNAVAILABLE on a timeout, naming it; an MGET reply of the wrong length or type
  * too, naming both lengths or the type, and an array reply announcing more than 65536
- * elements). A value that does not decode makes the fetch fail with FLAME_ERR_FORMAT naming
- * the key. A key that is absent, or holds another Redis type (a list, a hash: MGET answers
- * nil for it), is a missing record.
+ * elements). A value that does not decode, or holds what the feature file refuses (a negative
+ * id, a dense value that is NaN or infinite), makes the fetch fail with FLAME_ERR_FORMAT
+ * naming the key (and the slot or index and the value), as does a record under a negative id
+ * (the key prefix + "-5"). A key that is absent, or holds another Redis type (a list, a hash:
+ * MGET answers nil for it), is a missing record.
  *
  * Parameters:
  *   options  read by the struct_size rule; the strings are copied.
@@ -302,8 +314,10 @@ FLAME_API int32_t flame_feature_source_num_slots(const flame_feature_source *sou
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL source or out, NULL ids with n > 0, slot
  *   counts that differ, n above the limit, ids lying in out's records that run past them, a
  *   callback that returned FLAME_OK with a record unwritten: the message names the record and
- *   id); the source's failure (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT, or the status a callback
- *   returned); FLAME_ERR_NOMEM.
+ *   id, and quotes flame_feature_batch_set's refusal if one left it unwritten); the source's
+ *   failure (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT, or the status a callback returned);
+ *   FLAME_ERR_FORMAT for a record, from any source, of a negative id (ids are table rows;
+ *   asking for one is no error: a source may answer missing); FLAME_ERR_NOMEM.
  */
 FLAME_API flame_status flame_feature_source_fetch(flame_feature_source *source, const int64_t *ids, size_t n,
                                                   flame_feature_batch *out);
@@ -508,17 +522,18 @@ FLAME_API flame_status flame_item_cache_get(flame_item_cache *cache, const int64
  *
  * Parameters:
  *   cache         the cache.
- *   id            the item id.
+ *   id            the item id, >= 0 (a table row).
  *   slot_offsets  [num_slots + 1] int64, as flame_feature_batch_set takes them
  *                 (slot_offsets[num_slots] == num_ids); NULL with num_slots 0. Copied.
- *   ids           [num_ids] int64; copied.
+ *   ids           [num_ids] int64, each >= 0; copied.
  *   num_ids       length of ids.
- *   dense         [num_dense] float32; copied.
+ *   dense         [num_dense] float32, each finite (not NaN, not infinite); copied.
  *   num_dense     0..65536.
  * Thread-safety: thread-safe.
- * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache, and the checks of
- *   flame_feature_batch_set: the message names the slot and both numbers); FLAME_ERR_NOMEM.
- *   On failure the cache is unchanged.
+ * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache, a negative id, and the checks of
+ *   flame_feature_batch_set: the message names the slot and both numbers, or the slot or
+ *   index and the value of a negative id in a bag or a dense value that is NaN or infinite);
+ *   FLAME_ERR_NOMEM. On failure the cache is unchanged.
  */
 FLAME_API flame_status flame_item_cache_put(flame_item_cache *cache, int64_t id, const int64_t *slot_offsets,
                                             const int64_t *ids, size_t num_ids, const float *dense,

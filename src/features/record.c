@@ -1,4 +1,6 @@
 /* Record encoding and flame_feature_batch. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "features/record.h"
@@ -22,6 +24,27 @@ void fl_rec_encode(uint8_t *dst, int32_t num_slots, const int64_t *slot_offsets,
     if (num_dense) memcpy(dst + h + 8 * nids, dense, 4 * num_dense);
 }
 
+/* The first value no record may hold, among ids[0..nids) and dense[0..nd): an id below 0 (ids
+ * are table rows: the engine refuses one, the feature file a line holding one) or a dense value
+ * that is NaN or infinite (the feature file's rule). Redis values pass fl_rec_check, callbacks'
+ * records and puts flame_feature_batch_set; both ask this, so every source and a put agree with
+ * the file's parser. Read with memcpy: a Redis value need not be aligned.
+ * Returns 0 for none, 1 for the id at *at, 2 for the dense value at *at. */
+static int first_bad_value(const void *ids, uint64_t nids, const void *dense, size_t nd, uint64_t *at)
+{
+    for (uint64_t k = 0; k < nids; k++) {
+        int64_t v;
+        memcpy(&v, (const uint8_t *)ids + 8 * k, 8);
+        if (v < 0) return *at = k, 1;
+    }
+    for (size_t k = 0; k < nd; k++) {
+        float x;
+        memcpy(&x, (const uint8_t *)dense + 4 * k, 4);
+        if (!isfinite(x)) return *at = k, 2;
+    }
+    return 0;
+}
+
 flame_status fl_rec_check(const uint8_t *blob, size_t len, int32_t num_slots, const char *what)
 {
     if (len < 8) return fl_error(FLAME_ERR_FORMAT, "%s: record of %zu bytes is shorter than its 8-byte header", what, len);
@@ -36,6 +59,22 @@ flame_status fl_rec_check(const uint8_t *blob, size_t len, int32_t num_slots, co
     size_t want = fl_rec_bytes(num_slots, nids, nd);
     if (len != want)
         return fl_error(FLAME_ERR_FORMAT, "%s: record is %zu bytes, its header implies %zu", what, len, want);
+    const uint8_t *ids = blob + fl_rec_header_bytes(num_slots), *dense = ids + 8 * nids;
+    uint64_t at;
+    const int bad = first_bad_value(ids, nids, dense, nd, &at);
+    if (bad == 1) {
+        int32_t s = 0; /* the slot holding id number `at` */
+        for (uint64_t end = fl_rec_u32(blob, 2); at >= end;) end += fl_rec_u32(blob, 2 + (size_t)++s);
+        int64_t v;
+        memcpy(&v, ids + 8 * at, 8);
+        return fl_error(FLAME_ERR_FORMAT, "%s: slot %d: id %lld is negative", what, s, (long long)v);
+    }
+    if (bad == 2) {
+        float x;
+        memcpy(&x, dense + 4 * at, 4);
+        return fl_error(FLAME_ERR_FORMAT, "%s: dense[%llu] = %g is not a finite float", what, (unsigned long long)at,
+                        (double)x);
+    }
     return FLAME_OK;
 }
 
@@ -86,6 +125,7 @@ flame_status fl_batch_reset(flame_feature_batch *b, size_t n)
     if (n) memset(b->rec, 0, n * sizeof *b->rec);
     b->n = n;
     b->used = 0;
+    b->refused[0] = '\0';
     return FLAME_OK;
 }
 
@@ -138,12 +178,10 @@ flame_status fl_batch_put_blob(flame_feature_batch *b, size_t i, const uint8_t *
     return FLAME_OK;
 }
 
-FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t index, const int64_t *slot_offsets,
-                                               const int64_t *ids, size_t num_ids, const float *dense,
-                                               size_t num_dense)
+/* flame_feature_batch_set, b not NULL. */
+static flame_status batch_set(flame_feature_batch *b, size_t index, const int64_t *slot_offsets, const int64_t *ids,
+                              size_t num_ids, const float *dense, size_t num_dense)
 {
-    fl_clear_error();
-    if (!b) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_set: batch is NULL");
     if (index >= b->n) return fl_error(FLAME_ERR_INVALID_ARG, "record index %zu is out of range [0, %zu)", index, b->n);
     if (b->num_slots && !slot_offsets) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot_offsets is NULL", index);
     if (num_dense > FL_MAX_DENSE)
@@ -173,6 +211,17 @@ FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t in
     }
     const uint64_t nids = end;
     if (nids && !ids) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: ids is NULL with num_ids %zu", index, num_ids);
+    uint64_t at;
+    const int bad = first_bad_value(ids, nids, dense, num_dense, &at);
+    if (bad == 1) {
+        int32_t s = 0; /* the slot whose bag holds ids[at] (the offsets were checked above) */
+        while ((uint64_t)slot_offsets[s + 1] <= at) s++;
+        return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: slot %d: id %lld (ids[%llu]) is negative", index, s,
+                        (long long)ids[at], (unsigned long long)at);
+    }
+    if (bad == 2)
+        return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: dense[%llu] = %g is not a finite float", index,
+                        (unsigned long long)at, (double)dense[at]);
     size_t len = fl_rec_bytes(b->num_slots, nids, num_dense);
     if (len > UINT32_MAX) return fl_error(FLAME_ERR_INVALID_ARG, "record %zu: %zu bytes is too large", index, len);
     /* an input may be a record of this batch read back (a callback copying a repeated id's
@@ -185,6 +234,17 @@ FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t in
     fl_rec_encode(b->arena + off, b->num_slots, slot_offsets, ids, dense, num_dense);
     b->rec[index] = (fl_rec_ref){.off = off, .len = (uint32_t)len, .state = FL_REC_FOUND};
     return FLAME_OK;
+}
+
+FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t index, const int64_t *slot_offsets,
+                                               const int64_t *ids, size_t num_ids, const float *dense,
+                                               size_t num_dense)
+{
+    fl_clear_error();
+    if (!b) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_set: batch is NULL");
+    flame_status st = batch_set(b, index, slot_offsets, ids, num_ids, dense, num_dense);
+    if (st && !b->refused[0]) snprintf(b->refused, sizeof b->refused, "%s", flame_last_error());
+    return st;
 }
 
 FLAME_API flame_status flame_feature_batch_set_missing(flame_feature_batch *b, size_t index)

@@ -45,7 +45,9 @@ static inline const int64_t *fl_rec_slot(const uint8_t *blob, int32_t s, size_t 
 /* Encodes into dst (fl_rec_bytes of room); offsets as flame_feature_batch_set. */
 void fl_rec_encode(uint8_t *dst, int32_t num_slots, const int64_t *slot_offsets, const int64_t *ids,
                    const float *dense, size_t num_dense);
-/* Checks a blob of len bytes decodes to a record of num_slots slots; the message names `what`. */
+/* Checks a blob of len bytes decodes to a record of num_slots slots whose ids are >= 0 and
+ * whose dense values are finite (what the feature file takes); FLAME_ERR_FORMAT otherwise, the
+ * message naming `what`. */
 flame_status fl_rec_check(const uint8_t *blob, size_t len, int32_t num_slots, const char *what);
 
 /* The batch behind flame_feature_batch. */
@@ -62,6 +64,9 @@ struct flame_feature_batch {
     fl_rec_ref *rec;
     uint8_t *arena; /* 8-aligned blobs */
     size_t used, cap;
+    /* flame_feature_batch_set's first refusal since the reset: a callback may drop its status,
+     * so the fetch that then fails quotes it (an async callback's came on another thread) */
+    char refused[200];
     /* async completion */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -32,10 +32,18 @@ flame_status fl_source_fetch(struct flame_feature_source *s, const int64_t *ids,
         return st;
     }
     st = s->ops->fetch(s, own, n, out);
-    for (size_t i = 0; !st && i < n; i++)
+    for (size_t i = 0; !st && i < n; i++) {
         if (out->rec[i].state == FL_REC_UNSET)
-            st = fl_error(FLAME_ERR_INVALID_ARG, "feature source left record %zu (id %lld) unwritten", i,
-                          (long long)own[i]);
+            st = fl_error(FLAME_ERR_INVALID_ARG, "feature source left record %zu (id %lld) unwritten%s%s", i,
+                          (long long)own[i], out->refused[0] ? "; flame_feature_batch_set refused " : "",
+                          out->refused);
+        /* ids are table rows: no record is held for a negative one, as the feature file holds
+         * no line for one and flame_item_cache_put refuses one; asking for one is no error
+         * (the source may answer missing) */
+        else if (out->rec[i].state == FL_REC_FOUND && own[i] < 0)
+            st = fl_error(FLAME_ERR_FORMAT, "feature source gave a record for item id %lld (record %zu), which is "
+                          "negative", (long long)own[i], i);
+    }
     if (st) fl_batch_reset(out, 0); /* a failed fetch leaves an empty batch, never part of one */
     free(copy);
     return st;

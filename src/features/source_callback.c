@@ -47,8 +47,9 @@ static flame_status cb_fetch(struct flame_feature_source *s, const int64_t *ids,
                         "feature callback returned %d, which is not a flame_status (FLAME_OK or a FLAME_ERR_* value), "
                         "for a batch of %zu ids (first %lld): treated as a failure",
                         (int)st, n, n ? (long long)ids[0] : 0LL);
-    return fl_error(st, "feature callback failed with %s for a batch of %zu ids (first %lld)", flame_status_string(st),
-                    n, n ? (long long)ids[0] : 0LL);
+    return fl_error(st, "feature callback failed with %s for a batch of %zu ids (first %lld)%s%s",
+                    flame_status_string(st), n, n ? (long long)ids[0] : 0LL,
+                    out->refused[0] ? "; flame_feature_batch_set refused " : "", out->refused);
 }
 
 static void cb_destroy(struct flame_feature_source *s)

@@ -618,6 +618,8 @@ FLAME_API flame_status flame_item_cache_put(flame_item_cache *c, int64_t id, con
 {
     fl_clear_error();
     if (!c) return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_put: cache is NULL");
+    if (id < 0) /* ids are table rows: no source gives a record for a negative one either */
+        return fl_error(FLAME_ERR_INVALID_ARG, "flame_item_cache_put: item id %lld is negative", (long long)id);
     /* encode through a one-record batch: the same checks as a source's records */
     flame_feature_batch *b;
     flame_status st = flame_feature_batch_create(c->num_slots, &b);

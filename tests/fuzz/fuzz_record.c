@@ -1,7 +1,9 @@
 /* The feature record encoding (docs/features.md "Record encoding"; the item cache's entries
  * and the Redis value): fl_rec_check, then a record it accepts read back through the batch
- * API: every slot and the dense values stay inside the blob and add up to its length.
+ * API: every slot and the dense values stay inside the blob and add up to its length, every
+ * id is >= 0 and every dense value finite.
  * Input: one byte of expected slot count, then the blob. */
+#include <math.h>
 #include <string.h>
 
 #include "features/record.h"
@@ -29,13 +31,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             size_t n = 0;
             FZ_ASSERT(flame_feature_batch_get_slot(b, 0, s, &found, &p, &n) == FLAME_OK && found, "%s",
                       flame_last_error());
-            fz_touch(p, n * sizeof *p);
+            for (size_t k = 0; k < n; k++) FZ_ASSERT(p[k] >= 0, "slot %d: id %lld accepted", s, (long long)p[k]);
             ids += n;
         }
         const float *d = NULL;
         size_t nd = 0;
         FZ_ASSERT(flame_feature_batch_get_dense(b, 0, &d, &nd) == FLAME_OK, "%s", flame_last_error());
-        fz_touch(d, nd * sizeof *d);
+        for (size_t k = 0; k < nd; k++) FZ_ASSERT(isfinite(d[k]), "dense[%zu] = %g accepted", k, (double)d[k]);
         FZ_ASSERT(fl_rec_bytes(slots, ids, nd) == len, "%zu ids and %zu dense values in a %zu-byte record", ids, nd,
                   len);
         flame_feature_batch_destroy(b);
