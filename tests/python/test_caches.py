@@ -191,6 +191,31 @@ def test_item_cache_hits_misses_negative_entries_put_invalidate():
         flame.ItemCache(src).put(5, [[1], [2]])
 
 
+def test_hostile_values_are_refused_as_the_feature_file_refuses_them():
+    """A NaN or infinite dense value and a negative id, from a callback or a put, are
+    InvalidArgumentError naming the value (the cause: the callback's own refusal); the other ids
+    of the fetch are served and cached, the cache is unchanged by a refused put."""
+    def fetch(ids):
+        return [flame.FeatureRecord.of([[i], [-3 if i == 8 else 1]], [np.inf if i == 7 else 0.5]) for i in ids]
+
+    src = flame.FeatureSource.from_callback(2, fetch)
+    with pytest.raises(flame.InvalidArgumentError, match=r"record 1: slot 1: id -3 \(ids\[1\]\) is negative"):
+        src.fetch([5, 8])
+    with flame.ItemCache(src, refresh_thread=False) as cache:
+        with pytest.raises(flame.InvalidArgumentError, match=r"dense\[0\] = inf is not a finite float") as ei:
+            cache.get([5, 7])
+        assert isinstance(ei.value.__cause__, flame.InvalidArgumentError)
+        assert cache.stats()["entries"] == 1
+        good = flame.FeatureRecord.of([[5], [1]], [0.5])
+        assert cache.get([5]) == [good]
+        for item, record, match in [(5, flame.FeatureRecord.of([[5], [1]], [np.nan]), r"dense\[0\] = nan"),
+                                    (5, flame.FeatureRecord.of([[5], [1]], [-np.inf]), r"dense\[0\] = -inf"),
+                                    (5, [[5], [-1]], r"slot 1: id -1 \(ids\[1\]\) is negative"),
+                                    (-5, [[5], [1]], "item id -5 is negative")]:
+            with pytest.raises(flame.InvalidArgumentError, match=match):
+                cache.put(item, record)
+        assert cache.get([5]) == [good] and cache.stats()["entries"] == 1
+
 def test_refresh_thread_calls_back_into_python():
     """The cache's own C thread runs refresh-ahead through the Python callback (ctypes takes
     the GIL for it): a hot entry past 1% of its TTL is refreshed in the background."""
