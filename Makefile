@@ -270,7 +270,7 @@ test-build: all $(TESTS) $(BEAUTY_FLAME)
 # The ABI baseline of this release (tests/check-abi.sh compares every build with it): written
 # once when a release's ABI is frozen, never to make a test pass.
 abi-dump: lib
-	abidw --headers-dir include/flame --no-show-locs --no-corpus-path --drop-private-types $(SHLIB) \
+	abidw --headers-dir include/flame --no-show-locs --no-corpus-path --no-comp-dir-path --drop-private-types $(SHLIB) \
 	    > abi/libflame-$(basename $(VERSION)).abi
 
 # (a GPU machine may have no network: pytest runs from $(VENV) where it exists, else python3)
