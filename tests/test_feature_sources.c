@@ -2,7 +2,8 @@
  * the Redis source against a real server (FLAME_TEST_REDIS_PORT; absent = FAIL, never skip):
  * loader round trip, pipelining across commands, missing keys, bad values (undecodable, or
  * holding what the feature file refuses), read timeout, reconnect after the server drops the
- * connection, backoff after a refused connect. */
+ * connection, backoff after a refused connect; and fake servers: trickled, misshapen, extra
+ * and refused replies. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -468,10 +469,16 @@ static void test_redis_timeout_and_backoff(void **state)
 }
 
 /* ---- a fake Redis on 127.0.0.1: on each connection, every request read is answered with
- * `reply`, sent one byte every gap_ms (at once with 0), until the client goes or stop is set. */
+ * `reply` (reply_len bytes, or up to its NUL when 0), sent one byte every gap_ms (at once with
+ * 0), then with `extra` (extra_len bytes) after extra_delay_ms when set, until the client goes
+ * or stop is set. */
 typedef struct fake_redis {
     int ls, port, gap_ms;
     const char *reply;
+    size_t reply_len;
+    const char *extra;
+    size_t extra_len;
+    int extra_delay_ms;
     atomic_bool stop;
     pthread_t th;
 } fake_redis;
@@ -494,10 +501,14 @@ static void *fake_redis_run(void *p)
         char buf[4096];
         bool ok = true;
         while (ok && readable(c, f) && recv(c, buf, sizeof buf, 0) > 0) {
-            size_t n = strlen(f->reply), step = f->gap_ms ? 1 : n;
+            size_t n = f->reply_len ? f->reply_len : strlen(f->reply), step = f->gap_ms ? 1 : n;
             for (size_t i = 0; ok && i < n && !atomic_load(&f->stop); i += step) {
                 ok = send(c, f->reply + i, step, MSG_NOSIGNAL) == (ssize_t)step;
                 if (f->gap_ms) usleep((useconds_t)f->gap_ms * 1000);
+            }
+            if (ok && f->extra) {
+                usleep((useconds_t)f->extra_delay_ms * 1000);
+                ok = send(c, f->extra, f->extra_len, MSG_NOSIGNAL) == (ssize_t)f->extra_len;
             }
         }
         close(c);
@@ -505,9 +516,9 @@ static void *fake_redis_run(void *p)
     return NULL;
 }
 
-static void fake_redis_start(fake_redis *f, const char *reply, int gap_ms)
+static void fake_redis_start_with(fake_redis *f, fake_redis how)
 {
-    *f = (fake_redis){.reply = reply, .gap_ms = gap_ms};
+    *f = how;
     f->ls = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
@@ -516,6 +527,11 @@ static void fake_redis_start(fake_redis *f, const char *reply, int gap_ms)
     getsockname(f->ls, (struct sockaddr *)&sa, &len);
     f->port = ntohs(sa.sin_port);
     assert_int_equal(pthread_create(&f->th, NULL, fake_redis_run, f), 0);
+}
+
+static void fake_redis_start(fake_redis *f, const char *reply, int gap_ms)
+{
+    fake_redis_start_with(f, (fake_redis){.reply = reply, .gap_ms = gap_ms});
 }
 
 static flame_redis_options fake_opts(const fake_redis *f)
@@ -610,6 +626,77 @@ static void test_redis_mget_reply_shapes(void **state)
         flame_feature_source_destroy(s);
         fake_redis_stop(&f);
     }
+}
+
+/* A record of 2 slots, no dense values: slot 0 holds the one id 77. */
+#define REC77 "\x02\0\0\0\0\0\0\0\x01\0\0\0\0\0\0\0" "M\0\0\0\0\0\0\0"
+
+/* Fetches id 1, three times, from a server that answers each MGET with nil and also sends a
+ * reply no command asked for, holding id 77's record: with the extra reply in the same read
+ * or arriving later on the idle connection, no fetch ever takes it for its answer (it would
+ * give id 1 the record of 77). */
+static void test_redis_unrequested_replies_are_never_answers(void **state)
+{
+    (void)state;
+    static const char both[] = "*1\r\n$-1\r\n*1\r\n$24\r\n" REC77 "\r\n";
+    static const char extra[] = "*1\r\n$24\r\n" REC77 "\r\n";
+    for (int later = 0; later < 2; later++) {
+        fake_redis f;
+        if (later)
+            fake_redis_start_with(&f, (fake_redis){.reply = "*1\r\n$-1\r\n", .extra = extra,
+                                                   .extra_len = sizeof extra - 1, .extra_delay_ms = 30});
+        else
+            fake_redis_start_with(&f, (fake_redis){.reply = both, .reply_len = sizeof both - 1});
+        flame_redis_options o = fake_opts(&f);
+        flame_feature_source *s;
+        assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+        flame_feature_batch *b;
+        assert_int_equal(flame_feature_batch_create(2, &b), FLAME_OK);
+        int unavailable = 0;
+        for (int k = 0; k < 3; k++) {
+            const int64_t id = 1;
+            flame_status st = flame_feature_source_fetch(s, &id, 1, b);
+            if (st) {
+                assert_int_equal(st, FLAME_ERR_UNAVAILABLE);
+                assert_non_null(strstr(flame_last_error(), "bytes beyond the replies to the 1 MGETs of the fetch"));
+                unavailable++;
+            } else {
+                expect_missing(b, 0);
+            }
+            usleep(80000); /* the delayed extra reply has come */
+        }
+        if (later) assert_int_equal(unavailable, 0); /* the idle connection is replaced before sending */
+        flame_feature_batch_destroy(b);
+        flame_feature_source_destroy(s);
+        fake_redis_stop(&f);
+    }
+}
+
+/* The loader against a server trickling an endless reply (one byte every 50 ms, each within
+ * hiredis's per-read timeout) gives up at the read timeout instead of waiting for it; a SET
+ * refused names its key and the server's error. */
+static void test_redis_load_bounded_and_named(void **state)
+{
+    (void)state;
+    const char *path = tu_write_text("one.txt", "flame-features 1 slots=2 dense=2\n5\t7\t3\t0.5,-1\n");
+    fake_redis f;
+    fake_redis_start(&f, "$100\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n", 50);
+    flame_redis_options o = fake_opts(&f);
+    o.read_timeout_ms = 200;
+    uint64_t written = 9;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_status_msg(flame_redis_load_features(&o, path, &written), FLAME_ERR_UNAVAILABLE,
+                      "no complete reply within the read timeout (200 ms)");
+    assert_true(ms_since(&t0) < 1500); /* not the 5 s the whole reply takes */
+    assert_int_equal(written, 0);
+    fake_redis_stop(&f);
+    fake_redis_start(&f, "-ERR read only\r\n", 0);
+    o = fake_opts(&f);
+    assert_status_msg(flame_redis_load_features(&o, path, &written), FLAME_ERR_UNAVAILABLE,
+                      "SET of key 'x:5' answered an error (ERR read only)");
+    assert_int_equal(written, 0);
+    fake_redis_stop(&f);
 }
 
 #endif /* FLAME_WITH_REDIS */
@@ -709,6 +796,8 @@ int main(void)
         cmocka_unit_test(test_redis_timeout_and_backoff),
         cmocka_unit_test(test_redis_trickling_server_is_bounded),
         cmocka_unit_test(test_redis_mget_reply_shapes),
+        cmocka_unit_test(test_redis_unrequested_replies_are_never_answers),
+        cmocka_unit_test(test_redis_load_bounded_and_named),
 #endif
     };
     return cmocka_run_group_tests_name("feature_sources", tests, NULL, NULL);

@@ -228,7 +228,9 @@ typedef struct flame_redis_options {
     int32_t connect_timeout_ms;  /* 0 = 200; 0..600000 */
     int32_t read_timeout_ms;     /* per fetch: all its replies are in within this of its sending (however
                                     slowly a server trickles bytes), and it waits no longer for the
-                                    connection; 0 = 200; 0..600000 */
+                                    connection; per step of flame_redis_load_features: each write
+                                    moves bytes and each reply is in within this of the one before;
+                                    0 = 200; 0..600000 */
     int32_t keys_per_command;    /* keys per MGET; the MGETs of one fetch are pipelined. 0 = 256;
                                     0..65536 */
     int32_t backoff_min_ms;      /* first delay before reconnecting after a failure; 0 = 10; 0..600000 */
@@ -248,12 +250,15 @@ typedef struct flame_redis_options {
  * (connect_timeout_ms) and reads its replies within read_timeout_ms, so it returns within
  * about connect_timeout_ms + 2 x read_timeout_ms whatever the server does
  * (FLAME_ERR_UNAVAILABLE on a timeout, naming it; an MGET reply of the wrong length or type
- * too, naming both lengths or the type, and an array reply announcing more than 65536
- * elements). A value that does not decode, or holds what the feature file refuses (a negative
- * id, a dense value that is NaN or infinite), makes the fetch fail with FLAME_ERR_FORMAT
- * naming the key (and the slot or index and the value), as does a record under a negative id
- * (the key prefix + "-5"). A key that is absent, or holds another Redis type (a list, a hash:
- * MGET answers nil for it), is a missing record.
+ * too, naming both lengths or the type, an array reply announcing more than 65536 elements,
+ * and bytes beyond the replies a fetch asked for, which leave no way to tell which reply
+ * answers which keys). A connection found closed, or holding bytes no command asked for,
+ * when a fetch starts is replaced before the fetch sends anything. A value that does not
+ * decode (or is above 4 GiB), or holds what the feature file refuses (a negative id, a dense
+ * value that is NaN or infinite), makes the fetch fail with FLAME_ERR_FORMAT naming the key
+ * (and the slot or index and the value), as does a record under a negative id (the key
+ * prefix + "-5"). A key that is absent, or holds another Redis type (a list, a hash: MGET
+ * answers nil for it), is a missing record.
  *
  * Parameters:
  *   options  read by the struct_size rule; the strings are copied.
@@ -274,7 +279,9 @@ FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_optio
  * flame_redis_load_features: writes every record of a feature file into Redis.
  *
  * Under the options' prefix, pipelined (SET, 1000 a round trip); existing keys are
- * overwritten. A failure part-way leaves the records written before it in Redis.
+ * overwritten. A failure part-way leaves the records written before it in Redis. No step
+ * waits longer than read_timeout_ms, however slowly the server reads or answers (each write
+ * must move bytes, and each reply be complete, within it).
  *
  * Parameters:
  *   options  as flame_feature_source_create_redis; num_slots must equal the file's.
@@ -283,8 +290,9 @@ FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_optio
  * Thread-safety: thread-safe (its own connection).
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL path, options' num_slots other than the
  *   file's: the message gives both); the statuses of flame_feature_source_create_file and
- *   flame_feature_source_create_redis; FLAME_ERR_UNAVAILABLE (a write failed: the message names
- *   the server); FLAME_ERR_UNSUPPORTED (a library built without Redis, make WITH_REDIS=0).
+ *   flame_feature_source_create_redis; FLAME_ERR_UNAVAILABLE (a write failed or timed out: the
+ *   message names the server; a SET refused: the message names the key and what the server
+ *   answered); FLAME_ERR_UNSUPPORTED (a library built without Redis, make WITH_REDIS=0).
  */
 FLAME_API flame_status flame_redis_load_features(const flame_redis_options *options, const char *path,
                                                  uint64_t *written);

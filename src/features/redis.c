@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <hiredis/hiredis.h>
@@ -135,17 +136,27 @@ static flame_status timed_out(redis_source *r, const char *what)
     return st;
 }
 
-/* Sends what the pipeline holds, then reads one reply, all before deadline_us. On failure the
- * connection is dropped (its pipeline is out of step). */
-static flame_status get_reply(redis_source *r, uint64_t deadline_us, redisReply **out)
+/* Sends what the pipeline holds before deadline_us; with progress_ms > 0, the deadline is
+ * instead progress_ms after the last write that moved bytes. On failure the connection is
+ * dropped (its pipeline is out of step). */
+static flame_status send_pending(redis_source *r, uint64_t deadline_us, int progress_ms)
 {
     redisContext *c = r->ctx;
-    void *rep = NULL;
     for (int done = 0; !done;) {
+        if (progress_ms > 0) deadline_us = mono_us() + (uint64_t)progress_ms * 1000u;
         int w = wait_socket(c, POLLOUT, deadline_us);
         if (w <= 0) return w ? io_error(r, "send (poll)") : timed_out(r, "send");
         if (redisBufferWrite(c, &done) != REDIS_OK) return io_error(r, "send");
     }
+    return FLAME_OK;
+}
+
+/* Reads one reply (the pipeline already sent) before deadline_us. On failure the connection
+ * is dropped. */
+static flame_status read_reply(redis_source *r, uint64_t deadline_us, redisReply **out)
+{
+    redisContext *c = r->ctx;
+    void *rep = NULL;
     if (redisGetReplyFromReader(c, &rep) != REDIS_OK) return io_error(r, "read");
     while (!rep) {
         int w = wait_socket(c, POLLIN, deadline_us);
@@ -155,6 +166,31 @@ static flame_status get_reply(redis_source *r, uint64_t deadline_us, redisReply 
     }
     *out = rep;
     return FLAME_OK;
+}
+
+/* Sends what the pipeline holds, then reads one reply, all before deadline_us. */
+static flame_status get_reply(redis_source *r, uint64_t deadline_us, redisReply **out)
+{
+    flame_status st = send_pending(r, deadline_us, 0);
+    return st ? st : read_reply(r, deadline_us, out);
+}
+
+/* Bytes the server sent that no reply read so far has consumed. */
+static size_t unread_bytes(const redisContext *c)
+{
+    return c->reader && c->reader->len > c->reader->pos ? c->reader->len - c->reader->pos : 0;
+}
+
+/* Whether an idle connection is still in step: 0 when nothing is unread in its buffer nor
+ * arriving on its socket; else 1 when the server closed it, 2 when it sent bytes nobody asked
+ * for, which the next fetch would take for the replies to its own MGETs. */
+static int idle_state(const redisContext *c)
+{
+    if (unread_bytes(c)) return 2;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    char b;
+    return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0 ? 2 : 1;
 }
 
 static const char *reply_type(int type)
@@ -174,7 +210,7 @@ static const char *reply_type(int type)
 static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, flame_feature_batch *out,
                                uint64_t deadline_us)
 {
-    size_t per = (size_t)r->per_cmd;
+    size_t per = (size_t)r->per_cmd < n ? (size_t)r->per_cmd : n;
     char *keys = malloc(per * 160);
     const char **argv = malloc((per + 1) * sizeof *argv);
     size_t *lens = malloc((per + 1) * sizeof *lens);
@@ -216,6 +252,10 @@ static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, fl
                 st = fl_error(FLAME_ERR_FORMAT, "%s is not a string", what);
                 break;
             }
+            if (v->len > UINT32_MAX) { /* a batch's record lengths are 32-bit */
+                st = fl_error(FLAME_ERR_FORMAT, "%s: record of %zu bytes is larger than 4 GiB", what, (size_t)v->len);
+                break;
+            }
             st = fl_rec_check((const uint8_t *)v->str, v->len, r->base.num_slots, what);
             if (!st) st = fl_batch_put_blob(out, i0 + j, (const uint8_t *)v->str, v->len);
         }
@@ -233,6 +273,14 @@ static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, fl
                 freeReplyObject(rep);
             }
         }
+    }
+    /* bytes past the last reply: the server answered more than was asked, so which reply
+     * answers which MGET is unknown (one shifted by an extra reply gives other keys' records) */
+    const size_t extra = !st && r->ctx ? unread_bytes(r->ctx) : 0;
+    if (extra) {
+        st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: the server sent %zu bytes beyond the replies to the %zu MGETs "
+                      "of the fetch: its replies cannot be matched to the keys", r->host, r->port, extra, cmds);
+        drop_conn(r);
     }
     free(keys), free(argv), free(lens);
     return st;
@@ -254,6 +302,18 @@ static flame_status redis_fetch(struct flame_feature_source *s, const int64_t *i
         return fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: the connection stayed busy with another fetch for the "
                         "read timeout (%d ms)%s", r->host, r->port, r->read_ms, rc == ETIMEDOUT ? "" : " (lock failed)");
     bool had_conn = r->ctx != NULL;
+    const int idle = had_conn ? idle_state(r->ctx) : 0;
+    if (idle) {
+        /* closed by the server, or sent replies nobody asked for: a fresh connection (the
+         * fetch's one retry, made before sending rather than after failing) */
+        if (idle == 2)
+            fl_log(FLAME_LOG_WARN, "redis %s:%d: the idle connection received bytes no command asked for; reconnecting",
+                   r->host, r->port);
+        else
+            fl_log(FLAME_LOG_INFO, "redis %s:%d: the server closed the idle connection; reconnecting", r->host, r->port);
+        drop_conn(r);
+        had_conn = false;
+    }
     flame_status st = ensure_conn(r);
     const uint64_t deadline = mono_us() + (uint64_t)r->read_ms * 1000u;
     if (!st) st = fetch_once(r, ids, n, out, deadline);
@@ -340,10 +400,14 @@ FLAME_API flame_status flame_feature_source_create_redis(const flame_redis_optio
     return st;
 }
 
-/* Pipelined SETs, 1000 per round trip. */
+/* Pipelined SETs, 1000 per round trip. However slowly the server reads or answers, no step
+ * waits longer than the read timeout: each write must move bytes within it, and each reply
+ * must be complete within it of the one before (hiredis's own timeout bounds one read(), so a
+ * server trickling a reply byte by byte would hold a blocking read for ever). */
 static flame_status load_table(redis_source *r, const fl_feature_table *t, uint64_t *written)
 {
-    const size_t per = 1000;
+    enum { PER = 1000 };
+    int64_t ids[PER]; /* the keys of the SETs awaiting replies, for the messages */
     size_t pending = 0;
     char key[160];
     for (size_t j = 0; j <= t->mask; j++) {
@@ -352,17 +416,27 @@ static flame_status load_table(redis_source *r, const fl_feature_table *t, uint6
             size_t lens[3] = {3, (size_t)snprintf(key, sizeof key, "%s%lld", r->prefix, (long long)t->keys[j]),
                               t->lens[j]};
             if (redisAppendCommandArgv(r->ctx, 3, argv, lens) != REDIS_OK) return io_error(r, "send");
-            pending++;
+            ids[pending++] = t->keys[j];
         }
-        if (pending == per || (j == t->mask && pending)) {
-            for (; pending; pending--) {
+        if (pending == PER || (j == t->mask && pending)) {
+            flame_status st = send_pending(r, 0, r->read_ms);
+            if (st) return st;
+            for (size_t k = 0; k < pending; k++) {
                 redisReply *rep = NULL;
-                if (redisGetReply(r->ctx, (void **)&rep) != REDIS_OK || !rep) return io_error(r, "read");
-                bool ok = rep->type == REDIS_REPLY_STATUS;
+                st = read_reply(r, mono_us() + (uint64_t)r->read_ms * 1000u, &rep);
+                if (st) return st;
+                const bool ok = rep->type == REDIS_REPLY_STATUS;
+                if (!ok) {
+                    const bool text = rep->type == REDIS_REPLY_ERROR && rep->str;
+                    st = fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: SET of key '%s%lld' answered %s%s%.200s%s", r->host,
+                                  r->port, r->prefix, (long long)ids[k], reply_type(rep->type), text ? " (" : "",
+                                  text ? rep->str : "", text ? ")" : "");
+                }
                 freeReplyObject(rep);
-                if (!ok) return fl_error(FLAME_ERR_UNAVAILABLE, "redis %s:%d: SET failed", r->host, r->port);
+                if (st) return st;
                 (*written)++;
             }
+            pending = 0;
         }
     }
     return FLAME_OK;
