@@ -335,6 +335,68 @@ static void test_last_reference_dropped_on_the_refresh_thread(void **state)
     usleep(50000); /* the thread frees the cache on its way out */
 }
 
+/* The last reference can also go on the thread that completes an asynchronous fetch of the
+ * refresh thread, before it completes it (a host's completion thread dropping its handle): the
+ * refresh thread is waiting for that very completion, so it cannot be joined; it frees the
+ * cache once the fetch completes. (Joined, the two threads waited for each other for ever.) */
+static struct {
+    flame_item_cache *to_release;
+    atomic_int armed, main_done, completed;
+} arel;
+typedef struct arel_job {
+    int64_t ids[8];
+    size_t n;
+    flame_feature_batch *out;
+} arel_job;
+static void *arel_complete(void *p)
+{
+    arel_job *j = p;
+    if (atomic_exchange(&arel.armed, 0)) { /* the refresh's fetch (the first miss is not armed) */
+        while (!atomic_load(&arel.main_done)) usleep(100);
+        flame_item_cache_destroy(arel.to_release); /* the last reference, the fetch still open */
+    }
+    flame_feature_batch_complete(j->out, fetch(NULL, j->ids, j->n, j->out));
+    atomic_fetch_add(&arel.completed, 1);
+    free(j);
+    return NULL;
+}
+static void arel_fetch_async(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    (void)user;
+    arel_job *j = malloc(sizeof *j);
+    assert_non_null(j);
+    assert_true(n <= 8);
+    memcpy(j->ids, ids, n * sizeof *ids);
+    j->n = n;
+    j->out = out;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, arel_complete, j), 0);
+    pthread_detach(t);
+}
+static void test_last_reference_dropped_by_the_async_completer(void **state)
+{
+    fixture *f = *state;
+    flame_feature_source *source;
+    assert_int_equal(flame_feature_source_create_callback(2, NULL, arel_fetch_async, NULL, &source), FLAME_OK);
+    f->p.manual_refresh = 0;
+    flame_item_cache *c;
+    assert_int_equal(flame_item_cache_create(source, &f->p, &c), FLAME_OK);
+    flame_feature_source_destroy(source);
+    arel.to_release = c;
+    int64_t id = 78;
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* a miss, completed at once */
+    for (int i = 0; i < 500 && atomic_load(&arel.completed) < 1; i++) usleep(1000); /* its thread counts it */
+    assert_int_equal(atomic_load(&arel.completed), 1);
+    atomic_store(&arel.armed, 1);
+    atomic_fetch_add(&now_us, 50 * SEC);
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK);
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* a refresh is due */
+    atomic_store(&arel.main_done, 1);                                      /* c is the threads' now */
+    for (int i = 0; i < 500 && atomic_load(&arel.completed) < 2; i++) usleep(10000);
+    assert_int_equal(atomic_load(&arel.completed), 2);
+    usleep(50000); /* the refresh thread frees the cache on its way out */
+}
+
 static void test_stale_on_error_with_backoff(void **state)
 {
     fixture *f = *state;
@@ -791,6 +853,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refresh_ahead_manual, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refresh_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_last_reference_dropped_on_the_refresh_thread, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_last_reference_dropped_by_the_async_completer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_on_error_with_backoff, setup, teardown),
         cmocka_unit_test_setup_teardown(test_single_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_negative_caching, setup, teardown),

@@ -456,6 +456,9 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
  * stops (after finishing the fetch it is in) and the cache is freed. The last reference may go
  * on the refresh thread itself, from the source's callback (a host language's garbage
  * collector may drop it there): that thread then frees the cache when its refresh is done.
+ * Likewise when it goes while the refresh thread waits for an asynchronous fetch (on the
+ * host's thread that is to complete it, say): destroy does not wait for that completion; the
+ * refresh thread frees the cache once the fetch completes, and starts no fetch after destroy.
  *
  * Parameters:
  *   cache    the caller's cache; NULL is a no-op.

@@ -302,6 +302,7 @@ FLAME_API flame_status flame_feature_batch_get_dense(const flame_feature_batch *
 void fl_batch_arm(flame_feature_batch *b)
 {
     pthread_mutex_lock(&b->mu);
+    b->armed = 1;
     b->done = 0;
     b->status = FLAME_OK;
     pthread_mutex_unlock(&b->mu);
@@ -322,6 +323,15 @@ flame_status fl_batch_wait(flame_feature_batch *b)
     pthread_mutex_lock(&b->mu);
     while (!b->done) pthread_cond_wait(&b->cv, &b->mu);
     flame_status st = b->status;
+    b->armed = 0;
     pthread_mutex_unlock(&b->mu);
     return st;
+}
+
+bool fl_batch_awaiting(flame_feature_batch *b)
+{
+    pthread_mutex_lock(&b->mu);
+    const bool awaiting = b->armed && !b->done;
+    pthread_mutex_unlock(&b->mu);
+    return awaiting;
 }

@@ -70,6 +70,7 @@ struct flame_feature_batch {
     /* async completion */
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    int armed; /* an asynchronous fetch was started into the batch and not yet waited out */
     int done;
     flame_status status;
 };
@@ -104,5 +105,7 @@ static inline const uint8_t *fl_batch_blob(const flame_feature_batch *b, size_t 
 /* For async sources: arm before the call, then wait for flame_feature_batch_complete. */
 void fl_batch_arm(flame_feature_batch *b);
 flame_status fl_batch_wait(flame_feature_batch *b);
+/* Whether an asynchronous fetch into b was started and has not completed yet. */
+bool fl_batch_awaiting(flame_feature_batch *b);
 
 #endif

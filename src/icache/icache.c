@@ -533,10 +533,14 @@ void fl_icache_release(struct flame_item_cache *c)
         const bool self = pthread_equal(pthread_self(), c->thread);
         pthread_mutex_lock(&c->rq_lock);
         c->stop = true;
-        c->free_on_exit = self;
+        /* nor can it be joined while it waits for an asynchronous fetch: the thread dropping the
+         * reference may be the one that would complete it (the host's completion thread
+         * releasing the cache before it calls flame_feature_batch_complete) */
+        const bool awaiting = c->refresh_got && fl_batch_awaiting(c->refresh_got);
+        c->free_on_exit = self || awaiting;
         pthread_cond_broadcast(&c->rq_cv);
         pthread_mutex_unlock(&c->rq_lock);
-        if (self) {
+        if (self || awaiting) {
             pthread_detach(c->thread);
             return;
         }

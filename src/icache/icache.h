@@ -127,7 +127,9 @@ struct flame_item_cache {
     fl_refresh_item *rq;
     size_t rq_len, rq_cap;
     bool stop;
-    bool free_on_exit; /* the last reference went on the refresh thread: it frees the cache as it exits */
+    bool free_on_exit; /* the last reference went on the refresh thread, or while it waited for an
+                          asynchronous fetch: it frees the cache as it exits */
+    flame_feature_batch *refresh_got; /* the refresh thread's batch while it fetches into it */
     _Alignas(64) atomic_int refs;
     atomic_uint_fast64_t refreshes, refresh_failures, fetches;
     fl_ebr ebr;

@@ -78,6 +78,23 @@ static void finish_job(struct flame_item_cache *c, job *j, flame_status st, cons
     if (retry) fl_refresh_schedule(c, j->item.key, fl_sat_add_u64(now, delay), delay);
 }
 
+/* Publishes the batch the refresh thread fetches into (NULL: none), for fl_icache_release. */
+static void set_refresh_got(struct flame_item_cache *c, flame_feature_batch *got)
+{
+    pthread_mutex_lock(&c->rq_lock);
+    c->refresh_got = got;
+    pthread_mutex_unlock(&c->rq_lock);
+}
+
+/* Whether the last reference has gone (the refresh thread then starts no further fetch). */
+static bool stopping(struct flame_item_cache *c)
+{
+    pthread_mutex_lock(&c->rq_lock);
+    const bool stop = c->stop;
+    pthread_mutex_unlock(&c->rq_lock);
+    return stop;
+}
+
 /* One batch: claim a flight per id still waiting for its refresh, fetch them all at once,
  * install or reschedule. */
 static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, size_t n)
@@ -105,11 +122,15 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
     if (!nj) return 0;
     flame_feature_batch *got = NULL;
     flame_status st = flame_feature_batch_create(c->num_slots, &got);
+    const bool own_thread = c->has_thread && pthread_equal(pthread_self(), c->thread);
+    if (!st && own_thread) set_refresh_got(c, got);
     if (!st) {
         atomic_fetch_add(&c->fetches, 1);
         st = fl_source_fetch(c->source, keys, nj, got);
     }
-    if (st && got && nj > 1) { /* isolate: one id that keeps failing must not hold back the others */
+    /* isolate: one id that keeps failing must not hold back the others (unless the last
+     * reference went meanwhile: no fetch starts after that) */
+    if (st && got && nj > 1 && !stopping(c)) {
         fl_log(FLAME_LOG_WARN, "item cache: refresh of %zu ids failed (%s); retrying them one by one", nj,
                flame_last_error());
         for (size_t k = 0; k < nj; k++) {
@@ -120,6 +141,7 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
     } else {
         for (size_t k = 0; k < nj; k++) finish_job(c, &jobs[k], st, got, k);
     }
+    if (own_thread) set_refresh_got(c, NULL);
     flame_feature_batch_destroy(got);
     return nj;
 }
@@ -131,7 +153,7 @@ uint64_t fl_refresh_run(struct flame_item_cache *c)
     uint64_t now = fl_now(c);
     for (;;) {
         pthread_mutex_lock(&c->rq_lock);
-        size_t n = take_due(c, now, items, REFRESH_BATCH);
+        size_t n = c->stop ? 0 : take_due(c, now, items, REFRESH_BATCH);
         pthread_mutex_unlock(&c->rq_lock);
         if (!n) return total;
         total += run_batch(c, items, n);
