@@ -142,7 +142,10 @@ FLAME_API flame_status flame_feature_batch_get_dense(const flame_feature_batch *
  *
  * A flame_feature_fetch_async_fn calls this exactly once, from any thread, after writing every
  * record (status FLAME_OK) or with the failure status; the libflame thread waiting for the
- * fetch then goes on, so the batch must not be touched after.
+ * fetch then goes on, so the batch must not be touched after: it may be freed or given to the
+ * next fetch at once, so a second call, or a record written after this one, writes memory that
+ * is no longer the fetch's. There is no timeout: until this is called, the thread waiting for
+ * the fetch (and the item cache calls waiting for the same ids) wait.
  *
  * Parameters:
  *   batch    the batch the fetch was given; NULL is a no-op.
