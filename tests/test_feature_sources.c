@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/socket.h>
@@ -479,6 +480,8 @@ typedef struct fake_redis {
     const char *extra;
     size_t extra_len;
     int extra_delay_ms;
+    size_t half_close_after; /* instead of answering: after this many bytes, shut its sending side
+                                (FIN), read as many more, then close with them unread (RST) */
     atomic_bool stop;
     pthread_t th;
 } fake_redis;
@@ -500,6 +503,15 @@ static void *fake_redis_run(void *p)
         if (c < 0) continue;
         char buf[4096];
         bool ok = true;
+        for (int half = 0; f->half_close_after && half < 2; half++) {
+            for (size_t got = 0; got < f->half_close_after && readable(c, f);) {
+                ssize_t k = recv(c, buf, sizeof buf, 0);
+                if (k <= 0) break;
+                got += (size_t)k;
+            }
+            if (!half) shutdown(c, SHUT_WR);
+            ok = false;
+        }
         while (ok && readable(c, f) && recv(c, buf, sizeof buf, 0) > 0) {
             size_t n = f->reply_len ? f->reply_len : strlen(f->reply), step = f->gap_ms ? 1 : n;
             for (size_t i = 0; ok && i < n && !atomic_load(&f->stop); i += step) {
@@ -522,6 +534,10 @@ static void fake_redis_start_with(fake_redis *f, fake_redis how)
     f->ls = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
+    if (f->half_close_after) { /* a small window: the client's bytes queue on its side, not here */
+        int small = 4096;
+        setsockopt(f->ls, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    }
     assert_int_equal(bind(f->ls, (struct sockaddr *)&sa, sizeof sa), 0);
     assert_int_equal(listen(f->ls, 8), 0);
     getsockname(f->ls, (struct sockaddr *)&sa, &len);
@@ -672,6 +688,39 @@ static void test_redis_unrequested_replies_are_never_answers(void **state)
     }
 }
 
+/* A server that closes its side while a fetch is still sending (FIN, then a reset as more
+ * bytes come) makes the next write raise SIGPIPE, which kills the process unless the library
+ * keeps it: the fetch fails with FLAME_ERR_UNAVAILABLE instead (a pipeline of 600,000 keys,
+ * about 15 MB, more than the socket buffers hold, is still being written when the reset
+ * comes). */
+static void test_redis_server_closing_mid_send_is_no_sigpipe(void **state)
+{
+    (void)state;
+    fake_redis f;
+    fake_redis_start_with(&f, (fake_redis){.reply = "", .half_close_after = 1 << 20});
+    flame_redis_options o = fake_opts(&f);
+    o.num_slots = 1;
+    o.keys_per_command = 65536;
+    o.read_timeout_ms = 2000;
+    flame_feature_source *s;
+    assert_int_equal(flame_feature_source_create_redis(&o, &s), FLAME_OK);
+    flame_feature_batch *b;
+    assert_int_equal(flame_feature_batch_create(1, &b), FLAME_OK);
+    const size_t n = 600000;
+    int64_t *ids = malloc(n * sizeof *ids);
+    assert_non_null(ids);
+    for (size_t i = 0; i < n; i++) ids[i] = 1000000 + (int64_t)i;
+    assert_status_msg(flame_feature_source_fetch(s, ids, n, b), FLAME_ERR_UNAVAILABLE, "send");
+    assert_int_equal(flame_feature_batch_size(b), 0);
+    sigset_t pending;
+    assert_int_equal(sigpending(&pending), 0);
+    assert_false(sigismember(&pending, SIGPIPE)); /* consumed, not left for the host */
+    free(ids);
+    flame_feature_batch_destroy(b);
+    flame_feature_source_destroy(s);
+    fake_redis_stop(&f);
+}
+
 /* The loader against a server trickling an endless reply (one byte every 50 ms, each within
  * hiredis's per-read timeout) gives up at the read timeout instead of waiting for it; a SET
  * refused names its key and the server's error. */
@@ -798,6 +847,7 @@ int main(void)
         cmocka_unit_test(test_redis_mget_reply_shapes),
         cmocka_unit_test(test_redis_unrequested_replies_are_never_answers),
         cmocka_unit_test(test_redis_load_bounded_and_named),
+        cmocka_unit_test(test_redis_server_closing_mid_send_is_no_sigpipe),
 #endif
     };
     return cmocka_run_group_tests_name("feature_sources", tests, NULL, NULL);

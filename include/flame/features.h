@@ -256,7 +256,10 @@ typedef struct flame_redis_options {
  * too, naming both lengths or the type, an array reply announcing more than 65536 elements,
  * and bytes beyond the replies a fetch asked for, which leave no way to tell which reply
  * answers which keys). A connection found closed, or holding bytes no command asked for,
- * when a fetch starts is replaced before the fetch sends anything. A value that does not
+ * when a fetch starts is replaced before the fetch sends anything. A server closing the
+ * connection while a fetch (or the loader) is still sending fails it with
+ * FLAME_ERR_UNAVAILABLE; the write raises no SIGPIPE in the process (the signal is held off
+ * in the writing thread, whatever the host's disposition of it). A value that does not
  * decode (or is above 4 GiB), or holds what the feature file refuses (a negative id, a dense
  * value that is NaN or infinite), makes the fetch fail with FLAME_ERR_FORMAT naming the key
  * (and the slot or index and the value), as does a record under a negative id (the key

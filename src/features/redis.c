@@ -6,6 +6,7 @@
  * for all its replies, and waits for the lock no longer than that timeout either. */
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -136,6 +137,28 @@ static flame_status timed_out(redis_source *r, const char *what)
     return st;
 }
 
+/* redisBufferWrite with SIGPIPE kept from the process: hiredis writes with write(2), and a
+ * write to a connection the server has closed (it sent FIN, then reset the connection as more
+ * bytes came) raises SIGPIPE, whose default action kills the whole host process. The signal
+ * is blocked in this thread around the write (the kernel sends it to the writing thread) and
+ * one the write raised is consumed; one already pending stays for the host. */
+static int buffer_write(redisContext *c, int *done)
+{
+    sigset_t pipe_set, old, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    if (pthread_sigmask(SIG_BLOCK, &pipe_set, &old) != 0) return redisBufferWrite(c, done);
+    const bool was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+    const int rc = redisBufferWrite(c, done);
+    if (!was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+        const struct timespec now = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &now) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 /* Sends what the pipeline holds before deadline_us; with progress_ms > 0, the deadline is
  * instead progress_ms after the last write that moved bytes. On failure the connection is
  * dropped (its pipeline is out of step). */
@@ -146,7 +169,7 @@ static flame_status send_pending(redis_source *r, uint64_t deadline_us, int prog
         if (progress_ms > 0) deadline_us = mono_us() + (uint64_t)progress_ms * 1000u;
         int w = wait_socket(c, POLLOUT, deadline_us);
         if (w <= 0) return w ? io_error(r, "send (poll)") : timed_out(r, "send");
-        if (redisBufferWrite(c, &done) != REDIS_OK) return io_error(r, "send");
+        if (buffer_write(c, &done) != REDIS_OK) return io_error(r, "send");
     }
     return FLAME_OK;
 }
