@@ -272,7 +272,8 @@ static flame_status fetch_once(redis_source *r, const int64_t *ids, size_t n, fl
             char what[200];
             snprintf(what, sizeof what, "redis key '%s%lld'", r->prefix, (long long)ids[i0 + j]);
             if (v->type != REDIS_REPLY_STRING) {
-                st = fl_error(FLAME_ERR_FORMAT, "%s is not a string", what);
+                st = fl_error(FLAME_ERR_FORMAT, "%s: MGET answered %s for it, not a string or nil", what,
+                              reply_type(v->type));
                 break;
             }
             if (v->len > UINT32_MAX) { /* a batch's record lengths are 32-bit */
