@@ -17,6 +17,7 @@ struct flame_feature_source {
     const fl_source_ops *ops;
     int32_t num_slots;
     atomic_int refs;
+    bool async; /* a fetch returns only once the host completes it (flame_feature_batch_complete) */
 };
 
 void fl_source_init(struct flame_feature_source *s, const fl_source_ops *ops, int32_t num_slots);

@@ -73,6 +73,7 @@ FLAME_API flame_status flame_feature_source_create_callback(int32_t num_slots, f
     cb_source *c = calloc(1, sizeof *c);
     if (!c) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a feature source");
     fl_source_init(&c->base, &cb_ops, num_slots);
+    c->base.async = fetch_async != NULL;
     c->fetch = fetch;
     c->fetch_async = fetch_async;
     c->user = user;

@@ -78,11 +78,27 @@ static void finish_job(struct flame_item_cache *c, job *j, flame_status st, cons
     if (retry) fl_refresh_schedule(c, j->item.key, fl_sat_add_u64(now, delay), delay);
 }
 
-/* Publishes the batch the refresh thread fetches into (NULL: none), for fl_icache_release. */
-static void set_refresh_got(struct flame_item_cache *c, flame_feature_batch *got)
+/* Before each fetch: false once the last reference has gone (no fetch starts after that).
+ * On the refresh thread the batch is published for fl_icache_release, and armed first when the
+ * source is asynchronous, in the same critical section that checks stop: release then sees
+ * either stop taken here (no fetch) or a batch awaiting its completion (it must not join a
+ * thread that waits for a completion the releasing thread may be the one to make). */
+static bool begin_fetch(struct flame_item_cache *c, flame_feature_batch *got, bool own_thread)
 {
     pthread_mutex_lock(&c->rq_lock);
-    c->refresh_got = got;
+    const bool go = !c->stop;
+    if (go && own_thread) {
+        if (c->source->async) fl_batch_arm(got);
+        c->refresh_got = got;
+    }
+    pthread_mutex_unlock(&c->rq_lock);
+    return go;
+}
+
+static void end_fetches(struct flame_item_cache *c)
+{
+    pthread_mutex_lock(&c->rq_lock);
+    c->refresh_got = NULL;
     pthread_mutex_unlock(&c->rq_lock);
 }
 
@@ -123,8 +139,9 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
     flame_feature_batch *got = NULL;
     flame_status st = flame_feature_batch_create(c->num_slots, &got);
     const bool own_thread = c->has_thread && pthread_equal(pthread_self(), c->thread);
-    if (!st && own_thread) set_refresh_got(c, got);
-    if (!st) {
+    if (!st && !begin_fetch(c, got, own_thread))
+        st = fl_error(FLAME_ERR_UNAVAILABLE, "item cache: released before the refresh of %zu ids started", nj);
+    else if (!st) {
         atomic_fetch_add(&c->fetches, 1);
         st = fl_source_fetch(c->source, keys, nj, got);
     }
@@ -134,14 +151,20 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
         fl_log(FLAME_LOG_WARN, "item cache: refresh of %zu ids failed (%s); retrying them one by one", nj,
                flame_last_error());
         for (size_t k = 0; k < nj; k++) {
-            atomic_fetch_add(&c->fetches, 1);
-            flame_status one = fl_source_fetch(c->source, &keys[k], 1, got);
+            flame_status one;
+            if (!begin_fetch(c, got, own_thread))
+                one = fl_error(FLAME_ERR_UNAVAILABLE, "item cache: released before the refresh of id %lld started",
+                               (long long)keys[k]);
+            else {
+                atomic_fetch_add(&c->fetches, 1);
+                one = fl_source_fetch(c->source, &keys[k], 1, got);
+            }
             finish_job(c, &jobs[k], one, got, 0);
         }
     } else {
         for (size_t k = 0; k < nj; k++) finish_job(c, &jobs[k], st, got, k);
     }
-    if (own_thread) set_refresh_got(c, NULL);
+    if (own_thread) end_fetches(c);
     flame_feature_batch_destroy(got);
     return nj;
 }
