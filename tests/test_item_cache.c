@@ -397,6 +397,62 @@ static void test_last_reference_dropped_by_the_async_completer(void **state)
     usleep(50000); /* the refresh thread frees the cache on its way out */
 }
 
+/* An asynchronous refresh the host completes only after destroy returned (destroy does not
+ * wait for it): the cache is freed on the refresh thread, and none of the host's hooks (here
+ * the clock) is called after destroy returned, since the host may free what they use. */
+static struct {
+    _Atomic int hold;               /* 1: the next fetch is held for the test to complete */
+    _Atomic(flame_feature_batch *) out;
+    int64_t ids[8];
+    size_t n;
+    _Atomic long clock_calls;
+} held;
+
+static uint64_t counting_clock(void *user)
+{
+    (void)user;
+    atomic_fetch_add(&held.clock_calls, 1);
+    return atomic_load(&now_us);
+}
+
+static void held_fetch_async(void *user, const int64_t *ids, size_t n, flame_feature_batch *out)
+{
+    if (!atomic_load(&held.hold)) {
+        flame_feature_batch_complete(out, fetch(user, ids, n, out));
+        return;
+    }
+    assert_true(n <= 8);
+    memcpy(held.ids, ids, n * sizeof *ids);
+    held.n = n;
+    atomic_store(&held.out, out);
+}
+
+static void test_destroy_during_async_refresh_calls_no_hook_after(void **state)
+{
+    fixture *f = *state;
+    flame_feature_source *source;
+    assert_int_equal(flame_feature_source_create_callback(2, NULL, held_fetch_async, NULL, &source), FLAME_OK);
+    f->p.manual_refresh = 0;
+    f->p.clock_fn = counting_clock;
+    flame_item_cache *c;
+    assert_int_equal(flame_item_cache_create(source, &f->p, &c), FLAME_OK);
+    flame_feature_source_destroy(source);
+    int64_t id = 5;
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* a miss, completed at once */
+    atomic_store(&held.hold, 1);
+    atomic_fetch_add(&now_us, 50 * SEC);
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK);
+    assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* a refresh is due */
+    for (int i = 0; i < 500 && !atomic_load(&held.out); i++) usleep(10000);
+    flame_feature_batch *out = atomic_load(&held.out);
+    assert_non_null(out); /* the refresh thread waits for this completion */
+    flame_item_cache_destroy(c); /* returns at once: the refresh thread awaits the host */
+    const long calls = atomic_load(&held.clock_calls);
+    flame_feature_batch_complete(out, fetch(NULL, held.ids, held.n, out));
+    usleep(100000); /* the refresh thread ends its jobs and frees the cache */
+    assert_int_equal(atomic_load(&held.clock_calls), calls);
+}
+
 static void test_stale_on_error_with_backoff(void **state)
 {
     fixture *f = *state;
@@ -854,6 +910,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refresh_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_last_reference_dropped_on_the_refresh_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_last_reference_dropped_by_the_async_completer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_during_async_refresh_calls_no_hook_after, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_on_error_with_backoff, setup, teardown),
         cmocka_unit_test_setup_teardown(test_single_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_negative_caching, setup, teardown),

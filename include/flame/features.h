@@ -465,6 +465,8 @@ FLAME_API flame_status flame_item_cache_create(flame_feature_source *source, con
  * Likewise when it goes while the refresh thread waits for an asynchronous fetch (on the
  * host's thread that is to complete it, say): destroy does not wait for that completion; the
  * refresh thread frees the cache once the fetch completes, and starts no fetch after destroy.
+ * Once destroy has returned, the cache calls none of the caller's hooks (clock_fn, ttl_fn, the
+ * log callback): a fetch completed after it is dropped, not installed.
  *
  * Parameters:
  *   cache    the caller's cache; NULL is a no-op.

@@ -530,7 +530,8 @@ void fl_icache_release(struct flame_item_cache *c)
         /* the last reference may go on the refresh thread itself (a fetch callback that drops
          * it, e.g. a garbage-collecting host language): it cannot join itself, so it frees the
          * cache once it is out of the refresh it is in */
-        const bool self = pthread_equal(pthread_self(), c->thread);
+        const pthread_t th = c->thread; /* once free_on_exit is published, c may be freed by th */
+        const bool self = pthread_equal(pthread_self(), th);
         pthread_mutex_lock(&c->rq_lock);
         c->stop = true;
         /* nor can it be joined while it waits for an asynchronous fetch: the thread dropping the
@@ -541,10 +542,10 @@ void fl_icache_release(struct flame_item_cache *c)
         pthread_cond_broadcast(&c->rq_cv);
         pthread_mutex_unlock(&c->rq_lock);
         if (self || awaiting) {
-            pthread_detach(c->thread);
+            pthread_detach(th);
             return;
         }
-        pthread_join(c->thread, NULL);
+        pthread_join(th, NULL);
     }
     fl_icache_free(c);
 }

@@ -111,6 +111,16 @@ static bool stopping(struct flame_item_cache *c)
     return stop;
 }
 
+/* A job whose fetch completed after the last reference went (destroy returned without waiting
+ * for it): its flight ends, nothing is installed or rescheduled, and none of the host's hooks
+ * (clock, TTL, log) is called, since the host may have freed what they use. */
+static void drop_job(struct flame_item_cache *c, job *j)
+{
+    pthread_mutex_lock(&j->sh->lock);
+    fl_flight_finish(c, j->sh, j->f, FLAME_ERR_UNAVAILABLE, NULL, 0, 0);
+    pthread_mutex_unlock(&j->sh->lock);
+}
+
 /* One batch: claim a flight per id still waiting for its refresh, fetch them all at once,
  * install or reschedule. */
 static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, size_t n)
@@ -145,19 +155,25 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
         atomic_fetch_add(&c->fetches, 1);
         st = fl_source_fetch(c->source, keys, nj, got);
     }
+    if (stopping(c)) {
+        for (size_t k = 0; k < nj; k++) drop_job(c, &jobs[k]);
+        nj = 0;
+    }
     /* isolate: one id that keeps failing must not hold back the others (unless the last
      * reference went meanwhile: no fetch starts after that) */
-    if (st && got && nj > 1 && !stopping(c)) {
+    else if (st && got && nj > 1) {
         fl_log(FLAME_LOG_WARN, "item cache: refresh of %zu ids failed (%s); retrying them one by one", nj,
                flame_last_error());
         for (size_t k = 0; k < nj; k++) {
-            flame_status one;
-            if (!begin_fetch(c, got, own_thread))
-                one = fl_error(FLAME_ERR_UNAVAILABLE, "item cache: released before the refresh of id %lld started",
-                               (long long)keys[k]);
-            else {
+            flame_status one = FLAME_ERR_UNAVAILABLE;
+            const bool fetched = begin_fetch(c, got, own_thread);
+            if (fetched) {
                 atomic_fetch_add(&c->fetches, 1);
                 one = fl_source_fetch(c->source, &keys[k], 1, got);
+            }
+            if (!fetched || stopping(c)) { /* released meanwhile: the rest are dropped */
+                for (size_t r = k; r < nj; r++) drop_job(c, &jobs[r]);
+                break;
             }
             finish_job(c, &jobs[k], one, got, 0);
         }
