@@ -297,6 +297,20 @@ static void test_refresh_thread(void **state)
 /* The last reference can go on the refresh thread itself, inside the source's callback (as a
  * garbage-collecting host language may drop it there): the thread cannot join itself, so it
  * frees the cache once out of its refresh. ASan/TSan (make test-sanitize) watch that. */
+/* A cache with its own refresh thread over a callback source it holds the only reference to
+ * (f->p as the test set it). */
+static flame_item_cache *threaded_cache(fixture *f, flame_feature_fetch_fn fetch_fn,
+                                        flame_feature_fetch_async_fn fetch_async)
+{
+    flame_feature_source *source;
+    assert_int_equal(flame_feature_source_create_callback(2, fetch_fn, fetch_async, NULL, &source), FLAME_OK);
+    f->p.manual_refresh = 0;
+    flame_item_cache *c;
+    assert_int_equal(flame_item_cache_create(source, &f->p, &c), FLAME_OK);
+    flame_feature_source_destroy(source); /* the cache holds it */
+    return c;
+}
+
 static struct {
     pthread_t main;
     flame_item_cache *to_release;
@@ -315,12 +329,7 @@ static flame_status release_fetch(void *user, const int64_t *ids, size_t n, flam
 static void test_last_reference_dropped_on_the_refresh_thread(void **state)
 {
     fixture *f = *state;
-    flame_feature_source *source;
-    assert_int_equal(flame_feature_source_create_callback(2, release_fetch, NULL, NULL, &source), FLAME_OK);
-    f->p.manual_refresh = 0;
-    flame_item_cache *c;
-    assert_int_equal(flame_item_cache_create(source, &f->p, &c), FLAME_OK);
-    flame_feature_source_destroy(source); /* the cache holds it */
+    flame_item_cache *c = threaded_cache(f, release_fetch, NULL);
     assert_int_equal(flame_item_cache_set_clock(c, test_clock, NULL), FLAME_OK);
     rel.main = pthread_self();
     rel.to_release = c;
@@ -376,12 +385,7 @@ static void arel_fetch_async(void *user, const int64_t *ids, size_t n, flame_fea
 static void test_last_reference_dropped_by_the_async_completer(void **state)
 {
     fixture *f = *state;
-    flame_feature_source *source;
-    assert_int_equal(flame_feature_source_create_callback(2, NULL, arel_fetch_async, NULL, &source), FLAME_OK);
-    f->p.manual_refresh = 0;
-    flame_item_cache *c;
-    assert_int_equal(flame_item_cache_create(source, &f->p, &c), FLAME_OK);
-    flame_feature_source_destroy(source);
+    flame_item_cache *c = threaded_cache(f, NULL, arel_fetch_async);
     arel.to_release = c;
     int64_t id = 78;
     assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* a miss, completed at once */
@@ -430,13 +434,8 @@ static void held_fetch_async(void *user, const int64_t *ids, size_t n, flame_fea
 static void test_destroy_during_async_refresh_calls_no_hook_after(void **state)
 {
     fixture *f = *state;
-    flame_feature_source *source;
-    assert_int_equal(flame_feature_source_create_callback(2, NULL, held_fetch_async, NULL, &source), FLAME_OK);
-    f->p.manual_refresh = 0;
     f->p.clock_fn = counting_clock;
-    flame_item_cache *c;
-    assert_int_equal(flame_item_cache_create(source, &f->p, &c), FLAME_OK);
-    flame_feature_source_destroy(source);
+    flame_item_cache *c = threaded_cache(f, NULL, held_fetch_async);
     int64_t id = 5;
     assert_int_equal(flame_item_cache_get(c, &id, 1, f->out), FLAME_OK); /* a miss, completed at once */
     atomic_store(&held.hold, 1);

@@ -149,13 +149,11 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
     flame_feature_batch *got = NULL;
     flame_status st = flame_feature_batch_create(c->num_slots, &got);
     const bool own_thread = c->has_thread && pthread_equal(pthread_self(), c->thread);
-    if (!st && !begin_fetch(c, got, own_thread))
-        st = fl_error(FLAME_ERR_UNAVAILABLE, "item cache: released before the refresh of %zu ids started", nj);
-    else if (!st) {
+    if (!st && begin_fetch(c, got, own_thread)) {
         atomic_fetch_add(&c->fetches, 1);
         st = fl_source_fetch(c->source, keys, nj, got);
     }
-    if (stopping(c)) {
+    if (stopping(c)) { /* also when begin_fetch refused: stop is never cleared */
         for (size_t k = 0; k < nj; k++) drop_job(c, &jobs[k]);
         nj = 0;
     }
@@ -166,12 +164,11 @@ static uint64_t run_batch(struct flame_item_cache *c, fl_refresh_item *items, si
                flame_last_error());
         for (size_t k = 0; k < nj; k++) {
             flame_status one = FLAME_ERR_UNAVAILABLE;
-            const bool fetched = begin_fetch(c, got, own_thread);
-            if (fetched) {
+            if (begin_fetch(c, got, own_thread)) {
                 atomic_fetch_add(&c->fetches, 1);
                 one = fl_source_fetch(c->source, &keys[k], 1, got);
             }
-            if (!fetched || stopping(c)) { /* released meanwhile: the rest are dropped */
+            if (stopping(c)) { /* released meanwhile: the rest are dropped */
                 for (size_t r = k; r < nj; r++) drop_job(c, &jobs[r]);
                 break;
             }
