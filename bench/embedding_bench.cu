@@ -1,4 +1,4 @@
-// embedding-bench: the table-batched embedding kernel (cuda/embedding.cu, fl_cuda_embedding_bag)
+// embedding-bench: the table-batched embedding kernel (cuda/embedding.cuh, fl_cuda_embedding_bag)
 // against the device's own copy bandwidth, measured in the same run.
 //
 //   bench/embedding-bench [--json] [--reps N] [--rows R] [--sets S]

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(CHECK_THREADS) tbe_check_kernel(const __grid_c
                                                                   fl_tbe_index_record *rec)
 {
 #if __CUDA_ARCH__ >= 900
-    // the lookup may launch now: it waits for this grid before it reads the verdict (embedding.cu)
+    // the lookup may launch now: it waits for this grid before it reads the verdict (embedding.cuh)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
     const bool described = *reinterpret_cast<volatile unsigned long long *>(&rec->detail_key) != NO_KEY;

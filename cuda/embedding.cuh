@@ -13,6 +13,13 @@
 // float table's), or 8 or 4 when a dim is not a multiple of 16 (8- or 4-byte int8 loads),
 // else single values; each row's (scale, bias) comes in one 8-byte load, and the value
 // scale * q + bias is pooled in float.
+//
+// The templates live here; cuda/embedding_<table dtype>.cu instantiate fl_cuda_embedding_bag for
+// one table dtype and the three output dtypes each, so that the build compiles the 216 kernels
+// (dtypes x vector widths x concat x int8 x weights) in three translation units at once rather
+// than in one that takes minutes alone.
+#pragma once
+
 #include "kernels.cuh"
 
 __device__ __forceinline__ float to_f(int8_t x) { return (float)x; }
@@ -272,15 +279,3 @@ flame_status fl_cuda_embedding_bag(const fl_dev_features &fs, int64_t tokens, Ou
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }
-
-#define INSTANTIATE(T, O)                                                                                      \
-    template flame_status fl_cuda_embedding_bag<T, O>(const fl_dev_features &, int64_t, O *, int64_t, cudaStream_t);
-INSTANTIATE(float, float)
-INSTANTIATE(__half, float)
-INSTANTIATE(__nv_bfloat16, float)
-INSTANTIATE(float, __half)
-INSTANTIATE(__half, __half)
-INSTANTIATE(__nv_bfloat16, __nv_bfloat16)
-INSTANTIATE(float, __nv_bfloat16)
-INSTANTIATE(__half, __nv_bfloat16)
-INSTANTIATE(__nv_bfloat16, __half)
