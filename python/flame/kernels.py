@@ -665,9 +665,11 @@ def _layout(p: AttentionParams, arrs, fused: bool, heads: int) -> Tuple[int, int
         p.qkv, p.ld_qkv = ptr, ld
     else:
         (pq, sq, lq), (pk, sk, lk), (pv, sv, lv) = arrs
-        if sq[1] % heads or sk != sq or sv != sq:
+        if sk != sq or sv != sq:
             raise errors.ShapeError(f"q {sq}, k {sk} and v {sv} must share one shape "
                                     f"[rows, heads x head_dim] ({heads} heads)")
+        if sq[1] % heads:
+            raise errors.ShapeError(f"q, k and v have {sq[1]} columns, not a multiple of {heads} heads")
         dh, rows = sq[1] // heads, sq[0]
         p.q, p.k, p.v = pq, pk, pv
         p.ld_q, p.ld_k, p.ld_v = lq, lk, lv

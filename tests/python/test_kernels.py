@@ -222,6 +222,10 @@ def test_sumi_attention_rejections():
         fk.sumi_attention(q, q, q, [[0], [5]], heads=2, out=out)  # not flattened into [0, 5]
     with pytest.raises(flame.InvalidArgumentError, match="heads = 4294967298 is outside"):
         fk.sumi_attention(q, q, q, [0, 5], heads=2**32 + 2, out=out)  # not its low bits (2)
+    with pytest.raises(flame.ShapeError, match="have 8 columns, not a multiple of 3 heads"):
+        fk.sumi_attention(q, q, q, [0, 5], heads=3, out=out)
+    with pytest.raises(flame.ShapeError, match=r"k \(5, 4\) and v \(5, 8\) must share one shape"):
+        fk.sumi_attention(q, q[:, :4], q, [0, 5], heads=2, out=out)
     assert np.all(np.isnan(out))
 
 
