@@ -704,7 +704,7 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
 
 typedef struct flame_engine_stats {
     size_t struct_size;            /* sizeof(flame_engine_stats) */
-    uint64_t calls;                /* flame_score + flame_score_batch calls that succeeded */
+    uint64_t calls;                /* flame_score, flame_score_batch and flame_score_batch_topk calls that succeeded */
     uint64_t requests;             /* requests scored */
     uint64_t workspaces;           /* scratch workspaces created (= peak concurrent calls) */
     uint64_t scratch_bytes;        /* bytes held by all workspaces now */

@@ -78,8 +78,8 @@ static flame_status engine_metrics(fl_text *t, flame_engine *e)
     flame_engine_stats es = {.struct_size = sizeof es};
     flame_status st = flame_engine_get_stats(e, &es);
     if (st) return st;
-    single(t, "flame_engine_calls_total", "counter", "Scoring calls (flame_score, flame_score_batch) that succeeded.",
-           es.calls);
+    single(t, "flame_engine_calls_total", "counter",
+           "Scoring calls (flame_score, flame_score_batch, flame_score_batch_topk) that succeeded.", es.calls);
     single(t, "flame_engine_requests_total", "counter", "Requests (users) scored.", es.requests);
     single(t, "flame_engine_candidates_total", "counter", "Candidates scored.", atomic_load(&e->candidates));
     single(t, "flame_engine_tokens_total", "counter", "Tokens through the transformer (history and candidates).",
