@@ -205,7 +205,7 @@ static void test_side_features_through_item_cache(void **state)
     tu_poison(s, 4);
     assert_int_equal(flame_engine_set_item_cache(f->sumi_uc, NULL), FLAME_OK);
     assert_status_msg(flame_score(f->sumi_uc, &r, s, 4), FLAME_ERR_INVALID_ARG, "history_side is NULL");
-    assert_non_null(strstr(flame_last_error(), "flame_engine_set_item_cache")); /* says what would help */
+    assert_non_null(strstr(flame_last_error(), "FLAME_OPT_ITEM_CACHE")); /* says what would help */
     /* candidate bags given with a cached history: the message blames the pair, not the flag */
     int64_t offs[3] = {0, 1, 2}, ids[2] = {1, 2};
     flame_bags cb[2] = {{offs, ids, 2}, {offs, ids, 2}};

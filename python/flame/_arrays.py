@@ -98,8 +98,8 @@ def bags(side: Optional[Sequence[Any]], num_tokens: int, num_slots: int, name: s
     if side is None:
         if num_slots:
             raise ShapeError(f"{name} is missing: the model has {num_slots} side-feature slot(s), "
-                             f"pass one (offsets, ids) pair per slot, or attach an item cache that gives them "
-                             f"(Engine.set_item_cache)")
+                             f"pass one (offsets, ids) pair per slot, or give the engine an item cache that gives them "
+                             f"(flame.Engine(model, item_cache=...))")
         return []
     if len(side) != num_slots:
         raise ShapeError(f"{name} has {len(side)} slot(s), the model has {num_slots} side-feature slot(s)")

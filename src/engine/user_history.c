@@ -58,7 +58,7 @@ flame_status fl_prepare_requests(struct flame_engine *e, fl_workspace *ws, const
                        q->history_side ? "set" : "NULL");
         if (!e->user_cache)
             return BAD("request %zu (user %lld): history_from_user_cache is 1 but the engine has no user cache "
-                       "(flame_engine_set_user_cache)",
+                       "(FLAME_OPT_USER_CACHE)",
                        r, (long long)q->user_id);
         users++;
     }

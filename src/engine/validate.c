@@ -121,15 +121,15 @@ static flame_status check_request(const struct flame_model *m, size_t r, const f
     const int parts = mode == FL_CHECK_DEFER_BAGS && ids_only(c, q) ? ITEMS : ITEMS | BAGS;
     if (c->num_side && sumi && q->history_len && q->num_candidates && !q->history_side != !q->candidate_side)
         return BAD("request %zu: %s is NULL but %s is not: give the bags of both, or of neither to send item ids "
-                   "only (resolved by the engine's item cache, flame_engine_set_item_cache)",
+                   "only (resolved by the engine's item cache, FLAME_OPT_ITEM_CACHE)",
                    r, q->history_side ? "candidate_side" : "history_side", q->history_side ? "history_side" : "candidate_side");
     if (c->num_side && q->history_len && !q->history_side && (parts & BAGS))
-        return BAD("request %zu: history_side is NULL, the model needs %d side features (give the bags, or attach an "
-                   "item cache with flame_engine_set_item_cache to send item ids only)",
+        return BAD("request %zu: history_side is NULL, the model needs %d side features (give the bags, or give the "
+                   "engine an item cache, FLAME_OPT_ITEM_CACHE, to send item ids only)",
                    r, c->num_side);
     if (c->num_side && sumi && q->num_candidates && !q->candidate_side && (parts & BAGS))
-        return BAD("request %zu: candidate_side is NULL, the model needs %d side features (give the bags, or attach an "
-                   "item cache with flame_engine_set_item_cache to send item ids only)",
+        return BAD("request %zu: candidate_side is NULL, the model needs %d side features (give the bags, or give the "
+                   "engine an item cache, FLAME_OPT_ITEM_CACHE, to send item ids only)",
                    r, c->num_side);
     /* the whole history, not only the window: ids that fall out of it are not read, but a bad
      * one still says the caller's data is wrong */
