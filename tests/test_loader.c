@@ -61,7 +61,8 @@ static void test_header_length_beyond_file(void **state)
     memset(junk, ' ', sizeof junk - 1);
     junk[sizeof junk - 1] = '\0';
     const char *p = tu_write_st("hdrlen.st", junk, 132095296, NULL, 0);
-    assert_status_msg(load(p), FLAME_ERR_FORMAT, "header length 132095296 exceeds the file size (1024 bytes)");
+    assert_status_msg(load(p), FLAME_ERR_FORMAT,
+                      "header length 132095296 exceeds the file size (1024 bytes): not a safetensors file");
 }
 
 static void test_header_length_beyond_cap(void **state)

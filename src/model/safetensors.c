@@ -226,8 +226,8 @@ flame_status fl_st_parse(const uint8_t *bytes, uint64_t len, fl_st_file *f)
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | bytes[i];
     if (n > len - 8)
-        return BAD("header length %llu exceeds the file size (%llu bytes)", (unsigned long long)n,
-                   (unsigned long long)len);
+        return BAD("header length %llu exceeds the file size (%llu bytes): not a safetensors file, or a truncated "
+                   "one", (unsigned long long)n, (unsigned long long)len);
     if (n > FLAME_MAX_HEADER_BYTES)
         return BAD("header length %llu exceeds the cap of %llu bytes", (unsigned long long)n,
                    (unsigned long long)FLAME_MAX_HEADER_BYTES);
