@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "testutil.h"
 #include "ucache/user_cache.h"
@@ -26,6 +27,7 @@ static int teardown(void **state)
 {
     fl_uc_set_clock(NULL);
     fl_uc_set_write_hook(NULL);
+    fl_uc_set_create_hook(NULL);
     flame_user_cache_unlink(name); /* may already be gone */
     return 0;
 }
@@ -243,12 +245,106 @@ static void test_attach_checks_the_header(void **state)
                       "No such file");
 }
 
-/* ---- a writer killed inside a write */
+/* ---- creators: slow, killed inside the creation, or gone before they reserved the object */
+static void slow_creation(void)
+{
+    nanosleep(&(struct timespec){1, 500 * 1000 * 1000}, NULL);
+}
+
 static void stop_self(void)
 {
     raise(SIGSTOP);
 }
 
+/* Forks a creator of `p` that runs `hook` inside the creation, and returns once the name exists. */
+static pid_t fork_creator(const flame_user_cache_params *p, void (*hook)(void))
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        fl_uc_set_create_hook(hook);
+        flame_user_cache *c = NULL;
+        _exit(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, p, &c) == FLAME_OK ? 0 : 10);
+    }
+    int fd;
+    while ((fd = shm_open(name, O_RDONLY, 0)) < 0) nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+    close(fd);
+    return pid;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* A large table takes seconds to create; attachers wait for a creator that is alive however
+ * long it takes (they gave up after 1 s, calling the table "not a libflame user cache"). */
+static void test_attach_waits_for_a_live_creator(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0);
+    for (int k = 0; k < 2; k++) {
+        flame_user_cache_open_mode mode = k ? FLAME_USER_CACHE_CREATE_OR_ATTACH : FLAME_USER_CACHE_ATTACH;
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        pid_t pid = fork_creator(&p, slow_creation);
+        flame_user_cache *c = open_cache(mode, &p);
+        assert_true(seconds_since(&t0) > 1.2);
+        assert_int_equal(stats_of(c).capacity, 104);
+        int status = -1;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        flame_user_cache_destroy(c);
+        assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    }
+}
+
+/* A creator killed inside the creation leaves a table attachers report as unfinished
+ * (FLAME_ERR_IO) after 1 s, not as someone else's object (FLAME_ERR_FORMAT); once it is
+ * unlinked the name can be created again. */
+static void test_creator_killed_inside_the_creation(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0);
+    pid_t pid = fork_creator(&p, stop_self);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(status));
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    flame_user_cache *c = NULL;
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_IO,
+                      "was never fully initialised (its creator died?)");
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &c), FLAME_ERR_IO,
+                      "remove it with flame_user_cache_unlink");
+    assert_null(c);
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    flame_user_cache_destroy(c);
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    /* a creator that died before it reserved the object leaves it empty */
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_IO,
+                      "is empty: its creator died before initialising it?");
+}
+
+/* A table of another layout version is reported as one even when that layout keeps no ready
+ * word where this one does (it was reported as a table whose creator died). */
+static void test_other_layout_without_ready(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p), *d = NULL;
+    flame_user_cache_destroy(c);
+    poke_u32(offsetof(fl_uc_header, ready), 0);
+    poke_u32(offsetof(fl_uc_header, layout_version), 0);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
+                      "has layout version 0; this libflame reads version 1");
+    assert_null(d);
+}
+
+/* ---- a writer killed inside a write */
 static void test_writer_killed_mid_write(void **state)
 {
     flame_user_cache_params p = params(64, 1, 16, 0);
@@ -864,6 +960,9 @@ int main(void)
         T(test_put_get_remove),
         T(test_attach_from_another_process),
         T(test_attach_checks_the_header),
+        T(test_attach_waits_for_a_live_creator),
+        T(test_creator_killed_inside_the_creation),
+        T(test_other_layout_without_ready),
         T(test_writer_killed_mid_write),
         T(test_no_torn_reads_threads),
         T(test_no_torn_reads_processes),

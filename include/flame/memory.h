@@ -248,10 +248,11 @@ typedef enum flame_user_cache_open_mode {
  *
  * Attaching checks the header: magic, layout version, this build's record layout, and, when
  * params are given, that capacity, slots, ids, dense and ttl match; a mismatch is
- * FLAME_ERR_FORMAT naming the field and both values, never a crash. A table whose creator died
- * before finishing its initialisation is reported (FLAME_ERR_IO) after waiting 1 s. Creation
- * reserves the whole table (posix_fallocate), so a full /dev/shm fails here with
- * FLAME_ERR_NOMEM instead of SIGBUS later.
+ * FLAME_ERR_FORMAT naming the field and both values, never a crash. Attaching waits for a
+ * creator still initialising the table for as long as that process lives (a large table takes
+ * seconds); a table whose creator died before finishing, or an empty object, is reported
+ * (FLAME_ERR_IO) after waiting 1 s. Creation reserves the whole table (posix_fallocate), so a
+ * full /dev/shm fails here with FLAME_ERR_NOMEM instead of SIGBUS later.
  *
  * Parameters:
  *   name       a POSIX shm name: "/" then 1..250 characters without "/"; copied.
@@ -268,7 +269,8 @@ typedef enum flame_user_cache_open_mode {
  *   struct_size outside 8..4096, params out of range: capacity up to 2^32, num_slots up to
  *   64, max_ids and max_dense up to 65536, ttl_us >= 0, mode within 0777); FLAME_ERR_IO
  *   (shm_open/mmap failed, the name exists on CREATE or is absent on ATTACH: the message
- *   carries strerror); FLAME_ERR_FORMAT (header mismatch, or an object that is no user cache);
+ *   carries strerror; a table left unfinished by its creator); FLAME_ERR_FORMAT (header
+ *   mismatch, or an object that is no user cache);
  *   FLAME_ERR_NOMEM. *out is NULL on failure.
  */
 FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_open_mode open_mode,

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -20,6 +21,13 @@ static flame_status check_name(const char *name)
         return fl_error(FLAME_ERR_INVALID_ARG,
                         "shm name '%s' is invalid: expected '/' then 1..250 characters without '/'", name);
     return FLAME_OK;
+}
+
+static _Atomic(void (*)(void)) create_hook;
+
+void fl_uc_set_create_hook(void (*hook)(void))
+{
+    atomic_store(&create_hook, hook);
 }
 
 static flame_status check_params(const flame_user_cache_params *p)
@@ -98,6 +106,15 @@ static flame_status map(flame_user_cache *c, int fd, size_t bytes)
     return FLAME_OK;
 }
 
+/* flock, retried when a signal interrupts the wait. */
+static int lock_file(int fd, int op)
+{
+    int rc;
+    while ((rc = flock(fd, op)) != 0 && errno == EINTR) {
+    }
+    return rc;
+}
+
 static flame_status create(flame_user_cache *c, const flame_user_cache_params *p, int *exists)
 {
     int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, p->mode);
@@ -105,9 +122,13 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
         *exists = errno == EEXIST;
         return fl_error(FLAME_ERR_IO, "cannot create shm '%s': %s", c->name, strerror(errno));
     }
+    /* Held until `ready`: initialising a large table takes seconds, and attachers wait as long
+     * as the lock is held; the kernel drops it with a creator that dies, which attachers then
+     * tell from a slow one. (An attacher testing the lock may hold it for an instant.) */
+    int rc = lock_file(fd, LOCK_EX) ? errno : 0;
     fl_uc_header want = expected_header(p);
     /* the umask may have cleared bits the caller asked for */
-    int rc = fchmod(fd, p->mode) ? errno : posix_fallocate(fd, 0, (off_t)want.total_bytes);
+    if (!rc) rc = fchmod(fd, p->mode) ? errno : posix_fallocate(fd, 0, (off_t)want.total_bytes);
     flame_status st = FLAME_OK;
     if (rc)
         st = fl_error(rc == ENOSPC ? FLAME_ERR_NOMEM : FLAME_ERR_IO, "cannot reserve %llu bytes for shm '%s': %s",
@@ -120,6 +141,11 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
     }
     c->fd = fd;
     c->lay = layout_of(&want);
+    /* magic and version first: an object whose creator dies from here on is known for a user
+     * cache that was never finished, not taken for someone else's */
+    memcpy(c->hdr, &want, offsetof(fl_uc_header, ready));
+    void (*hook)(void) = atomic_load(&create_hook);
+    if (hook) hook(); /* tests make the creator slow, or stop and kill it, here */
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -131,10 +157,10 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
     }
     pthread_mutexattr_destroy(&a);
     /* fixed fields only: ready and the counters stay as fallocate left them (zero) */
-    memcpy(c->hdr, &want, offsetof(fl_uc_header, ready));
     memcpy((char *)c->hdr + offsetof(fl_uc_header, byte_order), (char *)&want + offsetof(fl_uc_header, byte_order),
            offsetof(fl_uc_header, puts) - offsetof(fl_uc_header, byte_order));
     atomic_store_explicit(&c->hdr->ready, FL_UC_READY, memory_order_release);
+    lock_file(fd, LOCK_UN);
     return FLAME_OK;
 }
 
@@ -182,14 +208,44 @@ static flame_status check_header(flame_user_cache *c, const flame_user_cache_par
     return FLAME_OK;
 }
 
+/* Whether another open file description holds the creator's lock (create()). */
+static bool creator_alive(int fd)
+{
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+        flock(fd, LOCK_UN);
+        return false;
+    }
+    return errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* Why an object no creator holds never became ready. */
+static flame_status unfinished(const flame_user_cache *c, const struct stat *sb)
+{
+    if (sb->st_size == 0)
+        return fl_error(FLAME_ERR_IO, "shm '%s' is empty: its creator died before initialising it? "
+                        "remove it with flame_user_cache_unlink", c->name);
+    if (c->base && memcmp(c->hdr->magic, FL_UC_MAGIC, 8) == 0) {
+        /* an older layout may keep no `ready` where this one does */
+        uint32_t version = ((const volatile fl_uc_header *)c->hdr)->layout_version;
+        if (version != FL_UC_LAYOUT_VERSION)
+            return fl_error(FLAME_ERR_FORMAT, "shm '%s' has layout version %u; this libflame reads version %u",
+                            c->name, version, FL_UC_LAYOUT_VERSION);
+        return fl_error(FLAME_ERR_IO, "shm '%s' was never fully initialised (its creator died?); "
+                        "remove it with flame_user_cache_unlink", c->name);
+    }
+    return fl_error(FLAME_ERR_FORMAT, "shm '%s' is not a libflame user cache (%lld bytes, no ready header)", c->name,
+                    (long long)sb->st_size);
+}
+
 static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p)
 {
     int fd = shm_open(c->name, O_RDWR, 0);
     if (fd < 0) return fl_error(FLAME_ERR_IO, "cannot attach shm '%s': %s", c->name, strerror(errno));
-    /* wait for a creator still initialising (up to 1 s) */
+    /* wait for the creator as long as it lives and holds its lock, then 1 s more: a creator
+     * takes the lock an instant after it makes the object */
     struct stat sb = {0};
     flame_status st = FLAME_OK;
-    for (int tries = 0;; tries++) {
+    for (int idle = 0;; idle = creator_alive(fd) ? 0 : idle + 1) {
         if (fstat(fd, &sb) != 0) {
             st = fl_error(FLAME_ERR_IO, "cannot stat shm '%s': %s", c->name, strerror(errno));
             break;
@@ -198,13 +254,8 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
             if (!c->base && (st = map(c, fd, (size_t)sb.st_size)) != FLAME_OK) break;
             if (atomic_load_explicit(&c->hdr->ready, memory_order_acquire) == FL_UC_READY) break;
         }
-        if (tries == 100) {
-            if (c->base && memcmp(c->hdr->magic, FL_UC_MAGIC, 8) == 0)
-                st = fl_error(FLAME_ERR_IO, "shm '%s' was never fully initialised (its creator died?); "
-                              "remove it with flame_user_cache_unlink", c->name);
-            else
-                st = fl_error(FLAME_ERR_FORMAT, "shm '%s' is not a libflame user cache (%lld bytes, no ready header)",
-                              c->name, (long long)sb.st_size);
+        if (idle == 100) {
+            st = unfinished(c, &sb);
             break;
         }
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
