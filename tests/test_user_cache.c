@@ -344,6 +344,74 @@ static void test_other_layout_without_ready(void **state)
     assert_null(d);
 }
 
+/* CREATE_OR_ATTACH while another process unlinks the name: a name gone between the create
+ * that found it and the attach, or an unfinished object unlinked while the attach waited on
+ * it, is looked up again and created (both were FLAME_ERR_IO). */
+typedef struct opener {
+    flame_user_cache_params p;
+    atomic_int stop;
+    long opens, failures;
+    flame_status last;
+    char message[256];
+} opener;
+
+static void *open_loop(void *arg)
+{
+    opener *o = arg;
+    do {
+        flame_user_cache *c = NULL;
+        flame_status st = flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &o->p, &c);
+        if (st != FLAME_OK) {
+            o->failures++;
+            o->last = st;
+            snprintf(o->message, sizeof o->message, "%s", flame_last_error());
+        } else {
+            o->opens++;
+        }
+        flame_user_cache_destroy(c);
+    } while (!atomic_load(&o->stop));
+    return NULL;
+}
+
+static void test_create_or_attach_while_unlinked(void **state)
+{
+    opener o[2] = {{.p = params(64, 1, 4, 0)}, {.p = params(64, 1, 4, 0)}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, open_loop, &o[i]);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long unlinks = 0;
+    while (seconds_since(&t0) < 1.0) unlinks += flame_user_cache_unlink(name) == FLAME_OK;
+    for (int i = 0; i < 2; i++) atomic_store(&o[i].stop, 1);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    fprintf(stderr, "# %ld + %ld opens, %ld unlinks\n", o[0].opens, o[1].opens, unlinks);
+    for (int i = 0; i < 2; i++) {
+        if (o[i].failures) fail_msg("%ld failed opens, the last %s: %s", o[i].failures,
+                                    flame_status_string(o[i].last), o[i].message);
+        assert_true(o[i].opens > 10);
+    }
+    assert_true(unlinks > 10);
+
+    /* an unfinished object (its creator was killed) unlinked while an attach waits on it */
+    flame_user_cache_params p = params(100, 1, 8, 0);
+    flame_user_cache_unlink(name); /* (an opener above may have left it) */
+    pid_t pid = fork_creator(&p, stop_self);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(status));
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    opener late = {.p = p};
+    atomic_store(&late.stop, 1); /* one open */
+    pthread_create(&t[0], NULL, open_loop, &late);
+    nanosleep(&(struct timespec){0, 200 * 1000 * 1000}, NULL);
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    pthread_join(t[0], NULL);
+    if (late.failures) fail_msg("%s: %s", flame_status_string(late.last), late.message);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_ATTACH, &p); /* the table it created */
+    flame_user_cache_destroy(c);
+}
+
 /* ---- a writer killed inside a write */
 static void test_writer_killed_mid_write(void **state)
 {
@@ -963,6 +1031,7 @@ int main(void)
         T(test_attach_waits_for_a_live_creator),
         T(test_creator_killed_inside_the_creation),
         T(test_other_layout_without_ready),
+        T(test_create_or_attach_while_unlinked),
         T(test_writer_killed_mid_write),
         T(test_no_torn_reads_threads),
         T(test_no_torn_reads_processes),

@@ -240,7 +240,8 @@ typedef struct flame_user_features {
 typedef enum flame_user_cache_open_mode {
     FLAME_USER_CACHE_CREATE = 0,           /* create; FLAME_ERR_IO if the name exists */
     FLAME_USER_CACHE_ATTACH = 1,           /* attach to an existing table; params may be NULL */
-    FLAME_USER_CACHE_CREATE_OR_ATTACH = 2  /* attach if it exists, else create */
+    FLAME_USER_CACHE_CREATE_OR_ATTACH = 2  /* attach if it exists, else create (also when another
+                                            * process unlinks the name meanwhile) */
 } flame_user_cache_open_mode;
 
 /*

@@ -237,10 +237,19 @@ static flame_status unfinished(const flame_user_cache *c, const struct stat *sb)
                     (long long)sb->st_size);
 }
 
-static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p)
+/* Why an attach failed that open() may retry: the name was absent, or its object was unlinked
+ * before it became ready with no creator left to finish it. */
+typedef enum { ATTACH_FAILED, ATTACH_ABSENT, ATTACH_UNLINKED } attach_failure;
+
+/* On failure nothing stays mapped, and *why says whether the name may be looked up again. */
+static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p, attach_failure *why)
 {
+    *why = ATTACH_FAILED;
     int fd = shm_open(c->name, O_RDWR, 0);
-    if (fd < 0) return fl_error(FLAME_ERR_IO, "cannot attach shm '%s': %s", c->name, strerror(errno));
+    if (fd < 0) {
+        if (errno == ENOENT) *why = ATTACH_ABSENT;
+        return fl_error(FLAME_ERR_IO, "cannot attach shm '%s': %s", c->name, strerror(errno));
+    }
     /* wait for the creator as long as it lives and holds its lock, then 1 s more: a creator
      * takes the lock an instant after it makes the object */
     struct stat sb = {0};
@@ -254,6 +263,11 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
             if (!c->base && (st = map(c, fd, (size_t)sb.st_size)) != FLAME_OK) break;
             if (atomic_load_explicit(&c->hdr->ready, memory_order_acquire) == FL_UC_READY) break;
         }
+        if (idle && sb.st_nlink == 0) { /* a creator that failed unlinks its object */
+            *why = ATTACH_UNLINKED;
+            st = fl_error(FLAME_ERR_IO, "shm '%s' was removed before its creator finished it", c->name);
+            break;
+        }
         if (idle == 100) {
             st = unfinished(c, &sb);
             break;
@@ -261,10 +275,15 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
     }
     if (st == FLAME_OK) st = check_header(c, p, c->bytes);
-    if (st == FLAME_OK)
+    if (st == FLAME_OK) {
         c->fd = fd;
-    else
-        close(fd);
+        return FLAME_OK;
+    }
+    close(fd);
+    if (c->base) munmap(c->base, c->bytes);
+    c->base = NULL;
+    c->hdr = NULL;
+    c->bytes = 0;
     return st;
 }
 
@@ -296,15 +315,24 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
     atomic_init(&c->refs, 1);
     c->fd = -1;
     snprintf(c->name, sizeof c->name, "%s", name);
-    int exists = 0;
-    if (open_mode == FLAME_USER_CACHE_ATTACH) {
-        st = attach(c, params ? &p : NULL);
-    } else {
-        st = create(c, &p, &exists);
-        if (st != FLAME_OK && exists && open_mode == FLAME_USER_CACHE_CREATE_OR_ATTACH) {
-            fl_clear_error();
-            st = attach(c, &p);
+    /* The name can be unlinked between a create finding it and the attach that follows, or
+     * before the object it named was finished: then it is looked up again (CREATE_OR_ATTACH
+     * creates it). Bounded, so that a process unlinking the name in a loop cannot hold us. */
+    for (int round = 0;; round++) {
+        int exists = 0;
+        attach_failure why = ATTACH_FAILED;
+        if (open_mode == FLAME_USER_CACHE_ATTACH) {
+            st = attach(c, params ? &p : NULL, &why);
+            if (why == ATTACH_ABSENT) break; /* (ATTACH does not create) */
+        } else {
+            st = create(c, &p, &exists);
+            if (st != FLAME_OK && exists && open_mode == FLAME_USER_CACHE_CREATE_OR_ATTACH) {
+                fl_clear_error();
+                st = attach(c, &p, &why);
+            }
         }
+        if (st == FLAME_OK || why == ATTACH_FAILED || round == 100) break;
+        fl_clear_error();
     }
     if (st != FLAME_OK) {
         flame_user_cache_destroy(c);
