@@ -844,6 +844,17 @@ static void test_argument_errors(void **state)
     assert_status_msg(flame_user_cache_open("noslash", FLAME_USER_CACHE_CREATE, &p, &c), FLAME_ERR_INVALID_ARG,
                       "shm name 'noslash' is invalid");
     assert_status_msg(flame_user_cache_open("/a/b", FLAME_USER_CACHE_CREATE, &p, &c), FLAME_ERR_INVALID_ARG, "/a/b");
+    /* the shm directory and its parent are no objects (they were FLAME_ERR_IO) */
+    assert_status_msg(flame_user_cache_open("/.", FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &c), FLAME_ERR_INVALID_ARG,
+                      "shm name '/.' is invalid: '.' and '..' are no object names");
+    assert_status_msg(flame_user_cache_open("/..", FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_INVALID_ARG, "'/..'");
+    assert_status_msg(flame_user_cache_unlink("/."), FLAME_ERR_INVALID_ARG, "'/.'");
+    char longest[300] = "/", too_long[300] = "/";
+    memset(longest + 1, 'x', 250);
+    memset(too_long + 1, 'x', 251);
+    assert_status_msg(flame_user_cache_open(too_long, FLAME_USER_CACHE_CREATE, &p, &c), FLAME_ERR_INVALID_ARG,
+                      "longer than '/' then 250 characters");
+    assert_status_msg(flame_user_cache_unlink(longest), FLAME_ERR_IO, "No such file");
     assert_status_msg(flame_user_cache_open(name, 7, &p, &c), FLAME_ERR_INVALID_ARG, "open_mode 7");
     flame_user_cache_params bad = p;
     bad.num_slots = 65;

@@ -256,7 +256,8 @@ typedef enum flame_user_cache_open_mode {
  * full /dev/shm fails here with FLAME_ERR_NOMEM instead of SIGBUS later.
  *
  * Parameters:
- *   name       a POSIX shm name: "/" then 1..250 characters without "/"; copied.
+ *   name       a POSIX shm name: "/" then 1..250 characters without "/", not "/." or "/..";
+ *              copied.
  *   open_mode  a flame_user_cache_open_mode.
  *   params     read by the struct_size rule (a field left 0 takes its default); NULL = the
  *              defaults (FLAME_USER_CACHE_CREATE_OR_ATTACH then attaches only a table of

@@ -16,10 +16,16 @@
 static flame_status check_name(const char *name)
 {
     if (!name) return fl_error(FLAME_ERR_INVALID_ARG, "name is NULL");
-    size_t n = strlen(name);
-    if (n < 2 || n > 251 || name[0] != '/' || strchr(name + 1, '/'))
+    size_t n = strnlen(name, 252); /* (no need to read further to refuse it) */
+    if (n > 251)
+        return fl_error(FLAME_ERR_INVALID_ARG, "shm name '%.40s...' is invalid: longer than '/' then 250 characters",
+                        name);
+    if (n < 2 || name[0] != '/' || strchr(name + 1, '/'))
         return fl_error(FLAME_ERR_INVALID_ARG,
                         "shm name '%s' is invalid: expected '/' then 1..250 characters without '/'", name);
+    /* "/." and "/.." name the shm directory and its parent, never an object */
+    if (!strcmp(name, "/.") || !strcmp(name, "/.."))
+        return fl_error(FLAME_ERR_INVALID_ARG, "shm name '%s' is invalid: '.' and '..' are no object names", name);
     return FLAME_OK;
 }
 
