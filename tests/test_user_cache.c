@@ -881,6 +881,32 @@ static void test_argument_errors(void **state)
     assert_int_equal(f.num_ids, 4);
     assert_int_equal(found, 1);
     assert_status_msg(flame_user_cache_get(c, 9, NULL, &found), FLAME_ERR_INVALID_ARG, "features is NULL");
+    /* the struct that get refused for small buffers, put back: it holds the counts needed, its
+     * arrays only their capacities (put read past them) */
+    int64_t *few = malloc(2 * sizeof *few);
+    float *one = malloc(sizeof *one);
+    f = (flame_user_features){.struct_size = sizeof f, .ids = few, .ids_capacity = 2, .slot_lens = out.lens,
+                              .dense = one, .dense_capacity = 1};
+    assert_status_msg(flame_user_cache_get(c, 9, &f, &found), FLAME_ERR_BUFFER_TOO_SMALL, "4 ids");
+    assert_int_equal(f.num_ids, 4);
+    assert_status_msg(flame_user_cache_put(c, 10, &f), FLAME_ERR_INVALID_ARG,
+                      "user 10: num_ids 4 is above features->ids_capacity 2");
+    f.num_ids = 2;
+    out.lens[0] = 1, out.lens[1] = 1;
+    assert_int_equal(flame_user_cache_put(c, 10, &f), FLAME_OK);
+    flame_user_cache_destroy(c);
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    p = params(100, 1, 4, 4); /* dense values: a table that holds more than the struct's array */
+    c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    f.num_ids = 0;
+    out.lens[0] = 0;
+    f.num_dense = 3;
+    assert_status_msg(flame_user_cache_put(c, 10, &f), FLAME_ERR_INVALID_ARG,
+                      "user 10: num_dense 3 is above features->dense_capacity 1");
+    f.num_dense = 1;
+    assert_int_equal(flame_user_cache_put(c, 10, &f), FLAME_OK);
+    free(few);
+    free(one);
     flame_user_cache_destroy(c);
 }
 

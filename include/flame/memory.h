@@ -222,9 +222,10 @@ typedef struct flame_user_cache_params {
 } flame_user_cache_params;
 
 /* One user's features. For put, the fields are read: ids[0..num_ids), slot_lens[0..num_slots)
- * (summing to num_ids), dense[0..num_dense). For get, the pointed-to arrays are written:
- * at most ids_capacity ids and dense_capacity floats, all num_slots slot lengths, and num_ids,
- * num_dense and age_us are set. */
+ * (summing to num_ids), dense[0..num_dense); a non-zero ids_capacity or dense_capacity bounds
+ * num_ids or num_dense (a struct filled by a get may be put back). For get, the pointed-to
+ * arrays are written: at most ids_capacity ids and dense_capacity floats, all num_slots slot
+ * lengths, and num_ids, num_dense and age_us are set. */
 typedef struct flame_user_features {
     size_t struct_size;        /* sizeof(flame_user_features) */
     int64_t *ids;              /* the slots' ids, slot after slot */
@@ -232,8 +233,8 @@ typedef struct flame_user_features {
     uint32_t *slot_lens;       /* [num_slots] */
     float *dense;
     size_t num_dense;
-    size_t ids_capacity;       /* get only */
-    size_t dense_capacity;     /* get only */
+    size_t ids_capacity;       /* get; put: when non-zero, bounds num_ids */
+    size_t dense_capacity;     /* get; put: when non-zero, bounds num_dense */
     int64_t age_us;            /* get only: microseconds since the record was written */
 } flame_user_features;
 
@@ -314,7 +315,8 @@ FLAME_API flame_status flame_user_cache_unlink(const char *name);
  * Thread-safety: thread- and process-safe.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL cache or features, struct_size outside
  *   8..4096, NULL slot_lens, NULL arrays with non-zero counts, num_ids > max_ids, num_dense >
- *   max_dense, slot_lens not summing to num_ids: the message names the value and the limit);
+ *   max_dense, num_ids or num_dense above a non-zero ids_capacity or dense_capacity,
+ *   slot_lens not summing to num_ids: the message names the value and the limit);
  *   FLAME_ERR_IO (another process truncated the shared object or overwrote a bucket lock:
  *   docs/memory.md, "Another process of the same user"). On failure the record is unchanged.
  */

@@ -74,6 +74,14 @@ static flame_status put(flame_user_cache *c, int64_t user, const flame_user_feat
     if ((f->num_ids && !f->ids) || (f->num_dense && !f->dense))
         return fl_error(FLAME_ERR_INVALID_ARG, "user %lld: features->%s is NULL with a non-zero count",
                         (long long)user, f->num_ids && !f->ids ? "ids" : "dense");
+    /* a struct a get filled (its capacities set) put back after FLAME_ERR_BUFFER_TOO_SMALL
+     * holds the counts needed, not those its arrays hold: reading them overran the arrays */
+    if (f->ids_capacity && f->num_ids > f->ids_capacity)
+        return fl_error(FLAME_ERR_INVALID_ARG, "user %lld: num_ids %zu is above features->ids_capacity %zu",
+                        (long long)user, f->num_ids, f->ids_capacity);
+    if (f->dense_capacity && f->num_dense > f->dense_capacity)
+        return fl_error(FLAME_ERR_INVALID_ARG, "user %lld: num_dense %zu is above features->dense_capacity %zu",
+                        (long long)user, f->num_dense, f->dense_capacity);
     uint64_t sum = 0;
     for (uint32_t s = 0; s < h->num_slots; s++) sum += f->slot_lens[s];
     if (sum != f->num_ids)
