@@ -4,6 +4,7 @@
 #include <numa.h>
 #include <numaif.h>
 #include <pthread.h>
+#include <sys/mman.h>
 
 #include "testutil.h"
 #include "mem/numa.h"
@@ -119,6 +120,87 @@ static void test_libnuma_path_on_node0(void **state)
     assert_int_equal(ok, 1);
 }
 
+static char warned[512];
+static void capture(flame_log_level level, const char *message, void *user)
+{
+    if (level == FLAME_LOG_WARN) snprintf(warned, sizeof warned, "%s", message);
+}
+
+/* 1 if [p, p + bytes) is mapped (mincore fails with ENOMEM on a hole). */
+static int mapped(void *p, size_t bytes)
+{
+    unsigned char v[16];
+    return mincore(p, bytes, v) == 0;
+}
+
+/* A second free, a foreign pointer or a wrong size never unmaps memory that is not the
+ * allocation's: munmap took any address, so a second free unmapped whatever was mapped there
+ * since (here a mapping of the caller's own: a crash on its next write). */
+static void test_bad_frees(void **state)
+{
+    (void)state;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    assert_int_equal(flame_set_log_callback(capture, NULL, FLAME_LOG_WARN), FLAME_OK);
+    void *p = NULL;
+    assert_int_equal(flame_numa_alloc(4 * page, FLAME_NUMA_NODE_LOCAL, &p), FLAME_OK);
+    flame_numa_free(p, 4 * page);
+    assert_false(mapped(p, page));
+    /* the caller maps something at the same address (MAP_FIXED_NOREPLACE: it is free) */
+    unsigned char *mine = mmap(p, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                               -1, 0);
+    assert_ptr_equal(mine, p);
+    warned[0] = '\0';
+    flame_numa_free(p, 4 * page);
+    assert_true(mapped(mine, 4 * page));
+    memset(mine, 7, 4 * page);
+    char want[96];
+    snprintf(want, sizeof want, "flame_numa_free(%p, %zu): not an allocation of flame_numa_alloc", p, 4 * page);
+    assert_non_null(strstr(warned, want));
+    /* inside an allocation, or an address never handed out */
+    unsigned char *q = NULL;
+    assert_int_equal(flame_numa_alloc(3 * page, 0, (void **)&q), FLAME_OK);
+    flame_numa_free(q + page, page);
+    assert_true(mapped(q, 3 * page));
+    flame_numa_free(mine + page, page);
+    assert_true(mapped(mine, 4 * page));
+    munmap(mine, 4 * page);
+    /* the wrong size unmaps the allocation, all of it and nothing else */
+    warned[0] = '\0';
+    flame_numa_free(q, page);
+    assert_false(mapped(q, page));
+    assert_false(mapped(q + 2 * page, page));
+    snprintf(want, sizeof want, "flame_numa_free(%p, %zu): allocated with %zu bytes", (void *)q, page, 3 * page);
+    assert_non_null(strstr(warned, want));
+    assert_int_equal(flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR), FLAME_OK);
+}
+
+/* Threads allocating and freeing at once: every allocation is freed, whole, once. */
+static void *alloc_free_loop(void *arg)
+{
+    long *bad = arg;
+    for (int i = 0; i < 2000; i++) {
+        size_t bytes = 4096 * (size_t)(1 + i % 5);
+        unsigned char *p = NULL;
+        if (flame_numa_alloc(bytes, FLAME_NUMA_NODE_LOCAL, (void **)&p) != FLAME_OK) {
+            ++*bad;
+            continue;
+        }
+        p[0] = 1, p[bytes - 1] = 2;
+        flame_numa_free(p, bytes);
+    }
+    return NULL;
+}
+
+static void test_concurrent_alloc_free(void **state)
+{
+    (void)state;
+    pthread_t t[4];
+    long bad[4] = {0};
+    for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, alloc_free_loop, &bad[i]);
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 4; i++) assert_int_equal(bad[i], 0);
+}
+
 static void test_argument_errors(void **state)
 {
     (void)state;
@@ -139,6 +221,8 @@ int main(void)
         cmocka_unit_test_teardown(test_fallback_no_numa, reset_mode),
         cmocka_unit_test_teardown(test_fallback_one_node, reset_mode),
         cmocka_unit_test_teardown(test_libnuma_path_on_node0, reset_mode),
+        cmocka_unit_test_teardown(test_bad_frees, reset_mode),
+        cmocka_unit_test_teardown(test_concurrent_alloc_free, reset_mode),
         cmocka_unit_test_teardown(test_argument_errors, reset_mode),
     };
     return cmocka_run_group_tests_name("numa", tests, NULL, NULL);

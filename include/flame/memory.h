@@ -70,6 +70,11 @@ FLAME_API flame_status flame_numa_alloc(size_t bytes, int32_t node, void **out);
 /*
  * flame_numa_free: unmaps memory from flame_numa_alloc.
  *
+ * The library keeps the allocations it handed out: a pointer that is none of them (foreign,
+ * or freed already) is left alone, and bytes other than the allocation's still unmap the
+ * whole allocation; both write a FLAME_LOG_WARN line naming the pointer and the sizes. (A
+ * pointer freed and handed out again by flame_numa_alloc is the new allocation.)
+ *
  * Parameters:
  *   ptr      what flame_numa_alloc gave; NULL is a no-op.
  *   bytes    the size asked for at allocation.
