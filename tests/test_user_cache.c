@@ -784,10 +784,15 @@ static void test_hostile_records_are_misses(void **state)
     assert_int_equal(flame_user_cache_get(c, 5, &f, &found), FLAME_OK);
     assert_int_equal(found, 1);
     assert_int_equal(f.age_us, 0);
-    /* a put over the odd-seq record and with expired neighbours still works */
+    /* a put over the odd-seq record and with expired neighbours still works, and heals the
+     * record: its seq is even again (the write turned it even while it was inside, and odd
+     * after, so the new record read as a miss and a reader could take a half-written one) */
     make_rec(&in, 3, 6, 2, 8, 2);
     assert_int_equal(flame_user_cache_put(c, 3, &in.f), FLAME_OK);
     assert_int_equal(get_found(c, 6, &out, FLAME_OK), 1);
+    assert_int_equal(get_found(c, 3, &out, FLAME_OK), 1);
+    assert_int_equal(record_of(c, &h, 3)[FL_UC_SEQ] % 2, 0);
+    assert_int_equal(stats_of(c).corrupt, 3);
     /* an older caller's stats struct (without `corrupt`) is still filled */
     flame_user_cache_stats old = {.struct_size = offsetof(flame_user_cache_stats, corrupt), .corrupt = 77};
     assert_int_equal(flame_user_cache_get_stats(c, &old), FLAME_OK);

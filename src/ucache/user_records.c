@@ -60,7 +60,10 @@ void fl_uc_write(flame_user_cache *c, fl_uc_bucket *b, unsigned way, int64_t use
 {
     const fl_uc_layout *h = &c->lay;
     _Atomic uint64_t *r = fl_uc_record(c, b, way);
-    uint64_t seq = ld(&r[FL_UC_SEQ]);
+    /* odd inside the write, even after it, whatever the seq was: under the lock only another
+     * process overwriting the table leaves it odd, and counting on from there made the seq even
+     * during this write (readers could take a half-written record) and odd after it */
+    uint64_t seq = ld(&r[FL_UC_SEQ]) & ~1ull;
     st(&r[FL_UC_SEQ], seq + 1);
     atomic_thread_fence(memory_order_release); /* the odd seq is visible before any new word */
     atomic_store_explicit(&b->hint[way], f ? user : FL_UC_NO_KEY, memory_order_relaxed);
