@@ -165,8 +165,10 @@ class Engine(Handle):
 
     # ------------------------------------------------------------ lifetime
 
-    def _request(self, r: Request, keep: List[Any], where: str = "") -> _Request:
-        """A C request over the arrays of `r`; `keep` holds what must outlive the call."""
+    def _request(self, r: Request, keep: List[Any], where: str = "", private: bool = False) -> _Request:
+        """A C request over the arrays of `r`; `keep` holds what must outlive the call.
+        private: over copies of them (the library reads them after the call returns, and the
+        caller's arrays are passed by pointer when they can be)."""
         if r.from_user_cache:
             if r.history is not None or r.history_side is not None:
                 raise ShapeError(f"{where}from_user_cache is set: the history comes from the user cache, so history "
@@ -188,6 +190,9 @@ class Engine(Handle):
             _arrays.bags(r.history_side, h.size, k, where + "history_side")
         cs = [] if (r.candidate_side is None and (self.head == "dot" or cached)) else \
             _arrays.bags(r.candidate_side, c.size, k, where + "candidate_side")
+        if private:
+            h, c = h.copy(), c.copy()
+            hs, cs = ([(o.copy(), i.copy()) for o, i in bags] for bags in (hs, cs))
         keep += [h, c]
         sides = []
         for bags in (hs, cs):

@@ -83,10 +83,11 @@ class Scheduler(Handle):
         # the scheduler, so dropping the scheduler frees it at once (no reference cycle)
         self._done = DONE_FN(_completer(self._pending, self._lock))
 
-    def _prepare(self, history, candidates, history_side, candidate_side, user_id, from_user_cache, out):
+    def _prepare(self, history, candidates, history_side, candidate_side, user_id, from_user_cache, out,
+                 private=False):
         keep: List[Any] = []
         req = self.engine._request(Request(history, candidates, history_side, candidate_side, user_id,
-                                           from_user_cache), keep)
+                                           from_user_cache), keep, private=private)
         keep.append(req)
         return req, keep, _arrays.scores_out(out, req.num_candidates, self.engine.num_tasks)
 
@@ -108,7 +109,9 @@ class Scheduler(Handle):
         """Queues the request and returns a Future of its float32 [num_candidates, num_tasks]
         scores (its exception is the FlameError of a failed request). Raises at once, with
         nothing queued, for bad shapes or dtypes, a full queue (UnavailableError) or a
-        closed scheduler. The Future completes on a scheduler worker, so callbacks added with
+        closed scheduler. The ids and bags are copied: changing the arrays after submit returns
+        does not change the request (`out`, when given, is written when the Future completes).
+        The Future completes on a scheduler worker, so callbacks added with
         add_done_callback run there: they may submit, but score() from them is refused (it
         would wait for the worker it runs on).
         priority: Scheduler.PRIORITY_LOW (-1), _NORMAL (0) or _HIGH (1). timeout_us (relative)
@@ -119,8 +122,10 @@ class Scheduler(Handle):
         priority = _arrays.c_int(priority, "priority", 32)
         timeout_us = _arrays.c_int(timeout_us, "timeout_us", 64)
         deadline_us = _arrays.c_int(deadline_us, "deadline_us", 64, signed=False)
+        # the request is scored after submit returns: over copies, so that the caller may reuse
+        # its arrays at once (the library reads them until done)
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
-                                       out)
+                                       out, private=True)
         opts = new(SubmitOptions)
         opts.priority, opts.timeout_us, opts.deadline_us = priority, timeout_us, deadline_us
         fut: "Future[np.ndarray]" = Future()

@@ -224,3 +224,24 @@ def test_priorities_deadlines_and_cancel(engine):
             s.submit(*reqs[1], priority=5)
         with pytest.raises(flame.InvalidArgumentError, match="was never given"):
             s.cancel(10**6)
+
+
+def test_submit_reads_copies_of_the_arrays(engine):
+    """The arrays of a submitted request are copied: a caller refilling the same buffers for
+    each submit (ids, bag offsets and bag ids) gets every request's own scores, not those of
+    what the buffers hold when the batch is scored."""
+    cfg, e = engine
+    rng = np.random.default_rng(11)
+    h, c = np.empty(5, np.int64), np.empty(8, np.int64)
+    hs = [(np.empty(6, np.int64), np.empty(5, np.int64)) for _ in range(2)]  # slots cat (7 rows), tag (13)
+    cs = [(np.empty(9, np.int64), np.empty(8, np.int64)) for _ in range(2)]
+    futs = []
+    with flame.Scheduler(e, [(8, 32)], max_wait_us=1_000_000) as s:
+        for k in range(4):
+            h[:], c[:] = rng.integers(0, 40, h.size), rng.integers(0, 40, c.size)
+            for (off, ids), rows in zip(hs + cs, (7, 13, 7, 13)):
+                ids[:] = rng.integers(0, rows, ids.size)
+                off[:] = np.arange(off.size) if k % 2 else np.r_[0, np.full(off.size - 1, ids.size)]
+            futs.append((s.submit(h, c, hs, cs), e.score(h, c, hs, cs)))
+    for f, want in futs:
+        assert lib.rel_err(f.result(timeout=30), want) < 1e-5
