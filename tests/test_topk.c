@@ -144,6 +144,16 @@ static void test_refusals_write_nothing(void **state)
                       "room for 31 entries, 4 request(s) x k 8 need 32");
     assert_status_msg(flame_score_batch_topk(e, f.req, 4, 8, 0, NULL, sc, 32), FLAME_ERR_INVALID_ARG, "NULL");
     assert_status_msg(flame_score_batch_topk(NULL, f.req, 4, 8, 0, ids, sc, 32), FLAME_ERR_INVALID_ARG, "engine is NULL");
+    /* outputs over a request's arrays: the selection would read ids it had overwritten */
+    int64_t keep[400];
+    memcpy(keep, f.cand1, sizeof keep);
+    assert_status_msg(flame_score_batch_topk(e, f.req, 4, 8, 0, f.cand1 + 100, sc, 32), FLAME_ERR_INVALID_ARG,
+                      "request 1: ids overlaps its candidates");
+    assert_status_msg(flame_score_batch_topk(e, f.req, 4, 8, 0, ids, (float *)f.hist[2], 32), FLAME_ERR_INVALID_ARG,
+                      "request 2: scores overlaps its history");
+    assert_status_msg(flame_score_batch_topk(e, f.req, 4, 8, 0, (int64_t *)&f.req[1], sc, 32), FLAME_ERR_INVALID_ARG,
+                      "ids overlaps the requests");
+    assert_memory_equal(keep, f.cand1, sizeof keep);
     f.cand1[17] = ITEMS; /* a bad id in request 1: flame_score_batch's refusal, nothing written */
     assert_status_msg(flame_score_batch_topk(e, f.req, 4, 8, 0, ids, sc, 32), FLAME_ERR_INVALID_ARG,
                       "id 3000 out of range [0, 3000)");

@@ -605,7 +605,9 @@ typedef struct flame_request {
  *               as 0); borrowed, with every array it points to, for the call; not modified.
  *   scores      output, float32, row-major [num_candidates, num_tasks]:
  *               scores[c * num_tasks + t]; the caller's. Nothing beyond num_candidates *
- *               num_tasks is written, and on any error nothing at all.
+ *               num_tasks is written, and on any error nothing at all. Its num_candidates *
+ *               num_tasks floats share no byte with the request or an array it points to
+ *               (scores are written while they are still read).
  *   scores_len  capacity of scores in floats.
  * Thread-safety: thread-safe, concurrently with any other scoring call on the same engine
  *   (flame_engine_create).
@@ -619,7 +621,8 @@ typedef struct flame_request {
  *   1 with a history given, 1 on an engine with no user cache, kv_cache not 0 or 1, kv_cache
  *   1 on an engine without a KV cache (FLAME_OPT_KV_CACHE_BYTES 0), an item id of the user's cached
  *   history out of range (the message names the request, the user, the position in the
- *   record and the id), more than 2^31 - 1 tokens in one pass (lower FLAME_OPT_MAX_BATCH));
+ *   record and the id), more than 2^31 - 1 tokens in one pass (lower FLAME_OPT_MAX_BATCH),
+ *   scores overlapping the request or one of its arrays (the message names the array));
  *   FLAME_ERR_BUFFER_TOO_SMALL (scores_len < num_candidates * num_tasks: the message gives
  *   both); FLAME_ERR_NOMEM (scratch could not grow); with an item cache, its failures when a
  *   miss cannot be fetched (FLAME_ERR_UNAVAILABLE, FLAME_ERR_FORMAT); with a user cache,
@@ -653,7 +656,9 @@ FLAME_API flame_status flame_score(flame_engine *engine, const flame_request *re
  *   num_requests  0 is valid (nothing is written).
  *   scores        output, float32: the per-request blocks of flame_score concatenated in
  *                 request order (request r's block starts at the sum of num_candidates *
- *                 num_tasks of the requests before it); the caller's.
+ *                 num_tasks of the requests before it); the caller's; sharing no byte with
+ *                 any request or its arrays (a pass writes its scores before the next reads its
+ *                 requests).
  *   scores_len    capacity of scores in floats.
  * Thread-safety: thread-safe (flame_engine_create).
  * Returns: the statuses of flame_score; FLAME_ERR_INVALID_ARG also for NULL requests with
@@ -696,7 +701,9 @@ FLAME_API flame_status flame_score_batch(flame_engine *engine, const flame_reque
  * Returns: FLAME_OK; the statuses of flame_score_batch (nothing is written then);
  *   FLAME_ERR_INVALID_ARG for a NULL engine, k outside 1..FLAME_TOPK_MAX, task outside the
  *   model's tasks, NULL requests with num_requests > 0, NULL ids or scores (the message names
- *   the value); FLAME_ERR_BUFFER_TOO_SMALL when out_len < num_requests * k (names both);
+ *   the value), ids or scores overlapping a request or one of its arrays (the selection reads
+ *   the candidates while it writes them; the message names the request and the array);
+ *   FLAME_ERR_BUFFER_TOO_SMALL when out_len < num_requests * k (names both);
  *   FLAME_ERR_NOMEM when the scores do not fit in host memory (4 bytes a candidate and task).
  */
 FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_request *requests, size_t num_requests,

@@ -32,6 +32,30 @@ static void count(flame_engine *engine, const flame_request *reqs, size_t num_re
     if (uc_misses) atomic_fetch_add(&engine->user_cache_misses, uc_misses);
 }
 
+/* The call's outputs share no byte with the requests or the arrays they point to: scores are
+ * written pass by pass, so a later pass would read validated ids overwritten by scores. */
+static flame_status outputs_apart(const flame_request *requests, const flame_request *reqs, size_t num_requests,
+                                  size_t stride, const float *scores, uint64_t total, const fl_topk_spec *topk)
+{
+    fl_out_range outs[2] = {{scores, (size_t)total * sizeof(float), "scores"}};
+    int num_outs = 1;
+    if (topk) {
+        const size_t n = num_requests * topk->k; /* (flame_score_batch_topk checked the product) */
+        outs[0] = (fl_out_range){topk->ids, n * sizeof(int64_t), "ids"};
+        outs[1] = (fl_out_range){topk->scores, n * sizeof(float), "scores"};
+        num_outs = 2;
+    }
+    for (int o = 0; o < num_outs; o++)
+        if (fl_ranges_overlap(outs[o].p, outs[o].bytes, requests, num_requests * stride))
+            return fl_error(FLAME_ERR_INVALID_ARG, "%s overlaps the requests (the library writes %s while it still "
+                            "reads them)", outs[o].name, outs[o].name);
+    for (size_t r = 0; r < num_requests; r++) {
+        flame_status st = fl_check_outputs_apart(&reqs[r], r, outs, num_outs);
+        if (st) return st;
+    }
+    return FLAME_OK;
+}
+
 /* `stride`: bytes between the caller's requests (their struct's size). `topk` (backends with
  * a score_topk only; NULL otherwise): each request's k best candidates into topk->ids/scores instead of
  * every score into `scores`. */
@@ -74,6 +98,7 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
         st = fl_error(FLAME_ERR_BUFFER_TOO_SMALL, "scores has room for %zu floats, %zu request(s) need %llu",
                       scores_len, num_requests, (unsigned long long)total);
     if (!st && !topk && total && !scores) st = fl_error(FLAME_ERR_INVALID_ARG, "scores is NULL");
+    if (!st && (total || topk)) st = outputs_apart(requests, reqs, num_requests, stride, scores, total, topk);
     if (!st && resolve) { /* side features of id-only requests, from the cache */
         if (!ws) ws = fl_workspace_acquire(engine);
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");

@@ -118,6 +118,17 @@ flame_status fl_validate_resolved(const struct flame_model *m, const flame_reque
  * it: for callers that cut bags before validation (the scheduler's split requests). */
 flame_status fl_check_side_bags(const struct flame_model *m, size_t r, const char *what, const flame_bags *side,
                                 size_t n);
+/* An output of a call: the caller's bytes [p, p + bytes), named in messages. */
+typedef struct fl_out_range {
+    const void *p;
+    size_t bytes;
+    const char *name;
+} fl_out_range;
+/* After validation: FLAME_ERR_INVALID_ARG when an output shares a byte with an array request q
+ * (index r) has the library read (history, candidates, their side bags, each bag's offsets
+ * and ids). Outputs are written pass by pass and read requests are read again later (the
+ * next pass, top-k's ids), so an id overwritten by a score's bits would be used unchecked. */
+flame_status fl_check_outputs_apart(const flame_request *q, size_t r, const fl_out_range *outs, int num_outs);
 /* Candidates of one request at most (GEMM dimensions go to CBLAS as 32-bit ints). */
 #define FL_MAX_CANDIDATES (1 << 24)
 

@@ -193,6 +193,41 @@ flame_status fl_validate_resolved(const struct flame_model *m, const flame_reque
     return FLAME_OK;
 }
 
+/* The outputs against one array of a request (what: "history", "candidate side bags", ...). */
+static flame_status apart(const fl_out_range *outs, int num_outs, size_t r, const void *p, size_t bytes,
+                          const char *what, int slot)
+{
+    for (int o = 0; o < num_outs; o++)
+        if (fl_ranges_overlap(outs[o].p, outs[o].bytes, p, bytes)) {
+            char name[64];
+            if (slot < 0) snprintf(name, sizeof name, "%s", what);
+            else snprintf(name, sizeof name, "%s of slot %d", what, slot);
+            return BAD("request %zu: %s overlaps its %s (the library writes %s while it still reads requests)", r,
+                       outs[o].name, name, outs[o].name);
+        }
+    return FLAME_OK;
+}
+
+flame_status fl_check_outputs_apart(const flame_request *q, size_t r, const fl_out_range *outs, int num_outs)
+{
+    flame_status st = apart(outs, num_outs, r, q->history, q->history_len * sizeof(int64_t), "history", -1);
+    if (!st) st = apart(outs, num_outs, r, q->candidates, q->num_candidates * sizeof(int64_t), "candidates", -1);
+    const flame_bags *sides[2] = {q->history_side, q->candidate_side};
+    const size_t tokens[2] = {q->history_len, q->num_candidates};
+    const char *names[2][3] = {{"history_side bags", "history_side offsets", "history_side ids"},
+                               {"candidate_side bags", "candidate_side offsets", "candidate_side ids"}};
+    for (int w = 0; w < 2 && !st; w++) {
+        const flame_bags *side = sides[w];
+        if (!side) continue;
+        st = apart(outs, num_outs, r, side, q->num_side_features * sizeof *side, names[w][0], -1);
+        for (size_t s = 0; s < q->num_side_features && !st && tokens[w]; s++) { /* no tokens: nothing is read */
+            st = apart(outs, num_outs, r, side[s].offsets, (tokens[w] + 1) * sizeof(int64_t), names[w][1], (int)s);
+            if (!st) st = apart(outs, num_outs, r, side[s].ids, side[s].num_ids * sizeof(int64_t), names[w][2], (int)s);
+        }
+    }
+    return st;
+}
+
 typedef struct val_job {
     const struct flame_model *m;
     const flame_request *reqs;

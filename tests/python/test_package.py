@@ -137,6 +137,34 @@ def test_wrong_shape_is_rejected_before_c(dot_engine, side_engine):
         e.score_batch([(h, c, hs, cs), (h, np.ones((1, 2), np.int64), hs, cs)])
 
 
+def test_out_sharing_memory_with_the_ids_is_refused(side_engine):
+    """Scores are written pass by pass (max_batch requests each) while later passes still read
+    their ids: an out over the ids of a later request had it scored with a score's bits as an
+    item id (a crash), and one over a request's own arrays is refused the same way."""
+    cfg = side_engine[0]
+    rng = np.random.default_rng(4)
+    r0, r1 = (lib.random_request(cfg, rng, 3, 4) for _ in range(2))
+    m = flame.Model.random(cfg)
+    with flame.Engine(m, max_batch=1) as e:
+        want = [s.copy() for s in e.score_batch([r0, r1])]
+        buf = np.zeros(12, np.int64)  # request 1's candidates, then room: out covers them
+        c1 = buf[:4]
+        c1[:] = r1[1]
+        out = buf.view(np.float32)[:24].reshape(8, 3)
+        with pytest.raises(flame.InvalidArgumentError, match="request 1: scores overlaps its candidates"):
+            e.score_batch([r0, (r1[0], c1, r1[2], r1[3])], out=out)
+        assert np.array_equal(c1, r1[1])  # nothing written
+        ids = r1[3][1][1]  # candidate_side slot 1's ids
+        assert ids.size
+        ids64 = np.zeros(ids.size + 6, np.int64)
+        ids64[:ids.size] = ids
+        with pytest.raises(flame.InvalidArgumentError, match="request 0: scores overlaps its candidate_side ids of slot 1"):
+            e.score(r1[0], r1[1], r1[2], [r1[3][0], (r1[3][1][0], ids64[:ids.size])],
+                    out=ids64.view(np.float32)[:12].reshape(4, 3))
+        got = e.score_batch([r0, r1])
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
 def test_values_are_checked_by_the_library(side_engine):
     cfg, _, e = side_engine
     h, c, hs, cs = lib.random_request(cfg, np.random.default_rng(0), 3, 2)
