@@ -8,6 +8,7 @@ reads contiguous, aligned ids).
 """
 from __future__ import annotations
 
+import os
 from collections import abc
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -64,6 +65,28 @@ def dense(value: Any, name: str = "dense") -> np.ndarray:
     if d.ndim != 1:
         raise ShapeError(f"{name} must be 1-D, got shape {d.shape}")
     return d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
+
+
+def c_str(value: Any, name: str) -> bytes:
+    """A string as the NUL-terminated bytes C reads, refused when it holds a NUL (C would read
+    only what precedes it: "cpu\\x00cuda:1" would be "cpu")."""
+    if not isinstance(value, str):
+        raise DTypeError(f"{name} must be a string, got {type(value).__name__}")
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{name} {value!r} holds a NUL character")
+    return value.encode()
+
+
+def c_path(value: Any, name: str) -> bytes:
+    """A path (str, bytes or os.PathLike) as the bytes C opens, refused when it holds a NUL
+    (as open() refuses it: C would open what precedes it)."""
+    try:
+        b = os.fsencode(value)
+    except TypeError:
+        raise DTypeError(f"{name} must be a path (str, bytes or os.PathLike), got {type(value).__name__}") from None
+    if b"\x00" in b:
+        raise InvalidArgumentError(f"{name} {os.fsdecode(b)!r} holds a NUL character")
+    return b
 
 
 def c_int(value: Any, name: str, bits: int, signed: bool = True) -> int:

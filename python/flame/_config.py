@@ -9,7 +9,7 @@ from typing import Any, Dict, Mapping, Tuple
 import numpy as np
 
 from . import _lib
-from ._arrays import c_int
+from ._arrays import c_int, c_str
 from .errors import DTypeError
 
 Table = Mapping[str, Tuple[int, type]]
@@ -26,9 +26,7 @@ def build(table: Table, options: Dict[str, Any], what: str) -> C.c_void_p:
                 raise TypeError(f"unknown {what} option {key!r}; known: {sorted(table)}")
             opt, typ = table[key]
             if typ is str:
-                if not isinstance(value, str):
-                    raise DTypeError(f"option {key} must be a string, got {type(value).__name__}")
-                _lib.check(L.flame_config_set_string(cfg, opt, value.encode()))
+                _lib.check(L.flame_config_set_string(cfg, opt, c_str(value, f"option {key}")))
             elif typ is bool:
                 if not isinstance(value, (bool, np.bool_)):
                     raise DTypeError(f"option {key} must be True or False, got {type(value).__name__}")

@@ -204,7 +204,8 @@ class FeatureSource(Handle):
     def from_file(cls, path: Union[str, os.PathLike]) -> "FeatureSource":
         """A feature file (docs/features.md, "Feature file") read into memory; ids not in it
         are missing. Raises FlameIOError, FormatError (naming file:line)."""
-        return cls._make(lambda h: _lib.lib().flame_feature_source_create_file(os.fsencode(path), C.byref(h)))
+        p = _arrays.c_path(path, "path")
+        return cls._make(lambda h: _lib.lib().flame_feature_source_create_file(p, C.byref(h)))
 
     @classmethod
     def redis(cls, num_slots: int, *, host: str = "127.0.0.1", port: int = 6379, key_prefix: str = "flame:item:",
@@ -251,11 +252,8 @@ def _redis_options(num_slots, host, port, key_prefix, connect_timeout_ms, read_t
                 read_timeout_ms=read_timeout_ms, keys_per_command=keys_per_command, backoff_min_ms=backoff_min_ms,
                 backoff_max_ms=backoff_max_ms)
     ints = {k: _arrays.c_int(v, k, 32) for k, v in ints.items()}
-    for k, v in (("host", host), ("key_prefix", key_prefix)):
-        if not isinstance(v, str):
-            raise errors.DTypeError(f"{k} must be a string, got {type(v).__name__}")
     opts = new(RedisOptions)
-    opts.host, opts.key_prefix = host.encode(), key_prefix.encode()
+    opts.host, opts.key_prefix = _arrays.c_str(host, "host"), _arrays.c_str(key_prefix, "key_prefix")
     for k, v in ints.items():
         setattr(opts, k, int(v))
     return opts
@@ -271,8 +269,9 @@ def load_redis(path: Union[str, os.PathLike], num_slots: int, **redis: Any) -> i
         raise TypeError(f"unknown Redis option(s) {sorted(unknown)}; known: {sorted(defaults)}")
     defaults.update(redis)
     opts = _redis_options(num_slots, **defaults)
+    p = _arrays.c_path(path, "path")
     written = C.c_uint64()
-    _lib.check(_lib.lib().flame_redis_load_features(C.byref(opts), os.fsencode(path), C.byref(written)))
+    _lib.check(_lib.lib().flame_redis_load_features(C.byref(opts), p, C.byref(written)))
     return written.value
 
 

@@ -40,17 +40,17 @@ class Model(Handle):
 
     def __init__(self, path: Union[str, os.PathLike]):
         self._handle = C.c_void_p()
-        _lib.check(_lib.lib().flame_model_load(os.fsencode(path), C.byref(self._handle)))
+        _lib.check(_lib.lib().flame_model_load(_arrays.c_path(path, "path"), C.byref(self._handle)))
 
     @classmethod
     def random(cls, config: Union[str, Mapping[str, Any]], seed: int = 0) -> "Model":
         """A model of `config` (a flame.config dict or JSON text) with libflame's
         deterministic random weights (flame_model_create_random)."""
-        text = config if isinstance(config, str) else json.dumps(config)
+        text = _arrays.c_str(config if isinstance(config, str) else json.dumps(config), "config")
         seed = _arrays.c_int(seed, "seed", 64, signed=False)
         self = cls.__new__(cls)
         self._handle = C.c_void_p()
-        _lib.check(_lib.lib().flame_model_create_random(text.encode(), seed, C.byref(self._handle)))
+        _lib.check(_lib.lib().flame_model_create_random(text, seed, C.byref(self._handle)))
         return self
 
     @staticmethod

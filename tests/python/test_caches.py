@@ -638,3 +638,19 @@ def test_user_cache_names_with_nul_are_refused():
         flame.UserCache("/a\x00/etc")
     with pytest.raises(flame.InvalidArgumentError, match="NUL"):
         flame.UserCache.unlink("/a\x00b")
+
+
+def test_paths_and_redis_strings_with_nul_are_refused(tmp_path):
+    """C reads a string up to its first NUL: "items.features\\x00x" opened items.features and a
+    host "127.0.0.1\\x00x" connected to 127.0.0.1. A NUL is refused, naming the argument."""
+    good = tmp_path / "items.features"
+    good.write_text("flame-features 1 slots=1 dense=0\n4\t1\n")
+    with pytest.raises(flame.InvalidArgumentError, match=r"path '.*items.features\\x00x' holds a NUL"):
+        flame.FeatureSource.from_file(f"{good}\x00x")
+    with pytest.raises(flame.InvalidArgumentError, match="path .* holds a NUL"):
+        flame.load_redis(f"{good}\x00x", 1, port=1)
+    for key in ("host", "key_prefix"):
+        with pytest.raises(flame.InvalidArgumentError, match=f"{key} 'a\\\\x00b' holds a NUL"):
+            flame.FeatureSource.redis(1, port=1, **{key: "a\x00b"})
+    with pytest.raises(flame.DTypeError, match="path must be a path"):
+        flame.FeatureSource.from_file(17)

@@ -2,6 +2,7 @@
 and every error path: bad dtype, wrong shape, closed handles, library missing or of the
 wrong version, and each status code turned into its exception class."""
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -215,6 +216,24 @@ def test_engine_options(dot_engine):
     with pytest.raises((flame.NoDeviceError, flame.UnsupportedError)) as ei:
         flame.Engine(m, device="cuda:99")
     assert ei.value.status in (errors.ERR_NO_DEVICE, errors.ERR_UNSUPPORTED) and "cuda" in ei.value.message
+
+
+def test_strings_with_nul_are_refused(tmp_path):
+    """C reads a string up to its first NUL: device="cpu\\x00cuda:7" made a CPU engine and a
+    model path with a NUL inside loaded the file named by what precedes it."""
+    cfg = lib.CASES["iclrec_like"]
+    path = tmp_path / "m.safetensors"
+    reference.save(path, cfg, reference.random_model(cfg, 0))
+    with pytest.raises(flame.InvalidArgumentError, match=r"path '.*m.safetensors\\x00.bak' holds a NUL"):
+        flame.Model(f"{path}\x00.bak")
+    with pytest.raises(flame.InvalidArgumentError, match="config .* holds a NUL"):
+        flame.Model.random(json.dumps(cfg) + "\x00junk")
+    with flame.Model(path) as m:
+        for key, value in (("device", "cpu\x00cuda:7"), ("cpu_kernels", "auto\x00avx512")):
+            with pytest.raises(flame.InvalidArgumentError, match=f"option {key} .* holds a NUL"):
+                flame.Engine(m, **{key: value})
+        with pytest.raises(flame.DTypeError, match="option device must be a string, got int"):
+            flame.Engine(m, device=0)
 
 
 def test_load_errors_carry_the_library_message(tmp_path):
