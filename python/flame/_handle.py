@@ -15,12 +15,21 @@ inherited instead of destroying them: destroying, say, an item cache there would
 refresh thread that exists only in the parent (the child's copy of the memory is simply left
 to the child's exit). Handles that own threads (schedulers, item caches, engines using an item
 cache or a GPU) refuse to be used in such a child; models, CPU engines and user caches work
-there. Objects the child makes itself are destroyed as usual."""
+there. Objects the child makes itself are destroyed as usual.
+
+At interpreter exit (atexit, before finalization) the handles whose library threads call into
+Python are closed: schedulers (their workers run the done callbacks, so what is queued is
+scored and every Future completes), then engines (which keep their item caches), then item
+caches (whose refresh threads call fetch callbacks). Left to finalization, those threads could
+no longer enter Python: queued requests were dropped with their callbacks, and a thread
+stopped inside the library could hold what destroy waits for."""
+import atexit
 import contextlib
 import ctypes as C
 import os
 import threading
-from typing import Iterator
+import weakref
+from typing import Iterator, Optional
 
 from . import _lib
 from .errors import ClosedError
@@ -29,6 +38,7 @@ from .errors import ClosedError
 class Handle:
     _destroy = ""  # name of the flame_*_destroy function of the handle
     _what = ""     # for messages: "model", "engine"
+    _exit_rank: Optional[int] = None  # closed at exit in this order (see the module docstring); None: not
 
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
@@ -37,6 +47,8 @@ class Handle:
         self._uses = 0                 # calls in flight plus lifetime holders (_retain)
         self._closing = False
         self._doomed = None            # the C handle close() left to the last use to destroy
+        if cls._exit_rank is not None:
+            _open_at_exit.add(self)
         return self
 
     _fork_safe = True  # False: the handle owns threads (or a GPU context) that a fork() does not copy
@@ -134,3 +146,20 @@ class Handle:
             self.close()
         except Exception:  # interpreter shutdown: the library may already be gone
             pass
+
+
+_open_at_exit: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Closes the handles whose library threads call into Python while the interpreter can still
+    run those calls (registered when flame is imported, so it runs after the atexit functions
+    registered later, which may still use them)."""
+    for h in sorted(list(_open_at_exit), key=lambda h: h._exit_rank):
+        try:
+            h.close()
+        except Exception:  # noqa: BLE001 - one handle's failure must not keep the others open
+            pass
+
+
+atexit.register(_close_at_exit)

@@ -98,6 +98,7 @@ class Engine(Handle):
     """
 
     _destroy, _what = "flame_engine_destroy", "engine"
+    _exit_rank = 1  # closed at exit after its schedulers, before the item caches it keeps (flame._handle)
 
     def __init__(self, model: Model, *, item_cache: Optional[ItemCache] = None,
                  user_cache: Optional[UserCache] = None, **options: Union[str, int]):

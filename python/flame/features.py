@@ -320,6 +320,7 @@ class ItemCache(Handle):
     """
 
     _destroy, _what = "flame_item_cache_destroy", "item cache"
+    _exit_rank = 2  # closed at exit, once no engine keeps it: its refresh thread calls fetch (flame._handle)
     _fork_safe = False  # its refresh thread and in-flight fetches exist only in the process that made it
 
     def __init__(self, source: FeatureSource, **options: Any):

@@ -43,6 +43,7 @@ class Scheduler(Handle):
 
     _destroy, _what = "flame_scheduler_destroy", "scheduler"
     _fork_safe = False  # its workers exist only in the process that made it
+    _exit_rank = 0  # closed at exit first: its workers run the done callbacks (flame._handle)
 
     def __init__(self, engine: Engine, profiles: Optional[Sequence[Tuple[int, int]]] = None, *,
                  max_wait_us: int = 0, workers: int = 0, max_queue: int = 0, max_bypass: int = 0,

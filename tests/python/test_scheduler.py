@@ -3,6 +3,9 @@ engine scores alone (to float rounding: another batch shape), requests are batch
 as the profiles say, a bad request fails alone through its future, load is shed, and the
 lifetime rules hold (closing the engine closes its schedulers; queued work completes)."""
 import gc
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 
 import flame
 import flame_testlib as lib
+from conftest import REPO
 from flame.tools import reference
 
 SIDE = "relu_concat_projection_side_sumi"  # sumi head, 2 side slots, 3 tasks, 40 items
@@ -245,3 +249,28 @@ def test_submit_reads_copies_of_the_arrays(engine):
             futs.append((s.submit(h, c, hs, cs), e.score(h, c, hs, cs)))
     for f, want in futs:
         assert lib.rel_err(f.result(timeout=30), want) < 1e-5
+
+
+EXIT_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import flame
+e = flame.Engine(flame.Model(sys.argv[1]))
+s = flame.Scheduler(e, max_wait_us=10_000_000)  # alone, a request waits 10 s for company
+for i in range(3):
+    s.submit([1, 2], [3, 4, 5]).add_done_callback(lambda f, i=i: print("done", i, f.result().shape, flush=True))
+print("queued", flush=True)
+"""  # ends with the requests queued and nothing closed
+
+
+def test_requests_queued_at_exit_complete(tmp_path):
+    """A program ending with requests queued (its scheduler never closed) has them scored and
+    their futures' callbacks run at exit, while Python can still run them: left to the
+    interpreter's finalization, the workers could not enter Python and the callbacks never ran."""
+    cfg = lib.CASES["iclrec_like"]
+    path = tmp_path / "m.safetensors"
+    reference.save(path, cfg, reference.random_model(cfg, 1))
+    p = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(path), str(REPO / "python")], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["queued"] + [f"done {i} (3, 1)" for i in range(3)], p.stdout + p.stderr
