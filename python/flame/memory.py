@@ -9,6 +9,7 @@ host buffer pool GPU transfers use (PinnedPool; flame.h "pinned host buffer pool
 from __future__ import annotations
 
 import ctypes as C
+import math
 import os
 import weakref
 from typing import Any, Optional, Tuple, Union
@@ -18,7 +19,7 @@ import numpy as np
 from . import _arrays, _lib
 from ._handle import Handle
 from ._structs import NumaInfo, PinnedPoolParams, PinnedPoolStats, as_dict, new
-from .errors import InvalidArgumentError
+from .errors import DTypeError, InvalidArgumentError
 
 NUMA_MODES = {0: "libnuma", 1: "no_numa", 2: "one_node"}  # flame_numa_mode
 NODE_LOCAL = -1  # FLAME_NUMA_NODE_LOCAL
@@ -49,14 +50,23 @@ class PinnedBuffer:
         """A writeable numpy view of the buffer (contents unspecified until written): `shape`
         elements of `dtype`, by default as many as fit."""
         dt = np.dtype(dtype)
-        count = self.nbytes // dt.itemsize if shape is None else int(np.prod(shape))
+        if dt.hasobject or dt.itemsize == 0:
+            raise DTypeError(f"dtype {dt} cannot view raw memory (Python objects or 0-byte elements)")
+        if shape is None:
+            count = self.nbytes // dt.itemsize
+        else:  # counted in Python ints: np.prod wraps (2**32 x 2**32 elements counted 0)
+            dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+            dims = tuple(_arrays.c_int(d, "shape", 64) for d in dims)
+            if any(d < 0 for d in dims):
+                raise InvalidArgumentError(f"shape {dims} has a negative dimension")
+            count = math.prod(dims)
         if count * dt.itemsize > self.nbytes:
             raise InvalidArgumentError(f"shape {shape} of {dt} needs {count * dt.itemsize} bytes, the buffer has "
                                        f"{self.nbytes}")
         raw = (C.c_uint8 * (count * dt.itemsize)).from_address(self.address)
         raw.buffer = self  # the view's base keeps the buffer, the buffer keeps the pool
         a = np.frombuffer(raw, dtype=dt, count=count)
-        return a if shape is None else a.reshape(shape)
+        return a if shape is None else a.reshape(dims)
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)

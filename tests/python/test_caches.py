@@ -554,6 +554,25 @@ def test_pinned_pool_buffers_views_and_stats():
         flame.PinnedPool(numa_node=4096)
 
 
+def test_pinned_buffer_views_of_impossible_shapes_are_refused():
+    """Element counts are exact: np.prod wrapped 2**32 x 2**32 to 0 elements, so such a shape
+    failed in reshape as "cannot reshape array of size 0" instead of naming the bytes it needs;
+    negative dimensions and dtypes that cannot view memory are named as such."""
+    with flame.PinnedPool(pin=False) as pool:
+        buf = pool.alloc(4096)
+        with pytest.raises(flame.InvalidArgumentError,
+                           match=r"shape \(4294967296, 4294967296\) of float32 needs 73786976294838206464 bytes"):
+            buf.array(np.float32, (2**32, 2**32))
+        with pytest.raises(flame.InvalidArgumentError, match=r"shape \(-2, -2\) has a negative dimension"):
+            buf.array(np.float32, (-2, -2))
+        with pytest.raises(flame.DTypeError, match="cannot view raw memory"):
+            buf.array(object)
+        with pytest.raises(flame.DTypeError, match="cannot view raw memory"):
+            buf.array(np.dtype("V0"))
+        assert buf.array(np.int64, (8, 4)).shape == (8, 4) and buf.array(np.int64, np.int64(3)).shape == (3,)
+        del buf
+
+
 # ---------------------------------------------------------------- robustness (hostile use)
 
 
