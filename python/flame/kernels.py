@@ -170,7 +170,18 @@ def _i64(a: Any, what: str) -> np.ndarray:
         raise errors.DTypeError(f"{what} must hold integers, not {x.dtype}")
     if x.ndim != 1:
         raise errors.ShapeError(f"{what} must be 1-D, got shape {x.shape}")
+    if x.dtype == np.uint64 and x.size:  # converted, 2**63 would reach the library as -2**63
+        big = np.flatnonzero(x > np.iinfo(np.int64).max)
+        if big.size:
+            raise errors.InvalidArgumentError(f"{what}[{big[0]}] = {x[big[0]]} does not fit int64")
     return np.ascontiguousarray(x, dtype=np.int64)
+
+
+def _weights(a: Any, what: str) -> np.ndarray:
+    x = np.asarray(_host(a))
+    if x.dtype.kind not in "fiu":
+        raise errors.DTypeError(f"{what} must hold numbers, not {x.dtype}")
+    return np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
 
 
 def _ptr(a: Optional[np.ndarray], t) -> Any:
@@ -404,7 +415,7 @@ class EmbeddingBag(Handle):
         for t in range(n):
             i = _i64(ids[t], f"ids[{t}]")
             o = None if offs[t] is None else _i64(offs[t], f"offsets[{t}]")
-            w = None if ws[t] is None else np.ascontiguousarray(_host(ws[t]), dtype=np.float32).reshape(-1)
+            w = None if ws[t] is None else _weights(ws[t], f"weights[{t}]")
             if w is not None and w.size != i.size:
                 raise errors.ShapeError(f"table {t}: {w.size} weights for {i.size} ids")
             if o is not None and o.size == 0:

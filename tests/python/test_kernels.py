@@ -102,6 +102,21 @@ def test_embedding_bag_rejections_name_table_bag_value():
         fk.EmbeddingBag([t, t[:, :3].copy()], combine="sum")
 
 
+def test_uint64_ids_and_non_numeric_weights_are_named():
+    """uint64 ids and counts above 2**63 - 1 were converted to int64 and refused as the negative
+    number they wrapped to; weights that are no numbers raised numpy's ValueError."""
+    t = RNG.uniform(-1, 1, (10, 4)).astype(np.float32)
+    with fk.EmbeddingBag([t]) as bag:
+        with pytest.raises(flame.InvalidArgumentError, match=r"ids\[0\]\[1\] = 9223372036854775808 does not fit int64"):
+            bag([np.array([1, 2**63], np.uint64)])
+        with pytest.raises(flame.DTypeError, match=r"weights\[0\] must hold numbers, not <U1"):
+            bag([[1, 2]], weights=[np.array(["a", "b"])])
+        np.testing.assert_array_equal(bag([np.array([1, 2], np.uint64)]), t[[1, 2]])
+    q = RNG.uniform(-1, 1, (5, 8)).astype(np.float32)
+    with pytest.raises(flame.InvalidArgumentError, match=r"cu_history\[1\] = 18446744073709551615 does not fit"):
+        fk.sumi_attention(q, q, q, np.array([0, 2**64 - 1], np.uint64), heads=2)
+
+
 def test_embedding_bag_update_rows():
     q = RNG.integers(-128, 128, (6, 5)).astype(np.int8)
     qp = np.ones((6, 2), np.float32)
