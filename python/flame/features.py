@@ -150,7 +150,8 @@ class _Callback:
             return errors.OK
         except BaseException as e:  # noqa: B902 - nothing may unwind into C
             self.local.error = e
-            status = e.status if isinstance(e, FlameError) and e.status > 0 else errors.ERR_UNAVAILABLE
+            # (a status outside C's int would reach the library as its low 32 bits: 2**32 as FLAME_OK)
+            status = e.status if isinstance(e, FlameError) and 0 < e.status < 2**31 else errors.ERR_UNAVAILABLE
             _log.warning("feature fetch callback raised %s: %s (libflame gets %s)", type(e).__name__, e,
                          _lib.status_name(status))
             return status

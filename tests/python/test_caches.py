@@ -136,6 +136,14 @@ def test_callback_errors_reach_the_caller_with_their_cause(caplog):
             src.fetch([1])
         assert ei.value.__cause__.message == "bad record bytes"
 
+    for status in (2**32, 2**64 + 4):  # not C ints: their low bits (FLAME_OK, FLAME_ERR_FORMAT) were passed on
+        def odd_status(ids, status=status):
+            raise flame.FlameError("odd", status)
+
+        with flame.FeatureSource.from_callback(1, odd_status) as src:
+            with pytest.raises(flame.UnavailableError, match="feature callback failed with FLAME_ERR_UNAVAILABLE"):
+                src.fetch([1])
+
     for wrong, match in [(lambda ids: [[[1]]], "returned 1 record"),        # one record for two ids
                          (lambda ids: [[[1], [2]]] * 2, "2 bag"),             # two slots for a 1-slot source
                          (lambda ids: None, "returned None"),
