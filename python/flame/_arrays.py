@@ -57,13 +57,24 @@ def int64(value: Any, name: str) -> int:
 
 
 def dense(value: Any, name: str = "dense") -> np.ndarray:
-    """Dense features: a 1-D aligned float32 array (None: empty)."""
+    """Dense features: a 1-D aligned float32 array (None: empty). A finite number float32
+    cannot hold is refused, naming it (converted, it would be stored as infinity)."""
     try:
-        d = np.zeros(0, np.float32) if value is None else np.ascontiguousarray(value, dtype=np.float32)
-    except (TypeError, ValueError) as e:
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = np.zeros(0, np.float32) if value is None else np.ascontiguousarray(value, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError) as e:
         raise DTypeError(f"{name} must hold numbers: {e}") from None
     if d.ndim != 1:
         raise ShapeError(f"{name} must be 1-D, got shape {d.shape}")
+    if value is not None and not (isinstance(value, np.ndarray) and value.dtype == np.float32):
+        lost = np.flatnonzero(~np.isfinite(d))
+        for i in lost[:1]:  # inf or nan after the cast: was it one before?
+            try:
+                was = float(np.asarray(value).reshape(-1)[i])
+            except OverflowError:  # an int beyond any float
+                was = None
+            if was is None or np.isfinite(was):
+                raise InvalidArgumentError(f"{name}[{i}] = {np.asarray(value).reshape(-1)[i]} does not fit float32")
     return d if d.flags.aligned else d.copy()  # a misaligned view (into bytes)
 
 

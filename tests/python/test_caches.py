@@ -199,6 +199,23 @@ def test_item_cache_hits_misses_negative_entries_put_invalidate():
         flame.ItemCache(src).put(5, [[1], [2]])
 
 
+def test_dense_values_float32_cannot_hold_are_refused(shm_name):
+    """A finite dense value beyond float32 was converted to infinity: a record refused as "inf
+    is not a finite float" (not the value given), and a user record stored with inf in it."""
+    with pytest.raises(flame.InvalidArgumentError, match=r"dense\[1\] = 1e\+300 does not fit float32"):
+        flame.FeatureRecord.of([[1]], [0.5, 1e300])
+    with pytest.raises(flame.InvalidArgumentError, match=r"dense\[0\] = -1e\+39 does not fit float32"):
+        flame.FeatureRecord.of([[1]], np.array([-1e39]))
+    with pytest.raises(flame.DTypeError, match="dense must hold numbers"):
+        flame.FeatureRecord.of([[1]], [10**400])
+    with flame.UserCache(shm_name, "create", capacity=8, max_ids=4, max_dense=2) as uc:
+        with pytest.raises(flame.InvalidArgumentError, match=r"dense\[0\] = 3.5e\+38 does not fit float32"):
+            uc.put(1, [[1]], [3.5e38])
+        assert uc.get(1) is None
+        uc.put(1, [[1]], [np.inf, 3e38])  # infinity given is kept: the user cache stores any float32
+        assert np.array_equal(uc.get(1).dense, np.array([np.inf, 3e38], np.float32))
+
+
 def test_hostile_values_are_refused_as_the_feature_file_refuses_them():
     """A NaN or infinite dense value and a negative id, from a callback or a put, are
     InvalidArgumentError naming the value (the cause: the callback's own refusal); the other ids
