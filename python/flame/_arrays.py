@@ -51,6 +51,23 @@ def ids(value: Any, name: str) -> np.ndarray:
     return a if flags.c_contiguous and flags.aligned else a.copy()  # strided or misaligned (a view into bytes)
 
 
+def frozen(a: np.ndarray) -> bool:
+    """Whether no array can write a's memory: a and every array it views are read-only, and
+    the memory is the arrays' own or a bytes object's (an array can be made writeable again,
+    but only on purpose)."""
+    x: Any = a
+    while isinstance(x, np.ndarray):
+        if x.flags.writeable:
+            return False
+        x = x.base
+    return x is None or isinstance(x, bytes)
+
+
+def private(a: np.ndarray) -> np.ndarray:
+    """a, or a copy of it when the caller could change it (see frozen)."""
+    return a if frozen(a) else a.copy()
+
+
 def int64(value: Any, name: str) -> int:
     """A Python int that fits int64 (an id or a key), refused otherwise with a clear message."""
     return c_int(value, name, 64)

@@ -168,8 +168,10 @@ class Engine(Handle):
 
     def _request(self, r: Request, keep: List[Any], where: str = "", private: bool = False) -> _Request:
         """A C request over the arrays of `r`; `keep` holds what must outlive the call.
-        private: over copies of them (the library reads them after the call returns, and the
-        caller's arrays are passed by pointer when they can be)."""
+        private: over copies of them, as the library reads them after the call returns (the
+        caller's arrays are passed by pointer when they can be), but for read-only ones
+        (_arrays.frozen: a catalogue shared by many requests is then one array, validated once
+        a batch)."""
         if r.from_user_cache:
             if r.history is not None or r.history_side is not None:
                 raise ShapeError(f"{where}from_user_cache is set: the history comes from the user cache, so history "
@@ -192,8 +194,9 @@ class Engine(Handle):
         cs = [] if (r.candidate_side is None and (self.head == "dot" or cached)) else \
             _arrays.bags(r.candidate_side, c.size, k, where + "candidate_side")
         if private:
-            h, c = h.copy(), c.copy()
-            hs, cs = ([(o.copy(), i.copy()) for o, i in bags] for bags in (hs, cs))
+            own = _arrays.private
+            h, c = own(h), own(c)
+            hs, cs = ([(own(o), own(i)) for o, i in bags] for bags in (hs, cs))
         keep += [h, c]
         sides = []
         for bags in (hs, cs):

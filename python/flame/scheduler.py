@@ -110,8 +110,10 @@ class Scheduler(Handle):
         """Queues the request and returns a Future of its float32 [num_candidates, num_tasks]
         scores (its exception is the FlameError of a failed request). Raises at once, with
         nothing queued, for bad shapes or dtypes, a full queue (UnavailableError) or a
-        closed scheduler. The ids and bags are copied: changing the arrays after submit returns
-        does not change the request (`out`, when given, is written when the Future completes).
+        closed scheduler. The ids and bags are copied (read-only arrays excepted: a catalogue
+        of candidates many requests share, made read-only, is passed as it is), so changing the
+        arrays after submit returns does not change the request (`out`, when given, is written
+        when the Future completes).
         The Future completes on a scheduler worker, so callbacks added with
         add_done_callback run there: they may submit, but score() from them is refused (it
         would wait for the worker it runs on).

@@ -251,6 +251,31 @@ def test_submit_reads_copies_of_the_arrays(engine):
         assert lib.rel_err(f.result(timeout=30), want) < 1e-5
 
 
+def test_submit_passes_read_only_arrays_as_they_are(engine):
+    """What no array can write (read-only, and so every array it views) is not copied: a
+    catalogue many requests share stays one array, which the library validates once a batch."""
+    from flame import _arrays
+    cfg, e = engine
+    cat = np.arange(40)
+    view = cat[:]
+    view.flags.writeable = False
+    assert not _arrays.frozen(view)  # its base still writes the memory
+    cat.flags.writeable = False
+    assert _arrays.frozen(cat) and _arrays.frozen(cat[5:]) and _arrays.private(cat) is cat
+    assert _arrays.frozen(np.frombuffer(bytes(16), np.int64))
+    assert not _arrays.frozen(np.frombuffer(bytearray(16), np.int64))
+    h, _, hs, _ = lib.random_request(cfg, np.random.default_rng(12), 4, 0)
+    cs = [flame.bags([[i % 7] for i in range(40)]), flame.bags([[i % 13] for i in range(40)])]
+    keep = []
+    e._request(flame.Request(h, cat, hs, cs), keep, private=True)
+    assert any(k is cat for k in keep) and not any(k is h for k in keep)
+    with flame.Scheduler(e, [(8, 64)], max_wait_us=100_000) as s:
+        futs = [s.submit(h, cat, hs, cs) for _ in range(4)]
+    want = e.score(h, cat, hs, cs)
+    for f in futs:
+        assert lib.rel_err(f.result(timeout=30), want) < 1e-5
+
+
 EXIT_SCRIPT = """
 import sys
 sys.path.insert(0, sys.argv[2])
