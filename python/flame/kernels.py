@@ -102,6 +102,22 @@ def _stream_handle(device: int, stream: Any) -> int:
     return 0
 
 
+def _used_on(device: int, handle: int, tensors: List[Any]) -> None:
+    """Torch tensors a call made (ids converted to int64, an output it allocated) come from torch's
+    caching allocator on the current stream, and the library reads or writes them on `handle`.
+    When that is another stream the allocator is told (record_stream), so that their memory,
+    once freed, goes to no later allocation before the library's work on `handle` is done."""
+    made = [t for t in tensors if t is not None and _is_torch(t)]
+    if not made:
+        return
+    torch = _torch()
+    if handle == int(torch.cuda.current_stream(device).cuda_stream):
+        return
+    s = torch.cuda.ExternalStream(handle, device=device) if handle else torch.cuda.default_stream(device)
+    for t in made:
+        t.record_stream(s)
+
+
 def _dl_stream(handle: int) -> int:
     """The DLPack stream argument for a cudaStream_t: 1 means the legacy default stream."""
     return handle if handle else 1
@@ -437,14 +453,16 @@ class EmbeddingBag(Handle):
         with _Cuda(dev, sh) as cu:
             if device_indices:
                 inputs = (EmbeddingBagInput * n)()
-                batch, keep = None, []
+                batch, keep, made = None, [], []
                 for t in range(n):
                     i = ids[t]
                     if _is_torch(i) and i.dtype != _torch().int64:  # a device op on the current stream
                         i = i.to(_torch().int64)
+                        made.append(i)
                     o = offs[t]
                     if o is not None and _is_torch(o) and o.dtype != _torch().int64:
                         o = o.to(_torch().int64)
+                        made.append(o)
                     keep += [i, o]
                     vi = cu.view(i, f"ids[{t}]")
                     vo = None if o is None else cu.view(o, f"offsets[{t}]")
@@ -473,6 +491,7 @@ class EmbeddingBag(Handle):
                     x.weights = None if vw is None or not num else C.cast(C.c_void_p(vw.ptr), F32P)
             else:
                 inputs, batch, keep = self._host_inputs(ids, offs, ws)
+                made = []
             result = out
             if out is None:
                 if not use_torch and "torch" not in sys.modules:
@@ -480,6 +499,7 @@ class EmbeddingBag(Handle):
                 torch = _torch()
                 result = torch.empty((batch, self.width), dtype=getattr(torch, _TORCH_OUT[odt]),
                                      device=f"cuda:{dev}")
+                made.append(result)
             vout = cu.view(result, "out")
             if _DL_FLOAT.get(vout.dtype) != odt or vout.shape != (batch, self.width):
                 raise errors.ShapeError(f"out must be [{batch}, {self.width}] of {_TORCH_OUT[odt]}, got "
@@ -492,6 +512,7 @@ class EmbeddingBag(Handle):
             q.threads = threads
             with self._use() as h:
                 _lib.check(_lib.lib().flame_embedding_bag_forward(h, C.byref(q)))
+                _used_on(dev, sh, made)
                 if device_indices and check:
                     _lib.check(_lib.lib().flame_embedding_bag_index_status(h, _c_stream(sh)))
             del keep
@@ -632,6 +653,9 @@ def sumi_attention(q: Any = None, k: Any = None, v: Any = None, cu_history: Any 
                     raise errors.InvalidArgumentError("GPU attention needs `out` (a CUDA tensor) when torch is not in use")
                 torch = _torch()
                 result = torch.empty((rows, width), dtype=getattr(torch, _TORCH_OUT[dt]), device=f"cuda:{dev}")
+                made = [result]
+            else:
+                made = []
             vo = cu.view(result, "out")
             if vo.dtype != views[0].dtype or vo.shape != (rows, width):
                 raise errors.ShapeError(f"out must be [{rows}, {width}] of {views[0].dtype_name}, got {vo.dtype_name} "
@@ -641,6 +665,7 @@ def sumi_attention(q: Any = None, k: Any = None, v: Any = None, cu_history: Any 
             p.cuda_stream = _c_stream(sh)
             _finish_layout(p, rows, width, qkv is not None)
             _lib.check(_lib.lib().flame_sumi_attention(C.byref(p)))
+            _used_on(dev, sh, made)
         return result
     xs = [_rows(_host(x), nm) for x, nm in zip(tensors, names)]
     arrs = [(x.ctypes.data, x.shape, x.strides[0] // 4) for x in xs]

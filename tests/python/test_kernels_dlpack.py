@@ -316,6 +316,28 @@ def test_torch_cuda_embedding_bag_device_ids(dtype):
     bag.index_status()  # cleared
 
 
+def test_torch_cuda_tensors_a_call_makes_stay_its_streams_until_its_work_is_done():
+    """An output the call allocates (and int32 ids it converts) come from torch's allocator on the
+    current stream; a lookup enqueued on another stream must keep that memory from the next
+    allocation until the stream has run it. The other stream is kept busy past the call."""
+    torch = _cuda()
+    bag = fk.EmbeddingBag([torch.randn(1000, 64, device="cuda")], pooling="sum")
+    ids = [torch.randint(0, 1000, (4096,), device="cuda", dtype=torch.int32)]
+    offs = [torch.arange(0, 4097, 8, device="cuda")]
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU cycles ahead of the lookup
+    out = bag(ids, offsets=offs, stream=s, check=False)
+    ptr = out.data_ptr()
+    del out
+    again = torch.empty((512, 64), device="cuda")  # the same size, on the current stream
+    assert again.data_ptr() != ptr, "the lookup's output memory was handed out while its stream still had to write it"
+    s.synchronize()
+    want = bag(ids, offsets=offs)
+    torch.cuda.synchronize()
+    assert want.shape == (512, 64) and torch.isfinite(want).all()
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_torch_cuda_attention_against_masked_sdpa(dtype):
     torch = _cuda()
