@@ -20,7 +20,10 @@
 // 64 values (128 bytes), 16-byte chunk c of row r at chunk c ^ (r % 8), 8-row atoms of 1024
 // bytes; a head dim of 128 is two such column blocks. Staging is cp.async (16-byte, rows past
 // the last visible key zero-filled), then fence.proxy.async so the tensor cores (async proxy)
-// see the ordinary-proxy writes.
+// see the ordinary-proxy writes; in the TMA variants the producer's one thread has the tensor
+// memory accelerator copy each whole key block (every row visible to some query of the tile)
+// in [BN][64] boxes that land in this swizzle, and only the block holding the last visible key
+// goes through cp.async.
 //
 // SUMI by block skipping: a tile's rows see keys [0, nvis) with nvis = pos + 1 for history rows
 // and n_hist for candidates; a warpgroup walks blocks up to its last row's nvis and masks only
@@ -41,8 +44,13 @@
 // bits of mantissa, as FlashAttention and cuDNN do), accumulation in float32.
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
+#include <algorithm>
 #include <type_traits>
+
+#include <cuda.h> // CUtensorMap and its enums (the encoder is found at run time: no link to libcuda)
+#include <cudaTypedefs.h>
 
 #include "attention_wgmma.cuh"
 #include "attention_wgmma_ops.cuh"
@@ -529,6 +537,19 @@ __device__ __forceinline__ void mbar_arrive_cp(uint32_t bar)
 {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// one arrival that also makes the phase wait for `bytes` more from the tensor memory accelerator
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// A [box rows][64] tile at (column c0, row c1) of the tensor `map` describes, into shared memory at
+// dst in the 128-byte swizzle (the layout swz() addresses), its bytes counted on mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 {
     uint32_t done;
@@ -634,6 +655,15 @@ template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&p)[N][4])
 // launched with (__launch_bounds__(384, 1)).
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 
+// K and V as the tensor memory accelerator reads them (TMA variants; encode_kv): [rows][heads x
+// dh] with ldkv-element row strides, in boxes of [BN rows][64 columns] (128 bytes: one swizzle
+// span). Only whole key blocks are read this way, whose rows all belong to the item's sequence
+// (rows [seq_row, seq_row + kend)), so the map needs no bound tighter than the buffer can have;
+// the block holding kend is copied by cp.async, which zero-fills the rows past it.
+struct kv_maps {
+    CUtensorMap k, v;
+};
+
 // Warp-specialised kernel with the softmax of block j overlapped with the P V product of
 // block j - 1 inside each warpgroup (FlashAttention-3's intra-warpgroup pipelining): per block,
 // issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}, wait for S_j only, compute P_j while the tensor
@@ -665,10 +695,11 @@ struct item_slot {
 constexpr int SLOT_FULL = 2, SLOT_FREE = 4; // + the round's parity; 1 is the producer's own
 constexpr int TURN = 6;                     // + the warpgroup: its turn to issue products (PINGPONG)
 
-template <typename T, int DH, int BN, int STAGES, bool PINGPONG>
+template <typename T, int DH, int BN, int STAGES, bool PINGPONG, bool TMA>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     attn_ovl_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
-                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, uint32_t *work)
+                    int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, uint32_t *work,
+                    const __grid_constant__ kv_maps maps)
 {
 #ifdef FL_WG_DEVICE
     static_assert(STAGES >= 2, "K_j and V_{j-1} are held at once");
@@ -751,7 +782,26 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             auto stage_block = [&](int blk) {
                 const uint32_t at = ring + blk, st = at % STAGES;
                 if (at >= STAGES) mbar_wait(empty0 + 8 * st, ((at / STAGES) - 1) & 1);
-                stage_kv_lean<DH, BN, 128>(ks0 + st * L::KV_BYTES, vs0 + st * L::KV_BYTES, tile, blk * BN, kend, k, v,
+                const int kb = blk * BN;
+                if (TMA && kb + BN <= kend && tile.seq_row + kb <= INT32_MAX - BN) {
+                    // a whole block: one thread issues its boxes (K and V, DH / 64 column spans
+                    // each) and counts their bytes on the stage's barrier; the others arrive, so
+                    // the barrier counts 128 arrivals on either path
+                    const uint32_t bar = full0 + 8 * st;
+                    if (me == 0) {
+                        mbar_arrive_tx(bar, 2 * L::KV_BYTES);
+#pragma unroll
+                        for (int cb = 0; cb < DH / 64; cb++) {
+                            const int c0 = (int)col + 64 * cb, c1 = (int)(tile.seq_row + kb);
+                            tma_load_2d(ks0 + st * L::KV_BYTES + cb * BN * 128, &maps.k, c0, c1, bar);
+                            tma_load_2d(vs0 + st * L::KV_BYTES + cb * BN * 128, &maps.v, c0, c1, bar);
+                        }
+                    } else {
+                        mbar_arrive(bar);
+                    }
+                    return;
+                }
+                stage_kv_lean<DH, BN, 128>(ks0 + st * L::KV_BYTES, vs0 + st * L::KV_BYTES, tile, kb, kend, k, v,
                                            ldkv, col, me);
                 mbar_arrive_cp(full0 + 8 * st);
             };
@@ -905,21 +955,70 @@ flame_status launch_ws(const fl_attn_tile *tiles, int64_t num_tiles, const int32
     return FLAME_OK;
 }
 
+// The driver's tensor-map encoder, looked up once through the runtime (the library does not
+// link libcuda); NULL where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
+{
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            p = nullptr;
+        }
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }();
+    return fn;
+}
+
+// K or V for the TMA variants (kv_maps): columns [0, heads x dh), boxes of [box_rows][64] in the
+// 128-byte swizzle. The rows a launch reads are not known here, so the map declares as many as
+// the kernel's 32-bit row coordinate reaches or 2^40 bytes hold, whichever is fewer: more than
+// any device's memory has (rows past the declared ones would read as zeros). False where the
+// encoder is missing or refuses the layout.
+template <typename T> bool encode_kv(CUtensorMap *m, const T *base, int64_t cols, int64_t ldkv, int box_rows)
+{
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    const int64_t row_bytes = ldkv * (int64_t)sizeof(T);
+    if (!enc || ldkv < cols || row_bytes >= ((int64_t)1 << 40)) return false;
+    const int64_t rows = std::min<int64_t>(INT32_MAX, ((int64_t)1 << 40) / row_bytes);
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)row_bytes};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
+    const CUtensorMapDataType type =
+        std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    return enc(m, type, 2, const_cast<T *>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+           CUDA_SUCCESS;
+}
+
 // ctas: the grid, at most one CTA an item (0: one an item, the one-shot form); work: the
-// counters of the greedy schedule (attn_ovl_kernel), or NULL.
-template <typename T, int DH, int BN, int STAGES, bool PINGPONG = false>
+// counters of the greedy schedule (attn_ovl_kernel), or NULL. TMA: whole key blocks through
+// the tensor memory accelerator; where K and V cannot be described to it, the cp.async form.
+template <typename T, int DH, int BN, int STAGES, bool PINGPONG = false, bool TMA = false>
 flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
                         int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major,
                         int64_t ctas, uint32_t *work)
 {
+    kv_maps maps;
+    memset(&maps, 0, sizeof maps);
+    if constexpr (TMA) {
+        if (!encode_kv<T>(&maps.k, k, (int64_t)heads * DH, ldkv, BN) ||
+            !encode_kv<T>(&maps.v, v, (int64_t)heads * DH, ldkv, BN))
+            return launch_ovl<T, DH, BN, STAGES, PINGPONG, false>(tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv, out,
+                                                                  ldo, s, head_major, ctas, work);
+    }
     constexpr int smem = layout<DH, BN, STAGES>::SMEM;
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG, TMA>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
     const int64_t items = num_tiles * heads, grid = ctas > 0 && ctas < items ? ctas : items;
-    attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG><<<(unsigned)grid, WS_THREADS, smem, s>>>(
+    attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG, TMA><<<(unsigned)grid, WS_THREADS, smem, s>>>(
         tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo,
-        grid < items ? work : nullptr);
+        grid < items ? work : nullptr, maps);
     FL_LAUNCH_CHECK();
     return FLAME_OK;
 }
@@ -970,9 +1069,11 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     // one CTA an item (the persistent form's fixed assignment leaves its CTAs 7-10% apart:
     // 355-364 and 673 us). With the warpgroups taking turns issuing their products
     // (FL_WG_POVL128P), an H100: B32 L1024 M512 341-343 us against 350, L4096 the same within the
-    // noise; the default once its full test and compute-sanitizer runs have passed.
+    // noise; with whole key blocks staged by the tensor memory accelerator as well
+    // (FL_WG_POVL128PT), the same run: 334-335 us against 346 (turns alone) and 350, L4096 579
+    // against 603 and 595, so that is the default with work counters.
     const int which = variant                      ? variant
-                      : dh == 128                  ? (work ? FL_WG_POVL128 : FL_WG_OVL128)
+                      : dh == 128                  ? (work ? FL_WG_POVL128PT : FL_WG_OVL128)
                       : num_tiles * heads >= 132   ? FL_WG_LOCK64
                                                    : FL_WG_WS;
     // heads outermost for head dim 128 (B32 L1024 M512: 420 us against 430, L2 hit rate 68%
@@ -981,7 +1082,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     const int head_major = dh == 128;
     // the persistent forms: one CTA an SM (one fits: shared memory), or max_ctas
     int64_t ctas = 0;
-    if (which == FL_WG_POVL64 || which == FL_WG_POVL128 || which == FL_WG_POVL128P) {
+    if (which >= FL_WG_POVL64) { // the persistent forms (every variant from there on)
         int dev = 0, sms = 0;
         FL_CUDA_TRY(cudaGetDevice(&dev));
         FL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -997,6 +1098,8 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
         case FL_WG_POVL64: return launch_ovl<T, 64, 64, 4>(ARGS, ctas, work);
         case FL_WG_POVL128: return launch_ovl<T, 64, 128, 3>(ARGS, ctas, work);
         case FL_WG_POVL128P: return launch_ovl<T, 64, 128, 3, true>(ARGS, ctas, work);
+        case FL_WG_POVL128T: return launch_ovl<T, 64, 128, 3, false, true>(ARGS, ctas, work);
+        case FL_WG_POVL128PT: return launch_ovl<T, 64, 128, 3, true, true>(ARGS, ctas, work);
         default: return launch_ovl<T, 64, 128, 3>(ARGS, 0, nullptr);
         }
     switch (which) {
@@ -1008,6 +1111,8 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     case FL_WG_POVL64: return launch_ovl<T, 128, 64, 4>(ARGS, ctas, work);
     case FL_WG_POVL128: return launch_ovl<T, 128, 128, 3>(ARGS, ctas, work);
     case FL_WG_POVL128P: return launch_ovl<T, 128, 128, 3, true>(ARGS, ctas, work);
+    case FL_WG_POVL128T: return launch_ovl<T, 128, 128, 3, false, true>(ARGS, ctas, work);
+    case FL_WG_POVL128PT: return launch_ovl<T, 128, 128, 3, true, true>(ARGS, ctas, work);
     default: return launch_ovl<T, 128, 128, 3>(ARGS, 0, nullptr);
     }
 #undef ARGS

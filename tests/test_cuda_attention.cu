@@ -144,7 +144,7 @@ static double run_problem(std::vector<seq> seqs, int dh, int heads, bool last, k
             fail_msg("dh %d: the wgmma kernel should take this problem", dh);
         // the persistent variants on three CTAs: each runs many items through one key/value
         // ring and one Q tile, their barriers' phases wrapping many times
-        const bool persistent = bn == FL_WG_POVL64 || bn == FL_WG_POVL128 || bn == FL_WG_POVL128P;
+        const bool persistent = bn >= FL_WG_POVL64;
         st = fl_cuda_attention_wg<T>(dtiles, (int64_t)tiles.size(), dqpos, heads, dh, q, ldq, dqkv + d, dqkv + 2 * d,
                                      ld, dout, d, 0, bn, persistent ? 3 : 0, wg_counters ? dwork : nullptr);
     } else if (which == TENSOR_CORES) {
