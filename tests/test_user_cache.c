@@ -271,6 +271,19 @@ static pid_t fork_creator(const flame_user_cache_params *p, void (*hook)(void))
     return pid;
 }
 
+/* A creator killed inside the creation (stopped there by the create hook, then SIGKILLed),
+ * reaped: its object is left unfinished. */
+static void kill_creator_inside_creation(const flame_user_cache_params *p)
+{
+    pid_t pid = fork_creator(p, stop_self);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(status));
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+}
+
 static double seconds_since(const struct timespec *t0)
 {
     struct timespec t;
@@ -305,13 +318,7 @@ static void test_attach_waits_for_a_live_creator(void **state)
 static void test_creator_killed_inside_the_creation(void **state)
 {
     flame_user_cache_params p = params(100, 1, 8, 0);
-    pid_t pid = fork_creator(&p, stop_self);
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
-    assert_true(WIFSTOPPED(status));
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status));
+    kill_creator_inside_creation(&p);
     flame_user_cache *c = NULL;
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_IO,
                       "was never fully initialised (its creator died?)");
@@ -395,12 +402,7 @@ static void test_create_or_attach_while_unlinked(void **state)
     /* an unfinished object (its creator was killed) unlinked while an attach waits on it */
     flame_user_cache_params p = params(100, 1, 8, 0);
     flame_user_cache_unlink(name); /* (an opener above may have left it) */
-    pid_t pid = fork_creator(&p, stop_self);
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
-    assert_true(WIFSTOPPED(status));
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    kill_creator_inside_creation(&p);
     opener late = {.p = p};
     atomic_store(&late.stop, 1); /* one open */
     pthread_create(&t[0], NULL, open_loop, &late);
