@@ -45,15 +45,7 @@ static flame_status outputs_apart(const flame_request *requests, const flame_req
         outs[1] = (fl_out_range){topk->scores, n * sizeof(float), "scores"};
         num_outs = 2;
     }
-    for (int o = 0; o < num_outs; o++)
-        if (fl_ranges_overlap(outs[o].p, outs[o].bytes, requests, num_requests * stride))
-            return fl_error(FLAME_ERR_INVALID_ARG, "%s overlaps the requests (the library writes %s while it still "
-                            "reads them)", outs[o].name, outs[o].name);
-    for (size_t r = 0; r < num_requests; r++) {
-        flame_status st = fl_check_outputs_apart(&reqs[r], r, outs, num_outs);
-        if (st) return st;
-    }
-    return FLAME_OK;
+    return fl_check_outputs_apart(requests, num_requests, stride, reqs, outs, num_outs);
 }
 
 /* `stride`: bytes between the caller's requests (their struct's size). `topk` (backends with

@@ -72,16 +72,7 @@ FLAME_API flame_status flame_score_batch_topk(flame_engine *engine, const flame_
     /* validated: the outputs must not be any request's memory, which the selection still reads
      * (the candidates' ids) while it writes them */
     const fl_out_range outs[2] = {{ids, need * sizeof *ids, "ids"}, {scores, need * sizeof *scores, "scores"}};
-    for (int o = 0; o < 2 && !st; o++)
-        if (fl_ranges_overlap(outs[o].p, outs[o].bytes, requests, num_requests * stride))
-            st = fl_error(FLAME_ERR_INVALID_ARG, "%s overlaps the requests (the library writes %s while it still reads "
-                          "them)", outs[o].name, outs[o].name);
-    for (size_t r = 0; r < num_requests && !st; r++) {
-        flame_request q;
-        memset(&q, 0, sizeof q);
-        fl_struct_in("flame_request", &q, sizeof q, (const char *)requests + r * stride);
-        st = fl_check_outputs_apart(&q, r, outs, 2);
-    }
+    if (!st) st = fl_check_outputs_apart(requests, num_requests, stride, NULL, outs, 2);
     if (!st) {
         size_t off = 0;
         for (size_t r = 0; r < num_requests; r++) {

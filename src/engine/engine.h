@@ -124,11 +124,14 @@ typedef struct fl_out_range {
     size_t bytes;
     const char *name;
 } fl_out_range;
-/* After validation: FLAME_ERR_INVALID_ARG when an output shares a byte with an array request q
- * (index r) has the library read (history, candidates, their side bags, each bag's offsets
- * and ids). Outputs are written pass by pass and read requests are read again later (the
- * next pass, top-k's ids), so an id overwritten by a score's bits would be used unchecked. */
-flame_status fl_check_outputs_apart(const flame_request *q, size_t r, const fl_out_range *outs, int num_outs);
+/* After validation: FLAME_ERR_INVALID_ARG when an output shares a byte with the requests
+ * (num_requests structs of the caller's, stride bytes apart) or with an array a request has
+ * the library read (history, candidates, their side bags, each bag's offsets and ids).
+ * Outputs are written pass by pass and requests are read again later (the next pass, top-k's
+ * ids), so an id overwritten by a score's bits would be used unchecked. reqs: the requests
+ * already read into this header's struct, or NULL to read each here. */
+flame_status fl_check_outputs_apart(const flame_request *requests, size_t num_requests, size_t stride,
+                                    const flame_request *reqs, const fl_out_range *outs, int num_outs);
 /* Candidates of one request at most (GEMM dimensions go to CBLAS as 32-bit ints). */
 #define FL_MAX_CANDIDATES (1 << 24)
 

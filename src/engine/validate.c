@@ -2,7 +2,9 @@
  * bad request gets a message naming the value and the scores buffer stays untouched. */
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
+#include "core/abi.h"
 #include "core/pool.h"
 #include "cpu/kernels.h"
 #include "engine/engine.h"
@@ -208,7 +210,7 @@ static flame_status apart(const fl_out_range *outs, int num_outs, size_t r, cons
     return FLAME_OK;
 }
 
-flame_status fl_check_outputs_apart(const flame_request *q, size_t r, const fl_out_range *outs, int num_outs)
+static flame_status request_apart(const flame_request *q, size_t r, const fl_out_range *outs, int num_outs)
 {
     flame_status st = apart(outs, num_outs, r, q->history, q->history_len * sizeof(int64_t), "history", -1);
     if (!st) st = apart(outs, num_outs, r, q->candidates, q->num_candidates * sizeof(int64_t), "candidates", -1);
@@ -226,6 +228,25 @@ flame_status fl_check_outputs_apart(const flame_request *q, size_t r, const fl_o
         }
     }
     return st;
+}
+
+flame_status fl_check_outputs_apart(const flame_request *requests, size_t num_requests, size_t stride,
+                                    const flame_request *reqs, const fl_out_range *outs, int num_outs)
+{
+    for (int o = 0; o < num_outs; o++)
+        if (fl_ranges_overlap(outs[o].p, outs[o].bytes, requests, num_requests * stride))
+            return BAD("%s overlaps the requests (the library writes %s while it still reads them)", outs[o].name,
+                       outs[o].name);
+    for (size_t r = 0; r < num_requests; r++) {
+        flame_request q;
+        if (!reqs) {
+            memset(&q, 0, sizeof q);
+            fl_struct_in("flame_request", &q, sizeof q, (const char *)requests + r * stride);
+        }
+        flame_status st = request_apart(reqs ? &reqs[r] : &q, r, outs, num_outs);
+        if (st) return st;
+    }
+    return FLAME_OK;
 }
 
 typedef struct val_job {
