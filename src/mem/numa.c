@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include "core/abi.h"
+#include "mem/addr_table.h"
 #include "mem/numa.h"
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
@@ -87,61 +88,12 @@ void fl_numa_free(void *p, size_t bytes)
  * foreign one, unmapped whatever had been mapped there since (another allocation, a malloc
  * arena): a crash far from the mistake. Allocations are few and large, so one lock will do. */
 typedef struct block {
-    void *p;
+    fl_addr_entry e; /* e.addr: the mapping */
     size_t bytes;
-    struct block *next;
 } block;
 
 static pthread_mutex_t blocks_mu = PTHREAD_MUTEX_INITIALIZER;
-static block **blocks;    /* chains by address; process-lifetime */
-static size_t blocks_size, blocks_count; /* size: 0 or a power of two */
-
-static size_t block_slot(const void *p, size_t size)
-{
-    return (size_t)(((uint64_t)(uintptr_t)p >> 12) * 0x9e3779b97f4a7c15ull >> 32) & (size - 1);
-}
-
-/* Files `b` (blocks_mu held); false when the table cannot grow to take it. */
-static bool blocks_add(block *b)
-{
-    if (blocks_count >= blocks_size) {
-        size_t size = blocks_size ? blocks_size * 2 : 64;
-        block **t = calloc(size, sizeof *t);
-        if (!t && !blocks_size) return false;
-        if (t) { /* else: longer chains */
-            for (size_t i = 0; i < blocks_size; i++) {
-                for (block *x = blocks[i], *next; x; x = next) {
-                    next = x->next;
-                    size_t s = block_slot(x->p, size);
-                    x->next = t[s];
-                    t[s] = x;
-                }
-            }
-            free(blocks);
-            blocks = t;
-            blocks_size = size;
-        }
-    }
-    size_t s = block_slot(b->p, blocks_size);
-    b->next = blocks[s];
-    blocks[s] = b;
-    blocks_count++;
-    return true;
-}
-
-/* Unfiles and returns the block at `p` (blocks_mu held), or NULL. */
-static block *blocks_take(const void *p)
-{
-    if (!blocks_size) return NULL;
-    block **link = &blocks[block_slot(p, blocks_size)];
-    while (*link && (*link)->p != p) link = &(*link)->next;
-    block *b = *link;
-    if (b) {
-        *link = b->next;
-        blocks_count--;
-    }
-    return b;
-}
+static fl_addr_table blocks; /* process-lifetime */
 
 FLAME_API flame_status flame_numa_get_info(flame_numa_info *info)
 {
@@ -171,9 +123,9 @@ FLAME_API flame_status flame_numa_alloc(size_t bytes, int32_t node, void **out)
         free(b);
         return fl_error(FLAME_ERR_NOMEM, "cannot map %zu bytes on NUMA node %d", bytes, (int)node);
     }
-    *b = (block){.p = p, .bytes = bytes};
+    *b = (block){.e.addr = p, .bytes = bytes};
     pthread_mutex_lock(&blocks_mu);
-    bool filed = blocks_add(b);
+    bool filed = fl_addr_table_add(&blocks, &b->e);
     pthread_mutex_unlock(&blocks_mu);
     if (!filed) {
         fl_numa_free(p, bytes);
@@ -188,7 +140,7 @@ FLAME_API void flame_numa_free(void *ptr, size_t bytes)
 {
     if (!ptr) return;
     pthread_mutex_lock(&blocks_mu);
-    block *b = blocks_take(ptr);
+    block *b = (block *)fl_addr_table_take(&blocks, ptr); /* e is its first member */
     pthread_mutex_unlock(&blocks_mu);
     if (!b) {
         fl_log(FLAME_LOG_WARN, "flame_numa_free(%p, %zu): not an allocation of flame_numa_alloc, or freed already; "
@@ -198,7 +150,7 @@ FLAME_API void flame_numa_free(void *ptr, size_t bytes)
     if (b->bytes != bytes)
         fl_log(FLAME_LOG_WARN, "flame_numa_free(%p, %zu): allocated with %zu bytes; those are unmapped", ptr, bytes,
                b->bytes);
-    fl_numa_free(b->p, b->bytes);
+    fl_numa_free(ptr, b->bytes);
     free(b);
 }
 

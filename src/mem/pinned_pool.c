@@ -8,17 +8,18 @@
 
 #include "core/abi.h"
 #include "core/device.h"
+#include "mem/addr_table.h"
 #include "mem/numa.h"
 #include "mem/pinned_pool.h"
 #include "mem/size_class.h"
 
 typedef struct buf {
-    void *p;
+    fl_addr_entry e;    /* e.addr: the mapping; filed in `out` while handed out */
     size_t bytes;       /* class bytes mapped */
     size_t requested;
     uint32_t cls;
     bool pinned;
-    struct buf *next;   /* free list of its class, or hash chain while handed out */
+    struct buf *next;   /* free list of its class */
 } buf;
 
 struct flame_pinned_pool {
@@ -30,9 +31,7 @@ struct flame_pinned_pool {
     size_t page;
     uint64_t max_cached;
     buf *free_list[FL_NUM_CLASSES];
-    buf **table;        /* handed-out buffers by address, chained */
-    size_t table_size;  /* power of two */
-    size_t in_use_count;
+    fl_addr_table out;  /* handed-out buffers by address */
     flame_pinned_pool_stats st; /* counters (struct_size unused) */
     uint64_t bytes_cached;
 };
@@ -44,32 +43,6 @@ void fl_pinned_set_pin_hooks(fl_pin_fn pin, fl_unpin_fn unpin)
 {
     atomic_store(&hook_unpin, unpin);
     atomic_store(&hook_pin, pin);
-}
-
-static size_t slot_of(const flame_pinned_pool *pool, const void *p)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p / pool->page * 0x9e3779b97f4a7c15ull;
-    return (size_t)(x >> 32) & (pool->table_size - 1);
-}
-
-/* Grows the address table to keep chains short; false when out of memory (kept as is). */
-static bool table_grow(flame_pinned_pool *pool)
-{
-    size_t old_size = pool->table_size, size = old_size ? old_size * 2 : 64;
-    buf **t = calloc(size, sizeof *t), **old = pool->table;
-    if (!t) return false;
-    pool->table = t;
-    pool->table_size = size;
-    for (size_t i = 0; i < old_size; i++) {
-        for (buf *b = old[i], *next; b; b = next) {
-            next = b->next;
-            size_t s = slot_of(pool, b->p);
-            b->next = t[s];
-            t[s] = b;
-        }
-    }
-    free(old);
-    return true;
 }
 
 static void account(flame_pinned_pool *pool, const buf *b, int sign_reserved, int sign_in_use)
@@ -87,12 +60,16 @@ static void account(flame_pinned_pool *pool, const buf *b, int sign_reserved, in
     }
 }
 
+static void *mapping(const buf *b) { return (void *)b->e.addr; }
+
 static void release(flame_pinned_pool *pool, buf *b)
 {
-    if (b->pinned) pool->unpin(b->p);
-    fl_numa_free(b->p, b->bytes);
+    if (b->pinned) pool->unpin(mapping(b));
+    fl_numa_free(mapping(b), b->bytes);
     free(b);
 }
+
+static void release_entry(fl_addr_entry *e, void *pool) { release(pool, (buf *)e); } /* e: buf's first member */
 
 FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *params, flame_pinned_pool **out)
 {
@@ -128,7 +105,7 @@ FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *
         if (!pool->pinning) fl_log(FLAME_LOG_INFO, "pinned pool: pageable memory only (%s)", why);
     }
     pool->st.pinning = pool->pinning;
-    if (!table_grow(pool)) {
+    if (!fl_addr_table_grow(&pool->out)) {
         flame_pinned_pool_destroy(pool);
         return fl_error(FLAME_ERR_NOMEM, "cannot allocate the pinned pool's table");
     }
@@ -139,22 +116,16 @@ FLAME_API flame_status flame_pinned_pool_create(const flame_pinned_pool_params *
 FLAME_API void flame_pinned_pool_destroy(flame_pinned_pool *pool)
 {
     if (!pool) return;
-    if (pool->in_use_count)
+    if (pool->out.count)
         fl_log(FLAME_LOG_WARN, "pinned pool destroyed with %zu buffers still handed out; they are unmapped",
-               pool->in_use_count);
-    for (size_t i = 0; i < pool->table_size; i++) {
-        for (buf *b = pool->table[i], *next; b; b = next) {
-            next = b->next;
-            release(pool, b);
-        }
-    }
+               pool->out.count);
+    fl_addr_table_drain(&pool->out, release_entry, pool);
     for (size_t c = 0; c < FL_NUM_CLASSES; c++) {
         for (buf *b = pool->free_list[c], *next; b; b = next) {
             next = b->next;
             release(pool, b);
         }
     }
-    free(pool->table);
     pthread_mutex_destroy(&pool->mu);
     free(pool);
 }
@@ -162,11 +133,7 @@ FLAME_API void flame_pinned_pool_destroy(flame_pinned_pool *pool)
 /* Files a handed-out buffer under its address (mutex held). */
 static void hand_out(flame_pinned_pool *pool, buf *b)
 {
-    if (pool->in_use_count >= pool->table_size) (void)table_grow(pool); /* longer chains if it fails */
-    size_t s = slot_of(pool, b->p);
-    b->next = pool->table[s];
-    pool->table[s] = b;
-    pool->in_use_count++;
+    (void)fl_addr_table_add(&pool->out, &b->e); /* has slots since create */
     account(pool, b, 0, +1);
 }
 
@@ -187,9 +154,11 @@ FLAME_API flame_status flame_pinned_alloc(flame_pinned_pool *pool, size_t bytes,
         b->requested = bytes;
         pool->st.hits++;
         hand_out(pool, b);
+        void *p = mapping(b);
+        const bool pinned = b->pinned; /* read under the lock: b is the caller's from here */
         pthread_mutex_unlock(&pool->mu);
-        *out = b->p;
-        if (is_pinned) *is_pinned = b->pinned;
+        *out = p;
+        if (is_pinned) *is_pinned = pinned;
         return FLAME_OK;
     }
     pool->st.misses++;
@@ -203,7 +172,7 @@ FLAME_API flame_status flame_pinned_alloc(flame_pinned_pool *pool, size_t bytes,
         return fl_error(FLAME_ERR_NOMEM, "cannot map %zu bytes (size class of %zu) on NUMA node %d", class_bytes,
                         bytes, (int)pool->node);
     }
-    *b = (buf){.p = p, .bytes = class_bytes, .requested = bytes, .cls = cls};
+    *b = (buf){.e.addr = p, .bytes = class_bytes, .requested = bytes, .cls = cls};
     bool failed = false;
     if (pool->pinning) {
         char why[256] = "";
@@ -216,9 +185,10 @@ FLAME_API flame_status flame_pinned_alloc(flame_pinned_pool *pool, size_t bytes,
     pool->bytes_cached += class_bytes; /* hand_out moves it from cached to in use */
     account(pool, b, +1, 0);
     hand_out(pool, b);
+    const bool pinned = b->pinned;
     pthread_mutex_unlock(&pool->mu);
     *out = p;
-    if (is_pinned) *is_pinned = b->pinned;
+    if (is_pinned) *is_pinned = pinned;
     return FLAME_OK;
 }
 
@@ -228,16 +198,12 @@ FLAME_API flame_status flame_pinned_free(flame_pinned_pool *pool, void *ptr)
     if (!pool) return fl_error(FLAME_ERR_INVALID_ARG, "pool is NULL");
     if (!ptr) return FLAME_OK;
     pthread_mutex_lock(&pool->mu);
-    buf **link = &pool->table[slot_of(pool, ptr)];
-    while (*link && (*link)->p != ptr) link = &(*link)->next;
-    buf *b = *link;
+    buf *b = (buf *)fl_addr_table_take(&pool->out, ptr); /* e is its first member */
     if (!b) {
         pthread_mutex_unlock(&pool->mu);
         return fl_error(FLAME_ERR_INVALID_ARG, "pointer %p was not handed out by this pool (or is already freed)",
                         ptr);
     }
-    *link = b->next;
-    pool->in_use_count--;
     account(pool, b, 0, -1);
     bool keep = pool->bytes_cached <= pool->max_cached;
     if (keep) {
