@@ -1,7 +1,9 @@
-/* The shared-memory user cache: round trips, attach from another process, header checks,
- * a writer killed inside a write, readers racing a writer (threads and processes) never seeing
- * a torn record, eviction when full, TTL, the layout an attacher reads back, and throughput on
- * the default-size table. */
+/* The shared-memory user cache: round trips, a creation that signals interrupt, attach from
+ * another process, header checks, a writer killed inside a write, readers racing a writer
+ * (threads and processes) never seeing a torn record, eviction when full, TTL, the layout an
+ * attacher reads back, and throughput on the default-size table. */
+#define _GNU_SOURCE /* fallocate */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,6 +18,22 @@
 
 static char name[64];
 
+/* The library's posix_fallocate is this one (the program's definition comes first): while
+ * fallocate_eintrs is above 0 it fails with EINTR, as tmpfs does when a signal arrives during
+ * the allocation, then it reserves the bytes as tmpfs does. */
+static atomic_int fallocate_eintrs, fallocate_calls;
+
+int posix_fallocate(int fd, off_t offset, off_t len)
+{
+    atomic_fetch_add(&fallocate_calls, 1);
+    int n = atomic_load(&fallocate_eintrs);
+    if (n > 0) {
+        atomic_store(&fallocate_eintrs, n - 1);
+        return EINTR;
+    }
+    return fallocate(fd, 0, offset, len) ? errno : 0;
+}
+
 static int setup(void **state)
 {
     static int n;
@@ -28,6 +46,7 @@ static int teardown(void **state)
     fl_uc_set_clock(NULL);
     fl_uc_set_write_hook(NULL);
     fl_uc_set_create_hook(NULL);
+    atomic_store(&fallocate_eintrs, 0);
     flame_user_cache_unlink(name); /* may already be gone */
     return 0;
 }
@@ -144,6 +163,25 @@ static void test_put_get_remove(void **state)
     assert_int_equal(s.evictions, 0);
     flame_user_cache_destroy(c);
     flame_user_cache_destroy(NULL);
+}
+
+/* A creation whose reservation of the object's bytes a signal interrupts reserves them again. */
+static void test_create_interrupted_by_signals(void **state)
+{
+    flame_user_cache_params p = params(1000, 3, 16, 5);
+    atomic_store(&fallocate_eintrs, 3);
+    atomic_store(&fallocate_calls, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    assert_int_equal(atomic_load(&fallocate_calls), 4);
+    rec in, out;
+    make_rec(&in, 42, 13, 3, 16, 5);
+    assert_int_equal(flame_user_cache_put(c, 42, &in.f), FLAME_OK);
+    flame_user_features f = out_features(&out);
+    int32_t found = -1;
+    assert_int_equal(flame_user_cache_get(c, 42, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_memory_equal(out.ids, in.ids, in.f.num_ids * 8);
+    flame_user_cache_destroy(c);
 }
 
 /* Another process attaches by name, reads what this one wrote and writes for it to read. */
@@ -1070,6 +1108,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_put_get_remove),
+        T(test_create_interrupted_by_signals),
         T(test_attach_from_another_process),
         T(test_attach_checks_the_header),
         T(test_attach_waits_for_a_live_creator),

@@ -121,6 +121,16 @@ static int lock_file(int fd, int op)
     return rc;
 }
 
+/* posix_fallocate of the whole object, made again when a signal interrupts it: tmpfs gives up a
+ * large allocation with EINTR when a signal arrives during it, a failure the create need not be. */
+static int reserve(int fd, off_t bytes)
+{
+    int rc;
+    while ((rc = posix_fallocate(fd, 0, bytes)) == EINTR) {
+    }
+    return rc;
+}
+
 static flame_status create(flame_user_cache *c, const flame_user_cache_params *p, int *exists)
 {
     int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, p->mode);
@@ -134,7 +144,7 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
     int rc = lock_file(fd, LOCK_EX) ? errno : 0;
     fl_uc_header want = expected_header(p);
     /* the umask may have cleared bits the caller asked for */
-    if (!rc) rc = fchmod(fd, p->mode) ? errno : posix_fallocate(fd, 0, (off_t)want.total_bytes);
+    if (!rc) rc = fchmod(fd, p->mode) ? errno : reserve(fd, (off_t)want.total_bytes);
     flame_status st = FLAME_OK;
     if (rc)
         st = fl_error(rc == ENOSPC ? FLAME_ERR_NOMEM : FLAME_ERR_IO, "cannot reserve %llu bytes for shm '%s': %s",
