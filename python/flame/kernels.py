@@ -194,10 +194,12 @@ def _i64(a: Any, what: str) -> np.ndarray:
 
 
 def _weights(a: Any, what: str) -> np.ndarray:
+    """Host weights as float32 in the shape given (checked against the ids' by the caller: not
+    flattened, so a [1, n] array is not taken for n weights)."""
     x = np.asarray(_host(a))
     if x.dtype.kind not in "fiu":
         raise errors.DTypeError(f"{what} must hold numbers, not {x.dtype}")
-    return np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    return np.ascontiguousarray(x, dtype=np.float32).reshape(x.shape)
 
 
 def _ptr(a: Optional[np.ndarray], t) -> Any:
@@ -373,13 +375,13 @@ class EmbeddingBag(Handle):
                  threads: Optional[int] = None, out_dtype: str = "float32", stream: Any = None,
                  check: bool = True) -> Any:
         """Pools one batch: ids[t] (int64 ids of table t), offsets[t] ([batch + 1] bag bounds,
-        or None: one id per bag), weights[t] (float32 per id, or None). Returns out ([batch,
-        width] of out_dtype, made when not given: a torch tensor when torch tensors were given,
-        else numpy; a given one may have a row stride). CPU handles take host arrays and
-        write float32. GPU handles take the index arrays all on the host or all as CUDA
-        tensors of the handle's device (checked on the device; see the module docstring for
-        check and stream), write float32, float16 or bfloat16, and need torch (or a CUDA
-        `out`) for the output."""
+        or None: one id per bag), weights[t] (a float32 per id, in ids[t]'s shape, or None;
+        ShapeError otherwise). Returns out ([batch, width] of out_dtype, made when not given: a
+        torch tensor when torch tensors were given, else numpy; a given one may have a row
+        stride). CPU handles take host arrays and write float32. GPU handles take the index
+        arrays all on the host or all as CUDA tensors of the handle's device (checked on the
+        device; see the module docstring for check and stream), write float32, float16 or
+        bfloat16, and need torch (or a CUDA `out`) for the output."""
         n = self.num_tables
         ids = list(ids)
         offs = [None] * n if offsets is None else list(offsets)
@@ -432,8 +434,9 @@ class EmbeddingBag(Handle):
             i = _i64(ids[t], f"ids[{t}]")
             o = None if offs[t] is None else _i64(offs[t], f"offsets[{t}]")
             w = None if ws[t] is None else _weights(ws[t], f"weights[{t}]")
-            if w is not None and w.size != i.size:
-                raise errors.ShapeError(f"table {t}: {w.size} weights for {i.size} ids")
+            if w is not None and w.shape != i.shape:
+                raise errors.ShapeError(f"table {t}: weights[{t}] has shape {w.shape}, ids[{t}] has shape {i.shape} "
+                                        "(one weight per id)")
             if o is not None and o.size == 0:
                 raise errors.ShapeError(f"table {t}: offsets needs batch + 1 entries, got none")
             b = i.size if o is None else o.size - 1

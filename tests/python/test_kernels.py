@@ -117,6 +117,24 @@ def test_uint64_ids_and_non_numeric_weights_are_named():
         fk.sumi_attention(q, q, q, np.array([0, 2**64 - 1], np.uint64), heads=2)
 
 
+def test_weights_of_another_shape_than_the_ids_are_refused():
+    """weights[t] holds one weight per id of ids[t], in its shape; a 2-D array of as many
+    numbers was flattened, so a [1, n] or [n, 1] array (or a scalar for one id) passed."""
+    t = RNG.uniform(-1, 1, (10, 4)).astype(np.float32)
+    with fk.EmbeddingBag([t]) as bag:
+        for w, ids, shapes in ((np.array([[0.5, 2.0]], np.float32), [1, 2], r"\(1, 2\).*\(2,\)"),
+                               (np.array([[0.5], [2.0]], np.float32), [1, 2], r"\(2, 1\).*\(2,\)"),
+                               (np.float32(0.5), [1], r"\(\).*\(1,\)")):
+            with pytest.raises(flame.ShapeError, match=shapes):
+                bag([ids], weights=[w])
+        with pytest.raises(ValueError, match=r"weights\[0\] has shape \(3,\), ids\[0\] has shape \(2,\)"):
+            bag([[1, 2]], weights=[[1.0, 2.0, 3.0]])
+        want = 0.5 * t[1] + 2.0 * t[2]
+        for w in ([0.5, 2.0], np.array([0.5, 2.0]), np.array([0.5, 2.0], np.float32)):  # lists, float64
+            np.testing.assert_allclose(bag([[1, 2]], [[0, 2]], weights=[w])[0], want, rtol=1e-6)
+        np.testing.assert_array_equal(bag([np.zeros(0, np.int64)], weights=[[]]), np.zeros((0, 4), np.float32))
+
+
 def test_embedding_bag_update_rows():
     q = RNG.integers(-128, 128, (6, 5)).astype(np.int8)
     qp = np.ones((6, 2), np.float32)
