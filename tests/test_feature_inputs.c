@@ -203,7 +203,7 @@ static void test_callback_status(void **state)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             ret = cases[i].raw;
             assert_status_msg(flame_feature_source_fetch(s, ids, 2, b), FLAME_ERR_UNAVAILABLE, cases[i].want);
-            assert_non_null(strstr(flame_last_error(), "first 41"));
+            assert_non_null(strstr(flame_last_error(), "for a batch of 2 ids beginning with id 41: treated as a failure"));
         }
         /* real error statuses pass through unchanged */
         ret = FLAME_ERR_FORMAT;
@@ -373,15 +373,22 @@ static void test_callback_hostile_records(void **state)
             char want[128];
             snprintf(want, sizeof want, "record 1: %s", hostile_want[hostile_case]);
             assert_status_msg(flame_feature_source_fetch(s, ids, 3, b), FLAME_ERR_INVALID_ARG, want);
-            assert_non_null(strstr(flame_last_error(), form == 1 ? "left record 1 (id 7) unwritten"
-                                                                 : "feature callback failed with FLAME_ERR_INVALID_ARG"));
+            /* the batch named by its size and first id, the refused record by its id */
+            assert_non_null(strstr(flame_last_error(),
+                                   form == 1 ? "left record 1 (id 7) unwritten"
+                                             : "feature callback failed with FLAME_ERR_INVALID_ARG for a batch of 3 "
+                                               "ids beginning with id 5; flame_feature_batch_set refused the record "
+                                               "of id 7: record 1: "));
             assert_int_equal(flame_feature_batch_size(b), 0);
             flame_item_cache *c;
             flame_item_cache_params p = {.struct_size = sizeof p, .manual_refresh = 1};
             assert_int_equal(flame_item_cache_create(s, &p, &c), FLAME_OK);
             assert_status_msg(flame_item_cache_get(c, ids, 3, b), FLAME_ERR_INVALID_ARG, hostile_want[hostile_case]);
-            /* fetched again alone: the record is now the batch's first */
-            assert_non_null(strstr(flame_last_error(), form == 1 ? "left record 0 (id 7) unwritten" : "a batch of 1 ids (first 7)"));
+            /* fetched again alone: the message names that id */
+            assert_non_null(strstr(flame_last_error(), form == 1 ? "left record 0 (id 7) unwritten"
+                                                                 : "failed with FLAME_ERR_INVALID_ARG for id 7; "
+                                                                   "flame_feature_batch_set refused the record of "
+                                                                   "id 7: record 0: "));
             flame_item_cache_stats st = {.struct_size = sizeof st};
             assert_int_equal(flame_item_cache_get_stats(c, &st), FLAME_OK);
             assert_int_equal(st.entries, 2); /* 5 and 6 */

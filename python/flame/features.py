@@ -130,7 +130,8 @@ class _Callback:
     """The C-callable side of FeatureSource.from_callback. What the Python function raises
     cannot cross the C frame: it becomes a status for libflame (the FlameError's own, else
     FLAME_ERR_UNAVAILABLE), a warning on the "flame" logger, and the __cause__ of the error
-    the Python call that triggered the fetch raises on the same thread."""
+    the Python call that triggered the fetch raises on the same thread (the first the call's
+    fetches raised)."""
 
     def __init__(self, num_slots: int, fn: Callable[[np.ndarray], Iterable[RecordLike]]):
         self.num_slots, self.fn = num_slots, fn
@@ -149,7 +150,13 @@ class _Callback:
                 _write(batch, i, _as_record(value, self.num_slots, f"record {i} (id {arr[i]})"))
             return errors.OK
         except BaseException as e:  # noqa: B902 - nothing may unwind into C
-            self.local.error = e
+            # The call's first exception is kept for its cause, as libflame reports the first
+            # failure: an item cache fetches a batch refused for a record again id by id and
+            # names the first id that fails alone (the record that stopped the batch), not the
+            # last one retried. An exit request is kept over any other exception.
+            kept = getattr(self.local, "error", None)
+            if kept is None or (_exit_request(e) and not _exit_request(kept)):
+                self.local.error = e
             # (a status outside C's int would reach the library as its low 32 bits: 2**32 as FLAME_OK)
             status = e.status if isinstance(e, FlameError) and 0 < e.status < 2**31 else errors.ERR_UNAVAILABLE
             _log.warning("feature fetch callback raised %s: %s (libflame gets %s)", type(e).__name__, e,
@@ -160,6 +167,10 @@ class _Callback:
         e = getattr(self.local, "error", None)
         self.local.error = None
         return e
+
+
+def _exit_request(e: BaseException) -> bool:
+    return isinstance(e, (KeyboardInterrupt, SystemExit))
 
 
 def call_with_cause(callbacks: Sequence[Optional["_Callback"]], status_fn: Callable[[], int]) -> None:
@@ -173,7 +184,7 @@ def call_with_cause(callbacks: Sequence[Optional["_Callback"]], status_fn: Calla
     except FlameError as err:
         for c in live:
             cause = c.take_error()
-            if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            if _exit_request(cause):
                 raise cause from None  # an exit request is the caller's, whatever libflame made of it
             if cause is not None:
                 raise err from cause

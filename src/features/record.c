@@ -243,7 +243,10 @@ FLAME_API flame_status flame_feature_batch_set(flame_feature_batch *b, size_t in
     fl_clear_error();
     if (!b) return fl_error(FLAME_ERR_INVALID_ARG, "flame_feature_batch_set: batch is NULL");
     flame_status st = batch_set(b, index, slot_offsets, ids, num_ids, dense, num_dense);
-    if (st && !b->refused[0]) snprintf(b->refused, sizeof b->refused, "%s", flame_last_error());
+    if (st && !b->refused[0]) {
+        snprintf(b->refused, sizeof b->refused, "%s", flame_last_error());
+        b->refused_index = index;
+    }
     return st;
 }
 

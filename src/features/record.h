@@ -65,8 +65,10 @@ struct flame_feature_batch {
     uint8_t *arena; /* 8-aligned blobs */
     size_t used, cap;
     /* flame_feature_batch_set's first refusal since the reset: a callback may drop its status,
-     * so the fetch that then fails quotes it (an async callback's came on another thread) */
+     * so the fetch that then fails quotes it (an async callback's came on another thread),
+     * with the id of the record it refused (refused_index, when within the batch) */
     char refused[200];
+    size_t refused_index;
     /* async completion */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -1,4 +1,5 @@
 /* A feature source backed by the host's batched callback, sync or async. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "features/source.h"
@@ -42,14 +43,26 @@ static flame_status cb_fetch(struct flame_feature_source *s, const int64_t *ids,
         st = fl_batch_wait(out);
     }
     if (st == FLAME_OK) return FLAME_OK;
+    /* the ids the failed fetch was for: the id itself when alone (an item cache fetches the ids
+     * of a failed batch again one by one), else the batch's size and its first id (fl_source_fetch
+     * calls no source for 0 ids) */
+    char which[96];
+    if (n == 1)
+        snprintf(which, sizeof which, "id %lld", (long long)ids[0]);
+    else
+        snprintf(which, sizeof which, "a batch of %zu ids beginning with id %lld", n, (long long)ids[0]);
     if (!is_error_status(st)) /* not a flame_status: never passed on to the caller as one */
         return fl_error(FLAME_ERR_UNAVAILABLE,
                         "feature callback returned %d, which is not a flame_status (FLAME_OK or a FLAME_ERR_* value), "
-                        "for a batch of %zu ids (first %lld): treated as a failure",
-                        (int)st, n, n ? (long long)ids[0] : 0LL);
-    return fl_error(st, "feature callback failed with %s for a batch of %zu ids (first %lld)%s%s",
-                    flame_status_string(st), n, n ? (long long)ids[0] : 0LL,
-                    out->refused[0] ? "; flame_feature_batch_set refused " : "", out->refused);
+                        "for %s: treated as a failure", (int)st, which);
+    char refused[96] = "";
+    if (out->refused[0] && out->refused_index < n)
+        snprintf(refused, sizeof refused, "; flame_feature_batch_set refused the record of id %lld: ",
+                 (long long)ids[out->refused_index]);
+    else if (out->refused[0])
+        snprintf(refused, sizeof refused, "; flame_feature_batch_set refused ");
+    return fl_error(st, "feature callback failed with %s for %s%s%s", flame_status_string(st), which, refused,
+                    out->refused);
 }
 
 static void cb_destroy(struct flame_feature_source *s)

@@ -158,6 +158,24 @@ def test_callback_errors_reach_the_caller_with_their_cause(caplog):
         flame.FeatureSource.from_callback(65, lambda ids: [])
 
 
+def test_an_error_and_its_cause_name_the_same_id():
+    """An item cache fetches a batch refused for a record again id by id and fails naming the
+    first id that fails alone; the error's cause was the exception of the last id retried (41
+    here, where the message named 13)."""
+    def fetch(ids):  # two bags for a 1-slot source: refused
+        return [[[int(i)], [1]] if i in (13, 41) else [[int(i)]] for i in ids]
+
+    with flame.FeatureSource.from_callback(1, fetch) as src:
+        with pytest.raises(flame.InvalidArgumentError, match="for a batch of 3 ids beginning with id 12$") as ei:
+            src.fetch([12, 13, 41])
+        assert "record 1 (id 13)" in str(ei.value.__cause__)
+        with flame.ItemCache(src, refresh_thread=False) as cache:
+            with pytest.raises(flame.InvalidArgumentError, match="for id 13$") as ei:
+                cache.get([12, 13, 41])
+            assert "(id 13)" in str(ei.value.__cause__), ei.value.__cause__
+            assert cache.get([12]) == [flame.FeatureRecord.of([[12]])]  # fetched alone, and cached
+
+
 def test_closed_handles_are_refused(tmp_path):
     src = flame.FeatureSource.from_callback(1, lambda ids: [None] * len(ids))
     cache = flame.ItemCache(src)
