@@ -18,7 +18,7 @@ import numpy as np
 from . import _arrays, _lib
 from ._handle import Handle
 from ._structs import F32P, I64P, UserCacheParams, UserCacheStats, UserFeatures, as_dict, new
-from .errors import DTypeError, InvalidArgumentError, ShapeError
+from .errors import ShapeError
 
 MODES = {"create": 0, "attach": 1, "create_or_attach": 2}
 
@@ -64,10 +64,7 @@ class UserCache(Handle):
     def __init__(self, name: str, mode: str = "create_or_attach", *, capacity: int = 0, num_slots: int = 0,
                  max_ids: int = 0, max_dense: int = 0, permissions: int = 0, ttl_us: int = 0):
         self._handle = C.c_void_p()
-        if not isinstance(name, str):
-            raise DTypeError(f"name must be a string, got {type(name).__name__}")
-        if "\x00" in name:  # C would see only the part before it
-            raise InvalidArgumentError(f"name {name!r} holds a NUL character")
+        c_name = _arrays.c_str(name, "name")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
         layout = dict(capacity=capacity, num_slots=num_slots, max_ids=max_ids, max_dense=max_dense,
@@ -77,7 +74,7 @@ class UserCache(Handle):
             field, bits, signed = _LAYOUT[k]
             setattr(p, field, _arrays.c_int(v, k, bits, signed))
         given = mode != "attach" or any(layout.values())
-        _lib.check(_lib.lib().flame_user_cache_open(name.encode(), MODES[mode], C.byref(p) if given else None,
+        _lib.check(_lib.lib().flame_user_cache_open(c_name, MODES[mode], C.byref(p) if given else None,
                                                     C.byref(self._handle)))
         self.name = name
         got = new(UserCacheParams)
@@ -88,9 +85,7 @@ class UserCache(Handle):
     @staticmethod
     def unlink(name: str) -> None:
         """Removes the table's name; processes that have it mapped keep it until they close."""
-        if not isinstance(name, str) or "\x00" in name:
-            raise InvalidArgumentError(f"name must be a string without NUL characters, got {name!r}")
-        _lib.check(_lib.lib().flame_user_cache_unlink(name.encode()))
+        _lib.check(_lib.lib().flame_user_cache_unlink(_arrays.c_str(name, "name")))
 
     def put(self, user_id: int, bags: Sequence[Any], dense: Any = None) -> None:
         """Writes (inserts or replaces) the record of `user_id`: `bags` one id sequence per

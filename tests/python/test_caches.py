@@ -696,10 +696,15 @@ def _use_inherited(cache):
 
 
 def test_user_cache_names_with_nul_are_refused():
-    with pytest.raises(flame.InvalidArgumentError, match="NUL"):
+    """Opening and unlinking refuse a name as every string passed to C is refused: naming the
+    argument and the value (unlink said "must be a string without NUL characters")."""
+    with pytest.raises(flame.InvalidArgumentError, match=r"FLAME_ERR_INVALID_ARG: name '/a\\x00/etc' holds a NUL character$"):
         flame.UserCache("/a\x00/etc")
-    with pytest.raises(flame.InvalidArgumentError, match="NUL"):
+    with pytest.raises(flame.InvalidArgumentError, match=r"FLAME_ERR_INVALID_ARG: name '/a\\x00b' holds a NUL character$"):
         flame.UserCache.unlink("/a\x00b")
+    for fn in (flame.UserCache, flame.UserCache.unlink):
+        with pytest.raises(flame.DTypeError, match="name must be a string, got bytes"):
+            fn(b"/a")
 
 
 def test_paths_and_redis_strings_with_nul_are_refused(tmp_path):
