@@ -150,18 +150,31 @@ class _Callback:
                 _write(batch, i, _as_record(value, self.num_slots, f"record {i} (id {arr[i]})"))
             return errors.OK
         except BaseException as e:  # noqa: B902 - nothing may unwind into C
-            # The call's first exception is kept for its cause, as libflame reports the first
-            # failure: an item cache fetches a batch refused for a record again id by id and
-            # names the first id that fails alone (the record that stopped the batch), not the
-            # last one retried. An exit request is kept over any other exception.
+            # Kept only for a call on this thread that will report it (call_with_cause), and
+            # the call's first exception, as libflame reports the first failure: an item cache
+            # fetches a batch refused for a record again id by id and names the first id that
+            # fails alone (the record that stopped the batch), not the last one retried. An
+            # exit request is kept over any other exception.
             kept = getattr(self.local, "error", None)
-            if kept is None or (_exit_request(e) and not _exit_request(kept)):
+            if getattr(self.local, "calls", 0) and (kept is None or (_exit_request(e) and not _exit_request(kept))):
                 self.local.error = e
             # (a status outside C's int would reach the library as its low 32 bits: 2**32 as FLAME_OK)
             status = e.status if isinstance(e, FlameError) and 0 < e.status < 2**31 else errors.ERR_UNAVAILABLE
             _log.warning("feature fetch callback raised %s: %s (libflame gets %s)", type(e).__name__, e,
                          _lib.status_name(status))
             return status
+
+    def begin_call(self) -> Optional[BaseException]:
+        """A call on this thread starts: what its fetches raise is kept for it from now on.
+        Returns what an enclosing call on this thread kept (end_call puts it back)."""
+        outer = getattr(self.local, "error", None)
+        self.local.error = None
+        self.local.calls = getattr(self.local, "calls", 0) + 1
+        return outer
+
+    def end_call(self, outer: Optional[BaseException]) -> None:
+        self.local.calls -= 1
+        self.local.error = outer
 
     def take_error(self) -> Optional[BaseException]:
         e = getattr(self.local, "error", None)
@@ -177,8 +190,7 @@ def call_with_cause(callbacks: Sequence[Optional["_Callback"]], status_fn: Calla
     """_lib.check(status_fn()), chaining the exception a fetch callback raised on this thread
     during the call (if one did) as the error's cause."""
     live = [c for c in callbacks if c is not None]
-    for c in live:
-        c.take_error()  # none left over from an earlier call
+    outer = [c.begin_call() for c in live]
     try:
         _lib.check(status_fn())
     except FlameError as err:
@@ -189,6 +201,11 @@ def call_with_cause(callbacks: Sequence[Optional["_Callback"]], status_fn: Calla
             if cause is not None:
                 raise err from cause
         raise
+    finally:
+        # nothing a fetch raised outlives the call but as the cause of its error: kept, it
+        # would hold the callback's frames and what they reference until the thread's next call
+        for c, e in zip(live, outer):
+            c.end_call(e)
 
 
 class FeatureSource(Handle):

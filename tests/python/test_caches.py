@@ -4,9 +4,12 @@ user-id-only requests through them (bitwise the scores of the same requests give
 the pinned pool and NUMA info, and every error path: bad arguments, closed handles, a
 callback that raises, mismatched layouts. The Redis cases need a server (FLAME_TEST_REDIS_PORT;
 tests/run-tests.sh starts one) and are skipped without it."""
+import gc
+import logging
 import multiprocessing
 import os
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -174,6 +177,56 @@ def test_an_error_and_its_cause_name_the_same_id():
                 cache.get([12, 13, 41])
             assert "(id 13)" in str(ei.value.__cause__), ei.value.__cause__
             assert cache.get([12]) == [flame.FeatureRecord.of([[12]])]  # fetched alone, and cached
+
+
+def test_a_callbacks_exception_is_not_kept_past_the_call(monkeypatch):
+    """What a fetch callback raised stayed in its thread's storage (with its traceback: the
+    callback's frames and what they held) until that thread's next call, also after a call
+    that succeeded in the end, such as a batch refused, then fetched id by id."""
+    # (the warning's record, kept by pytest's log capture, would hold the exception too)
+    monkeypatch.setattr(logging.getLogger("flame"), "disabled", True)
+
+    class Held:
+        pass
+
+    held = []
+
+    def fetch(ids):
+        if len(ids) > 1:  # a batch is refused; each id alone is served
+            h = Held()
+            held.append(weakref.ref(h))
+            raise flame.FormatError(f"batch of {len(ids)} refused")
+        return [[[int(i)]] for i in ids]
+
+    called, finish, got = threading.Event(), threading.Event(), []
+
+    def worker():  # a thread that lives on after its call
+        try:
+            with flame.ItemCache(flame.FeatureSource.from_callback(1, fetch), refresh_thread=False) as cache:
+                got.append(cache.get([1, 2]))
+        except BaseException as e:  # noqa: B902 - reported by the test's thread
+            got.append(e)
+        called.set()
+        finish.wait(30)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        assert called.wait(30)
+        assert got == [[flame.FeatureRecord.of([[1]]), flame.FeatureRecord.of([[2]])]]
+        gc.collect()
+        assert len(held) == 1 and held[0]() is None, "the refused batch's exception is still held"
+    finally:
+        finish.set()
+        t.join(30)
+    # a failure reported as the error's cause is held by that error alone
+    with flame.FeatureSource.from_callback(1, fetch) as src:
+        with pytest.raises(flame.FormatError) as ei:
+            src.fetch([3, 4])
+        assert isinstance(ei.value.__cause__, flame.FormatError)
+        del ei
+        gc.collect()
+        assert len(held) == 2 and held[1]() is None
 
 
 def test_closed_handles_are_refused(tmp_path):
