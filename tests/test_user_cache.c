@@ -20,8 +20,11 @@ static char name[64];
 
 /* The library's posix_fallocate is this one (the program's definition comes first): while
  * fallocate_eintrs is above 0 it fails with EINTR, as tmpfs does when a signal arrives during
- * the allocation, then it reserves the bytes as tmpfs does. */
+ * the allocation, and so does every call for more than fallocate_longest bytes (when set: a
+ * periodic signal that always arrives before so long an allocation ends); else it reserves
+ * the bytes as tmpfs does. */
 static atomic_int fallocate_eintrs, fallocate_calls;
+static atomic_llong fallocate_longest;
 
 int posix_fallocate(int fd, off_t offset, off_t len)
 {
@@ -31,6 +34,8 @@ int posix_fallocate(int fd, off_t offset, off_t len)
         atomic_store(&fallocate_eintrs, n - 1);
         return EINTR;
     }
+    long long longest = atomic_load(&fallocate_longest);
+    if (longest > 0 && len > longest) return EINTR;
     return fallocate(fd, 0, offset, len) ? errno : 0;
 }
 
@@ -179,6 +184,35 @@ static void test_create_interrupted_by_signals(void **state)
     flame_user_features f = out_features(&out);
     int32_t found = -1;
     assert_int_equal(flame_user_cache_get(c, 42, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_memory_equal(out.ids, in.ids, in.f.num_ids * 8);
+    flame_user_cache_destroy(c);
+}
+
+/* An object too large to reserve between two signals is still created: it is reserved in
+ * pieces that each finish (an interrupted allocation keeps nothing, so one call for the whole
+ * object would be made again for ever). */
+static void test_create_reserved_in_pieces(void **state)
+{
+    flame_user_cache_params p = params(200000, 3, 64, 8);
+    atomic_store(&fallocate_longest, (long long)16 << 20);
+    atomic_store(&fallocate_calls, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    atomic_store(&fallocate_longest, 0);
+    struct stat sb;
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true(sb.st_size > (off_t)32 << 20);
+    /* pieces of at most 16 MiB, each reserved at the first try */
+    const off_t piece = (off_t)16 << 20;
+    assert_int_equal(atomic_load(&fallocate_calls), (int)((sb.st_size + piece - 1) / piece));
+    rec in, out;
+    make_rec(&in, 7, 13, 3, 64, 8);
+    assert_int_equal(flame_user_cache_put(c, 7, &in.f), FLAME_OK);
+    flame_user_features f = out_features(&out);
+    int32_t found = -1;
+    assert_int_equal(flame_user_cache_get(c, 7, &f, &found), FLAME_OK);
     assert_int_equal(found, 1);
     assert_memory_equal(out.ids, in.ids, in.f.num_ids * 8);
     flame_user_cache_destroy(c);
@@ -1109,6 +1143,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_put_get_remove),
         T(test_create_interrupted_by_signals),
+        T(test_create_reserved_in_pieces),
         T(test_attach_from_another_process),
         T(test_attach_checks_the_header),
         T(test_attach_waits_for_a_live_creator),

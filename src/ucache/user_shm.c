@@ -121,14 +121,22 @@ static int lock_file(int fd, int op)
     return rc;
 }
 
-/* posix_fallocate of the whole object, made again when a signal interrupts it: tmpfs gives up a
- * large allocation with EINTR when a signal arrives during it, a failure the create need not be. */
+/* posix_fallocate of the whole object, in pieces, each made again when a signal interrupts it:
+ * tmpfs gives up an allocation with EINTR when a signal arrives during it, and throws away what
+ * that call had reserved, so a large object reserved in one call could be interrupted for ever
+ * by a periodic signal (a profiler's timer); a piece of 16 MiB takes a few milliseconds, and the
+ * pieces already reserved stay. */
 static int reserve(int fd, off_t bytes)
 {
-    int rc;
-    while ((rc = posix_fallocate(fd, 0, bytes)) == EINTR) {
+    const off_t piece = (off_t)16 << 20;
+    for (off_t at = 0; at < bytes; at += piece) {
+        const off_t len = bytes - at < piece ? bytes - at : piece;
+        int rc;
+        while ((rc = posix_fallocate(fd, at, len)) == EINTR) {
+        }
+        if (rc) return rc;
     }
-    return rc;
+    return 0;
 }
 
 static flame_status create(flame_user_cache *c, const flame_user_cache_params *p, int *exists)
