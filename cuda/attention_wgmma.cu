@@ -169,11 +169,13 @@ __device__ __forceinline__ int query_pos(const fl_attn_tile &tile, const int32_t
     return tile.qpos_idx < 0 ? tile.pos0 + r : qpos[tile.qpos_idx + r];
 }
 
+// Keys the query at position p sees: the history up to itself, or all of it (a candidate).
+__device__ __forceinline__ int keys_seen(const fl_attn_tile &tile, int p) { return p < tile.n_hist ? p + 1 : tile.n_hist; }
+
 __device__ __forceinline__ tile_rows rows_of(const fl_attn_tile &tile, const int32_t *qpos, int wg, int warp, int g)
 {
-    const int n = tile.n_hist;
     auto pos_of = [&](int r) { return query_pos(tile, qpos, r); };
-    auto nvis_of = [&](int p) { return p < n ? p + 1 : n; };
+    auto nvis_of = [&](int p) { return keys_seen(tile, p); };
     tile_rows tr;
     tr.kend = nvis_of(pos_of(tile.nq - 1));
 #pragma unroll
@@ -186,6 +188,24 @@ __device__ __forceinline__ tile_rows rows_of(const fl_attn_tile &tile, const int
     const int first = wg * 64, last = min(tile.nq, wg * 64 + 64) - 1;
     tr.wg_kend = first <= last ? nvis_of(pos_of(last)) : 0;
     tr.wg_full = first <= last ? nvis_of(pos_of(first)) : 0;
+    return tr;
+}
+
+// rows_of with the spans known (item_slot): only the thread's own rows' positions are read.
+__device__ __forceinline__ tile_rows rows_of_spans(const fl_attn_tile &tile, const int32_t *qpos, int wg, int warp,
+                                                   int g, int kend, int wg_kend, int wg_full)
+{
+    tile_rows tr;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = wg * 64 + warp * 16 + g + 8 * i;
+        tr.valid[i] = r < tile.nq;
+        tr.pos[i] = tr.valid[i] ? query_pos(tile, qpos, r) : -1;
+        tr.nvis[i] = tr.valid[i] ? keys_seen(tile, tr.pos[i]) : 0;
+    }
+    tr.kend = kend;
+    tr.wg_kend = wg_kend;
+    tr.wg_full = wg_full;
     return tr;
 }
 
@@ -655,13 +675,14 @@ template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&p)[N][4])
 // launched with (__launch_bounds__(384, 1)).
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 
-// K and V as the tensor memory accelerator reads them (TMA variants; encode_kv): [rows][heads x
-// dh] with ldkv-element row strides, in boxes of [BN rows][64 columns] (128 bytes: one swizzle
-// span). Only whole key blocks are read this way, whose rows all belong to the item's sequence
-// (rows [seq_row, seq_row + kend)), so the map needs no bound tighter than the buffer can have;
-// the block holding kend is copied by cp.async, which zero-fills the rows past it.
+// K, V and Q as the tensor memory accelerator reads them (TMA variants; encode_kv): [rows][heads
+// x dh] with ldkv- (ldq-) element row strides, in boxes of [BN (QT) rows][64 columns] (128
+// bytes: one swizzle span). Only whole key blocks and whole Q tiles are read this way, whose
+// rows all belong to the item's sequence (keys [seq_row, seq_row + kend), queries [q_row, q_row
+// + QT)), so the maps need no bound tighter than the buffer can have; the block holding kend
+// and a Q tile of fewer rows are copied by cp.async, which zero-fills the rows past them.
 struct kv_maps {
-    CUtensorMap k, v;
+    CUtensorMap k, v, q; // q: the Q tile of a full item (QT rows), in [QT][64] boxes
 };
 
 // Warp-specialised kernel with the softmax of block j overlapped with the P V product of
@@ -683,14 +704,20 @@ struct kv_maps {
 // item count or more) sets the counters back to zero for the next launch on the stream.
 //
 // The producer publishes each item to the consumers in a shared-memory slot (two, by round
-// parity): the item's index (>= the item count: no more work) and its tile descriptor, so the
-// consumers never wait for a global load of it. Named barriers hand a slot over (SLOT_FULL:
-// the producer arrives once written, the consumers wait) and back (SLOT_FREE: the consumers
-// arrive once read, the producer waits before writing it again), so compute-sanitizer's
-// racecheck sees the order too (it does not follow mbarriers for ordinary loads and stores).
+// parity): the item's index (>= the item count: no more work), its tile descriptor and its key
+// spans, so the consumers never wait for a global load of them. Named barriers hand a slot over
+// (SLOT_FULL: the producer arrives once written, the consumers wait) and back (SLOT_FREE: the
+// consumers arrive once read, the producer waits before writing it again), so
+// compute-sanitizer's racecheck sees the order too (it does not follow mbarriers for ordinary
+// loads and stores).
 struct item_slot {
     fl_attn_tile tile;
     int64_t item;
+    // the tile's key spans (tile_rows' kend, and wg_kend and wg_full of each warpgroup), worked
+    // out by the producer when it fetches the item, an item ahead: a candidate tile's spans
+    // come from query positions in global memory, whose latency would otherwise open each
+    // item of the consumers
+    int32_t kend, wg_kend[2], wg_full[2];
 };
 constexpr int SLOT_FULL = 2, SLOT_FREE = 4; // + the round's parity; 1 is the producer's own
 constexpr int TURN = 6;                     // + the warpgroup: its turn to issue products (PINGPONG)
@@ -740,7 +767,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                     const int64_t gs = gridDim.x, b = blockIdx.x;
                     item = round * gs + ((round & 1) ? gs - 1 - b : b);
                 }
-                if (item < n_items) sl.tile = tiles[ord.tile(item)];
+                if (item < n_items) {
+                    const fl_attn_tile tile = tiles[ord.tile(item)];
+                    sl.tile = tile;
+                    const tile_rows t0 = rows_of(tile, qpos, 0, 0, 0), t1 = rows_of(tile, qpos, 1, 0, 0);
+                    sl.kend = t0.kend;
+                    sl.wg_kend[0] = t0.wg_kend;
+                    sl.wg_kend[1] = t1.wg_kend;
+                    sl.wg_full[0] = t0.wg_full;
+                    sl.wg_full[1] = t1.wg_full;
+                }
                 sl.item = item;
             }
             named_sync(1, 128);
@@ -777,7 +813,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             }
             const fl_attn_tile tile = slots[round & 1].tile;
             const int64_t col = (int64_t)ord.head(item) * DH;
-            const int kend = rows_of(tile, qpos, 0, 0, 0).kend;
+            const int kend = slots[round & 1].kend;
             const int nblk = (kend + BN - 1) / BN;
             auto stage_block = [&](int blk) {
                 const uint32_t at = ring + blk, st = at % STAGES;
@@ -807,8 +843,20 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             };
             if (nblk > 0) stage_block(0); // the ring usually has room before the Q tile is free
             if (round > 0) mbar_wait(q_empty, (uint32_t)(round - 1) & 1);
-            if (nblk > 0) stage_q<DH>(qs, tile, q, ldq, col, 0, QT, me, 128);
-            mbar_arrive_cp(q_full);
+            if (TMA && nblk > 0 && tile.nq == QT && tile.q_row <= INT32_MAX - QT) {
+                // a full Q tile: one thread's boxes, counted in bytes on q_full as a key block's
+                if (me == 0) {
+                    mbar_arrive_tx(q_full, L::Q_BYTES);
+#pragma unroll
+                    for (int cb = 0; cb < DH / 64; cb++)
+                        tma_load_2d(qs + cb * QT * 128, &maps.q, (int)col + 64 * cb, (int)tile.q_row, q_full);
+                } else {
+                    mbar_arrive(q_full);
+                }
+            } else {
+                if (nblk > 0) stage_q<DH>(qs, tile, q, ldq, col, 0, QT, me, 128);
+                mbar_arrive_cp(q_full);
+            }
             const int64_t next = fetch(round + 1);
             if (next < n_items) prefetch_item(slots[(round + 1) & 1].tile, next);
             for (int blk = 1; blk < nblk; blk++) stage_block(blk);
@@ -851,11 +899,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const int64_t item = sl.item;
         if (item >= n_items) break;
         const fl_attn_tile tile = sl.tile;
+        const int32_t kend = sl.kend, wg_kend = sl.wg_kend[wg], wg_full = sl.wg_full[wg];
         named_arrive(SLOT_FREE + (int)(round & 1), WS_THREADS);
         mbar_wait(q_full, (uint32_t)round & 1);
         fence_async_smem(); // the Q tile's copies (generic proxy) are read by the tensor cores
         const int64_t col = (int64_t)ord.head(item) * DH;
-        const tile_rows tr = rows_of(tile, qpos, wg, warp, g);
+        const tile_rows tr = rows_of_spans(tile, qpos, wg, warp, g, kend, wg_kend, wg_full);
         const int nblk = (tr.kend + BN - 1) / BN;
         const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN); // blocks this warpgroup's rows see
         auto wait_full = [&](int blk) {
@@ -883,6 +932,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             turn_pass();
             wg_wait0();
             fence_regs(s);
+            if (nwork == 1) release_q(); // its only S = Q K^T has completed: the next Q may come in
             softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
             pack_p<T, BN>(s, p);
             for (int blk = 1; blk < nwork; blk++) {
@@ -893,6 +943,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 turn_pass();
                 wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
                 fence_regs(s);
+                if (blk == nwork - 1) release_q(); // the item's last read of the Q tile is done
                 softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
                 wg_wait0();
                 keep_regs(p);
@@ -901,7 +952,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 rescale(a, alpha);
                 pack_p<T, BN>(s, p);
             }
-            release_q();
             turn_wait();
             issue_pv<T, DH, BN>(a, p, vs0 + kv_at(nwork - 1));
             turn_pass();
@@ -977,7 +1027,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
     return fn;
 }
 
-// K or V for the TMA variants (kv_maps): columns [0, heads x dh), boxes of [box_rows][64] in the
+// K, V or Q for the TMA variants (kv_maps): columns [0, heads x dh), boxes of [box_rows][64] in the
 // 128-byte swizzle. The rows a launch reads are not known here, so the map declares as many as
 // the kernel's 32-bit row coordinate reaches or 2^40 bytes hold, whichever is fewer: more than
 // any device's memory has (rows past the declared ones would read as zeros). False where the
@@ -999,8 +1049,9 @@ template <typename T> bool encode_kv(CUtensorMap *m, const T *base, int64_t cols
 }
 
 // ctas: the grid, at most one CTA an item (0: one an item, the one-shot form); work: the
-// counters of the greedy schedule (attn_ovl_kernel), or NULL. TMA: whole key blocks through
-// the tensor memory accelerator; where K and V cannot be described to it, the cp.async form.
+// counters of the greedy schedule (attn_ovl_kernel), or NULL. TMA: whole key blocks and Q
+// tiles through the tensor memory accelerator; where K, V or Q cannot be described to it, the
+// cp.async form.
 template <typename T, int DH, int BN, int STAGES, bool PINGPONG = false, bool TMA = false>
 flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
                         int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major,
@@ -1010,7 +1061,8 @@ flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int3
     memset(&maps, 0, sizeof maps);
     if constexpr (TMA) {
         if (!encode_kv<T>(&maps.k, k, (int64_t)heads * DH, ldkv, BN) ||
-            !encode_kv<T>(&maps.v, v, (int64_t)heads * DH, ldkv, BN))
+            !encode_kv<T>(&maps.v, v, (int64_t)heads * DH, ldkv, BN) ||
+            !encode_kv<T>(&maps.q, q, (int64_t)heads * DH, ldq, QT))
             return launch_ovl<T, DH, BN, STAGES, PINGPONG, false>(tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv, out,
                                                                   ldo, s, head_major, ctas, work);
     }
@@ -1075,7 +1127,10 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     // (FL_WG_POVL128P), an H100: B32 L1024 M512 341-343 us against 350, L4096 the same within the
     // noise; with whole key blocks staged by the tensor memory accelerator as well
     // (FL_WG_POVL128PT), the same run: 334-335 us against 346 (turns alone) and 350, L4096 579
-    // against 603 and 595, so that is the default with work counters.
+    // against 603 and 595, so that is the default with work counters. Q tiles by TMA as well,
+    // released once the item's last S = Q K^T is done, and each item's key spans worked out by
+    // the producer: B32 L1024 M512 322-324 us against 335-340, B64 L512 M256 242 against
+    // 249-251 (an H100, both builds in one run).
     const int which = variant                      ? variant
                       : dh == 128                  ? (work ? FL_WG_POVL128PT : FL_WG_OVL128)
                       : num_tiles * heads >= 132   ? FL_WG_LOCK64
