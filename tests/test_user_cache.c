@@ -541,6 +541,76 @@ static void test_writer_killed_mid_write(void **state)
     flame_user_cache_destroy(c);
 }
 
+/* The recovery's log line reaches the host's hook once the thread holds no bucket lock: the
+ * hook has another thread read the same user, which would wait for the bucket (held across a
+ * hook called under it) for as long as the hook runs. */
+typedef struct hook_probe {
+    flame_user_cache *c;
+    atomic_int lines, reader_done, reader_finished_in_hook;
+} hook_probe;
+
+static void *read_user_7(void *arg)
+{
+    hook_probe *h = arg;
+    rec out;
+    flame_user_features f = out_features(&out);
+    int32_t found = -1;
+    flame_user_cache_get(h->c, 7, &f, &found);
+    atomic_store(&h->reader_done, 1);
+    return NULL;
+}
+
+static void recovery_hook(flame_log_level level, const char *message, void *user)
+{
+    hook_probe *h = user;
+    if (!strstr(message, "recovered")) return;
+    atomic_fetch_add(&h->lines, 1);
+    pthread_t t;
+    if (pthread_create(&t, NULL, read_user_7, h) != 0) return;
+    for (int i = 0; i < 200 && !atomic_load(&h->reader_done); i++) /* up to 2 s */
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    atomic_store(&h->reader_finished_in_hook, atomic_load(&h->reader_done));
+    pthread_join(t, NULL); /* a reader still waiting gets the bucket once the hook returns */
+}
+
+static void test_recovery_logged_outside_the_bucket_lock(void **state)
+{
+    flame_user_cache_params p = params(64, 1, 16, 0);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    for (int64_t u = 0; u < 20; u++) {
+        rec r;
+        make_rec(&r, u, 10, 1, 16, 0);
+        assert_int_equal(flame_user_cache_put(c, u, &r.f), FLAME_OK);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        flame_user_cache *cc = NULL;
+        if (flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &cc) != FLAME_OK) _exit(10);
+        fl_uc_set_write_hook(stop_self);
+        rec r;
+        make_rec(&r, 7, 16, 1, 16, 0);
+        flame_user_cache_put(cc, 7, &r.f); /* stopped inside, both of user 7's buckets locked */
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(status));
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+
+    hook_probe h = {.c = c};
+    assert_int_equal(flame_set_log_callback(recovery_hook, &h, FLAME_LOG_WARN), FLAME_OK);
+    rec r;
+    make_rec(&r, 7, 3, 1, 16, 0); /* locks both buckets: two recoveries, one line */
+    flame_status st = flame_user_cache_put(c, 7, &r.f);
+    assert_int_equal(flame_set_log_callback(NULL, NULL, FLAME_LOG_ERROR), FLAME_OK);
+    assert_int_equal(st, FLAME_OK);
+    assert_int_equal(atomic_load(&h.lines), 1);
+    assert_int_equal(atomic_load(&h.reader_finished_in_hook), 1);
+    assert_int_equal(stats_of(c).recoveries, 2);
+    flame_user_cache_destroy(c);
+}
+
 /* ---- readers racing writers: threads (what TSan sees) and processes */
 enum { KEYS = 48, MAXI = 40, MAXD = 6, SLOTS = 3 };
 typedef struct race {
@@ -1144,6 +1214,7 @@ int main(void)
         T(test_put_get_remove),
         T(test_create_interrupted_by_signals),
         T(test_create_reserved_in_pieces),
+        T(test_recovery_logged_outside_the_bucket_lock),
         T(test_attach_from_another_process),
         T(test_attach_checks_the_header),
         T(test_attach_waits_for_a_live_creator),

@@ -45,8 +45,9 @@ static inline _Atomic uint64_t *fl_uc_record(const flame_user_cache *c, fl_uc_bu
 uint64_t fl_uc_record_words(uint32_t num_slots, uint32_t max_ids, uint32_t max_dense);
 
 /* Locks a bucket; if its previous owner died holding it, drops the records it left half
- * written, recounts `live`, marks the mutex consistent and counts a recovery. Returns 0, or
- * the error of a mutex another process overwrote (the bucket is then not locked). */
+ * written, recounts `live`, marks the mutex consistent and counts a recovery (logged by the
+ * unlock that leaves the thread holding no bucket lock). Returns 0, or the error of a mutex
+ * another process overwrote (the bucket is then not locked). */
 int fl_uc_lock(flame_user_cache *c, fl_uc_bucket *b);
 void fl_uc_unlock(fl_uc_bucket *b);
 

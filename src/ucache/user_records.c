@@ -134,6 +134,13 @@ fl_uc_read_result fl_uc_read(const flame_user_cache *c, fl_uc_bucket *b, unsigne
     return ld(&r[FL_UC_SEQ]) == seq ? res : locked ? FL_UC_CORRUPT : FL_UC_TORN;
 }
 
+/* Bucket locks this thread holds, and the recoveries it made under them, reported once it
+ * holds none: the log hook is the host's code and may be slow, and a bucket lock held across
+ * it would stall every process that uses that bucket. */
+static _Thread_local unsigned locks_held;
+static _Thread_local unsigned recovered, recovered_dropped;
+static _Thread_local const flame_user_cache *recovered_in;
+
 /* The owner died inside the bucket: a record with an odd seq was being written; its old value
  * is partly overwritten, so it is dropped (reads as a miss) and the seq made even again. */
 static void repair(flame_user_cache *c, fl_uc_bucket *b)
@@ -152,8 +159,9 @@ static void repair(flame_user_cache *c, fl_uc_bucket *b)
     }
     atomic_store_explicit(&b->live, live, memory_order_relaxed);
     atomic_fetch_add(&c->hdr->recoveries, 1);
-    fl_log(FLAME_LOG_WARN, "user cache '%s': recovered a bucket lock from a dead process; %u half-written record(s) dropped",
-           c->name, dropped);
+    recovered++;
+    recovered_dropped += dropped;
+    recovered_in = c;
 }
 
 int fl_uc_lock(flame_user_cache *c, fl_uc_bucket *b)
@@ -162,8 +170,9 @@ int fl_uc_lock(flame_user_cache *c, fl_uc_bucket *b)
     if (rc == EOWNERDEAD) {
         repair(c, b);
         pthread_mutex_consistent(&b->mu);
-        return 0;
+        rc = 0;
     }
+    locks_held += rc == 0;
     /* anything else (ENOTRECOVERABLE, EINVAL) only comes from a mutex another process
      * overwrote: every EOWNERDEAD is made consistent above */
     return rc;
@@ -172,4 +181,9 @@ int fl_uc_lock(flame_user_cache *c, fl_uc_bucket *b)
 void fl_uc_unlock(fl_uc_bucket *b)
 {
     pthread_mutex_unlock(&b->mu);
+    if (--locks_held == 0 && recovered) {
+        fl_log(FLAME_LOG_WARN, "user cache '%s': recovered %u bucket lock(s) from a dead process; %u half-written "
+               "record(s) dropped", recovered_in->name, recovered, recovered_dropped);
+        recovered = recovered_dropped = 0;
+    }
 }
