@@ -895,6 +895,84 @@ static void test_priorities_and_no_starvation(void **state)
     }
 }
 
+/* A turnstile: the k-th callback through it blocks its worker until k callbacks are allowed,
+ * so a test can stop the one worker after each of several batches. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, allowed;
+} turn = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+static void turn_done(void *user, flame_status st, const char *message)
+{
+    on_done(user, st, message);
+    pthread_mutex_lock(&turn.mu);
+    const int me = ++turn.entered;
+    pthread_cond_broadcast(&turn.cv);
+    while (turn.allowed < me) pthread_cond_wait(&turn.cv, &turn.mu);
+    pthread_mutex_unlock(&turn.mu);
+}
+static void turn_wait(int entered)
+{
+    pthread_mutex_lock(&turn.mu);
+    while (turn.entered < entered) pthread_cond_wait(&turn.cv, &turn.mu);
+    pthread_mutex_unlock(&turn.mu);
+}
+static void turn_allow(int allowed)
+{
+    pthread_mutex_lock(&turn.mu);
+    turn.allowed = allowed;
+    pthread_cond_broadcast(&turn.cv);
+    pthread_mutex_unlock(&turn.mu);
+}
+
+/* The no-starvation count is of batches that went ahead of waiting requests: once a level's
+ * last waiting request left the queue (cancelled, or expired) the count leaves with it, so a
+ * request submitted later waits through max_bypass batches of its own (it inherited the count
+ * and went ahead of the high level after fewer). */
+static void test_bypass_count_leaves_with_the_requests(void **state)
+{
+    fixture *f = *state;
+    static req g, h[4], l[2];
+    const flame_batch_profile p[] = {{1, 64}};
+    for (int how = 0; how < 2; how++) { /* the first low request cancelled, or expired */
+        flame_scheduler_params sp = {.struct_size = sizeof sp, .profiles = p, .num_profiles = 1, .workers = 1,
+                                     .max_bypass = 2};
+        flame_scheduler *s = NULL;
+        assert_int_equal(flame_scheduler_create(f->se, &sp, &s), FLAME_OK);
+        fl_sched_set_clock(s, fake_clock, NULL);
+        turn.entered = turn.allowed = 0;
+        atomic_store(&order_n, 0);
+        make_req(&g, 3, 8, true);
+        submit_opt(s, &g, FLAME_PRIORITY_NORMAL, 0, 0, turn_done);
+        turn_wait(1); /* the worker is in g's callback */
+        make_req(&l[0], 3, 8, true);
+        const uint64_t t0 = submit_opt(s, &l[0], FLAME_PRIORITY_LOW, how ? 1000 : 0, 0, on_done);
+        for (int i = 0; i < 4; i++)
+            make_req(&h[i], 3, 8, true), submit_opt(s, &h[i], FLAME_PRIORITY_HIGH, 0, 0, i < 2 ? turn_done : ordered_done);
+        turn_allow(1);
+        turn_wait(2); /* h0's batch went ahead of l0: one bypass counted for the low level */
+        if (how == 0)
+            assert_int_equal(flame_scheduler_cancel(s, t0), FLAME_OK);
+        else
+            atomic_fetch_add(&fake_now, 2000); /* past l0's deadline: the worker's next look expires it */
+        turn_allow(2);
+        turn_wait(3); /* the worker is in h1's callback: l0 is gone, the low level empty */
+        assert_int_equal(l[0].status, how ? FLAME_ERR_TIMEOUT : FLAME_ERR_CANCELLED);
+        make_req(&l[1], 3, 8, true);
+        submit_opt(s, &l[1], FLAME_PRIORITY_LOW, 0, 0, ordered_done);
+        turn_allow(3);
+        flame_scheduler_destroy(s);
+        assert_int_equal(atomic_load(&order_n), 3);
+        req *want[3] = {&h[2], &h[3], &l[1]};
+        for (int i = 0; i < 3; i++) {
+            if (order[i] != want[i])
+                fail_msg("%s: batch %d is not the expected request (l1 went after %d high batch(es), max_bypass 2)",
+                         how ? "expired" : "cancelled", i, order[i] == &l[1] ? i : -1);
+            assert_int_equal(order[i]->status, FLAME_OK);
+        }
+    }
+}
+
 /* Deadlines on an injected clock: a queued request whose deadline passes completes with
  * FLAME_ERR_TIMEOUT and writes nothing (split ones too), a running one completes, the
  * others are scored; a request waiting for company times out without a batch. */
@@ -1520,6 +1598,7 @@ int main(void)
         T(test_destroy_from_a_done_callback),
         T(test_destroy_scheduler_and_engine_in_a_callback_during_isolation),
         T(test_priorities_and_no_starvation),
+        T(test_bypass_count_leaves_with_the_requests),
         T(test_score_ex_with_options),
         T(test_deadlines),
         T(test_deadline_while_waiting_for_company),

@@ -104,6 +104,9 @@ static void unlink_if(fl_level *lv, bool (*drop)(const fl_part *, const void *),
         }
     }
     lv->tail = prev;
+    /* the count is of batches the waiting requests saw go ahead: with none left waiting it
+     * leaves with them, or the next request of the level would start with their count */
+    if (!lv->head) lv->bypassed = 0;
 }
 
 static bool expired(const fl_part *p, const void *now)
