@@ -170,6 +170,19 @@ static void test_put_get_remove(void **state)
     flame_user_cache_destroy(NULL);
 }
 
+/* The table works: user's record (make_rec's version v, in p's bounds) put, then got back whole. */
+static void assert_put_then_get(flame_user_cache *c, int64_t user, uint64_t v, const flame_user_cache_params *p)
+{
+    rec in, out;
+    make_rec(&in, user, v, p->num_slots, p->max_ids, p->max_dense);
+    assert_int_equal(flame_user_cache_put(c, user, &in.f), FLAME_OK);
+    flame_user_features f = out_features(&out);
+    int32_t found = -1;
+    assert_int_equal(flame_user_cache_get(c, user, &f, &found), FLAME_OK);
+    assert_int_equal(found, 1);
+    assert_memory_equal(out.ids, in.ids, in.f.num_ids * 8);
+}
+
 /* A creation whose reservation of the object's bytes a signal interrupts reserves them again. */
 static void test_create_interrupted_by_signals(void **state)
 {
@@ -178,14 +191,7 @@ static void test_create_interrupted_by_signals(void **state)
     atomic_store(&fallocate_calls, 0);
     flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
     assert_int_equal(atomic_load(&fallocate_calls), 4);
-    rec in, out;
-    make_rec(&in, 42, 13, 3, 16, 5);
-    assert_int_equal(flame_user_cache_put(c, 42, &in.f), FLAME_OK);
-    flame_user_features f = out_features(&out);
-    int32_t found = -1;
-    assert_int_equal(flame_user_cache_get(c, 42, &f, &found), FLAME_OK);
-    assert_int_equal(found, 1);
-    assert_memory_equal(out.ids, in.ids, in.f.num_ids * 8);
+    assert_put_then_get(c, 42, 13, &p);
     flame_user_cache_destroy(c);
 }
 
@@ -207,14 +213,7 @@ static void test_create_reserved_in_pieces(void **state)
     /* pieces of at most 16 MiB, each reserved at the first try */
     const off_t piece = (off_t)16 << 20;
     assert_int_equal(atomic_load(&fallocate_calls), (int)((sb.st_size + piece - 1) / piece));
-    rec in, out;
-    make_rec(&in, 7, 13, 3, 64, 8);
-    assert_int_equal(flame_user_cache_put(c, 7, &in.f), FLAME_OK);
-    flame_user_features f = out_features(&out);
-    int32_t found = -1;
-    assert_int_equal(flame_user_cache_get(c, 7, &f, &found), FLAME_OK);
-    assert_int_equal(found, 1);
-    assert_memory_equal(out.ids, in.ids, in.f.num_ids * 8);
+    assert_put_then_get(c, 7, 13, &p);
     flame_user_cache_destroy(c);
 }
 
@@ -487,7 +486,10 @@ static void test_create_or_attach_while_unlinked(void **state)
 }
 
 /* ---- a writer killed inside a write */
-static void test_writer_killed_mid_write(void **state)
+/* A table of users 0..19 (one slot, up to 16 ids, no dense values) whose user 7 another
+ * process was overwriting when it was killed: seq odd, both of user 7's bucket locks held by a
+ * dead process. */
+static flame_user_cache *table_with_user_7_half_written(void)
 {
     flame_user_cache_params p = params(64, 1, 16, 0);
     flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
@@ -512,6 +514,12 @@ static void test_writer_killed_mid_write(void **state)
     assert_int_equal(kill(pid, SIGKILL), 0);
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    return c;
+}
+
+static void test_writer_killed_mid_write(void **state)
+{
+    flame_user_cache *c = table_with_user_7_half_written();
 
     rec out;
     flame_user_features f = out_features(&out);
@@ -575,28 +583,7 @@ static void recovery_hook(flame_log_level level, const char *message, void *user
 
 static void test_recovery_logged_outside_the_bucket_lock(void **state)
 {
-    flame_user_cache_params p = params(64, 1, 16, 0);
-    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE, &p);
-    for (int64_t u = 0; u < 20; u++) {
-        rec r;
-        make_rec(&r, u, 10, 1, 16, 0);
-        assert_int_equal(flame_user_cache_put(c, u, &r.f), FLAME_OK);
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-        flame_user_cache *cc = NULL;
-        if (flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &cc) != FLAME_OK) _exit(10);
-        fl_uc_set_write_hook(stop_self);
-        rec r;
-        make_rec(&r, 7, 16, 1, 16, 0);
-        flame_user_cache_put(cc, 7, &r.f); /* stopped inside, both of user 7's buckets locked */
-        _exit(0);
-    }
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
-    assert_true(WIFSTOPPED(status));
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    flame_user_cache *c = table_with_user_7_half_written();
 
     hook_probe h = {.c = c};
     assert_int_equal(flame_set_log_callback(recovery_hook, &h, FLAME_LOG_WARN), FLAME_OK);
