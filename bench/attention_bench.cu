@@ -16,7 +16,8 @@
 // same kernels persistent, one CTA an SM, items handed out through work counters; povl128f
 // with a fixed assignment instead; povl128p with the warpgroups taking turns issuing their
 // products; povl128t / povl128pt, povl128 / povl128p with whole key blocks and Q tiles staged
-// by the tensor memory accelerator); and `auto`, fl_cuda_attention as the engine calls it (the
+// by the tensor memory accelerator; povl128pc, povl128pt with each item's last P V issued beside
+// the next item's first S); and `auto`, fl_cuda_attention as the engine calls it (the
 // tile size fl_cuda_attention_tile_queries picks, work counters given). Before timing, every
 // variant's output is compared with tc16's (normwise max |diff| / max |ref|), and with a float64 CPU
 // reference on 64 sampled rows per head. Time: median over --reps groups of 10 back-to-back
@@ -209,6 +210,7 @@ int main(int argc, char **argv)
             vs.push_back({"povl128p", FL_ATTN_QT_WG, FL_WG_POVL128P}); // the warpgroups taking turns
             vs.push_back({"povl128t", FL_ATTN_QT_WG, FL_WG_POVL128T}); // whole key blocks and Q tiles by TMA
             vs.push_back({"povl128pt", FL_ATTN_QT_WG, FL_WG_POVL128PT}); // turns and TMA
+            vs.push_back({"povl128pc", FL_ATTN_QT_WG, FL_WG_POVL128PC}); // and items chained
         }
         const int tq_auto = fl_cuda_attention_tile_queries(2, s.Dh, rows - (int64_t)s.B * first_query(s), s.H);
         vs.push_back({"auto", tq_auto, -1});

@@ -670,6 +670,16 @@ template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&p)[N][4])
     for (int i = 0; i < N; i++) asm volatile("" : "+r"(p[i][0]), "+r"(p[i][1]), "+r"(p[i][2]), "+r"(p[i][3])::"memory");
 }
 
+// P set to zeros, each in a register of its own: with one zero the compiler shares, ptxas has
+// no registers of P's own to hand the products and serialises them (C7511).
+template <int N> __device__ __forceinline__ void zero_p(uint32_t (&p)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("mov.b32 %0, 0;\n" : "=r"(p[i][e]));
+}
+
 // Registers per thread after the split (setmaxnreg): the producer only computes addresses, the
 // consumers hold S, P and O at once. 128 x 40 + 256 x 232 = 64,512 = the 168 x 384 the CTA is
 // launched with (__launch_bounds__(384, 1)).
@@ -722,7 +732,7 @@ struct item_slot {
 constexpr int SLOT_FULL = 2, SLOT_FREE = 4; // + the round's parity; 1 is the producer's own
 constexpr int TURN = 6;                     // + the warpgroup: its turn to issue products (PINGPONG)
 
-template <typename T, int DH, int BN, int STAGES, bool PINGPONG, bool TMA>
+template <typename T, int DH, int BN, int STAGES, bool PINGPONG, bool TMA, bool CHAIN>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     attn_ovl_kernel(const fl_attn_tile *tiles, const int32_t *qpos, item_order ord, float scale_log2, const T *q,
                     int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, uint32_t *work,
@@ -893,85 +903,240 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         if (PINGPONG) named_arrive(TURN + (wg ^ 1), 256);
     };
     if (PINGPONG && wg == 1) named_arrive(TURN, 256);
-    for (int64_t round = 0;; round++) {
-        named_sync(SLOT_FULL + (int)(round & 1), WS_THREADS);
-        const item_slot &sl = slots[round & 1];
-        const int64_t item = sl.item;
-        if (item >= n_items) break;
-        const fl_attn_tile tile = sl.tile;
-        const int32_t kend = sl.kend, wg_kend = sl.wg_kend[wg], wg_full = sl.wg_full[wg];
-        named_arrive(SLOT_FREE + (int)(round & 1), WS_THREADS);
-        mbar_wait(q_full, (uint32_t)round & 1);
-        fence_async_smem(); // the Q tile's copies (generic proxy) are read by the tensor cores
-        const int64_t col = (int64_t)ord.head(item) * DH;
-        const tile_rows tr = rows_of_spans(tile, qpos, wg, warp, g, kend, wg_kend, wg_full);
-        const int nblk = (tr.kend + BN - 1) / BN;
-        const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN); // blocks this warpgroup's rows see
-        auto wait_full = [&](int blk) {
-            const uint32_t at = ring + blk;
-            mbar_wait(full0 + 8 * (at % STAGES), (at / STAGES) & 1);
-            fence_async_smem(); // the copies (generic proxy) are read by the tensor cores (async proxy)
-        };
-        auto release = [&](int blk) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * ((ring + blk) % STAGES));
-        };
-        auto release_q = [&]() { // this warpgroup's last S = Q K^T has completed
-            __syncwarp();
-            if (lane == 0) mbar_arrive(q_empty);
-        };
-        auto kv_at = [&](int blk) { return ((ring + blk) % STAGES) * L::KV_BYTES; };
+    if constexpr (CHAIN) {
+        // Chained items: an item's last P V is issued in the next item's first turn, beside its
+        // S_0, so that S_0's softmax runs under it as every later block's does under the previous
+        // P V; the item is finished once that product is complete. Every first turn issues a
+        // P V: with nothing pending P is zero (and O is cleared after it), so there is one code
+        // path around the products. The decision is the tile's (both warpgroups' rows see all of
+        // its blocks), so both warpgroups take the same turns.
         row_acc<DH> a;
         a.init();
-        if (nwork > 0) {
-            float s[BN / 2], alpha[2];
-            uint32_t p[BN / 16][4];
-            wait_full(0);
-            turn_wait();
-            issue_s<T, DH, BN>(s, qa, ks0 + kv_at(0));
-            turn_pass();
-            wg_wait0();
-            fence_regs(s);
-            if (nwork == 1) release_q(); // its only S = Q K^T has completed: the next Q may come in
-            softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
-            pack_p<T, BN>(s, p);
-            for (int blk = 1; blk < nwork; blk++) {
-                wait_full(blk);
+        uint32_t p[BN / 16][4];
+        zero_p(p);
+        bool pend = false;
+        uint32_t pend_at = 0;
+        fl_attn_tile ptile = {};
+        int64_t pcol = 0;
+        const int row0 = wg * 64 + warp * 16 + g;
+        auto release_at = [&](uint32_t at) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * (at % STAGES));
+        };
+        auto finish_pending = [&]() {
+            const tile_rows ptr = rows_of_spans(ptile, qpos, wg, warp, g, 0, 0, 0); // finish reads pos and valid only
+            finish<T, DH>(a, ptr, ptile, row0, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, pcol);
+        };
+        for (int64_t round = 0;; round++) {
+            named_sync(SLOT_FULL + (int)(round & 1), WS_THREADS);
+            const item_slot &sl = slots[round & 1];
+            const int64_t item = sl.item;
+            if (item >= n_items) break;
+            const fl_attn_tile tile = sl.tile;
+            const int32_t kend = sl.kend, wg_kend = sl.wg_kend[wg], wg_full = sl.wg_full[wg];
+            const int32_t kend_other = sl.wg_kend[wg ^ 1];
+            named_arrive(SLOT_FREE + (int)(round & 1), WS_THREADS);
+            mbar_wait(q_full, (uint32_t)round & 1);
+            fence_async_smem(); // the Q tile's copies (generic proxy) are read by the tensor cores
+            const int64_t col = (int64_t)ord.head(item) * DH;
+            const tile_rows tr = rows_of_spans(tile, qpos, wg, warp, g, kend, wg_kend, wg_full);
+            const int nblk = (tr.kend + BN - 1) / BN;
+            const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN); // blocks this warpgroup's rows see
+            const bool chain = nblk > 0 && nwork == nblk && (kend_other + BN - 1) / BN == nblk;
+            auto wait_full = [&](int blk) {
+                const uint32_t at = ring + blk;
+                mbar_wait(full0 + 8 * (at % STAGES), (at / STAGES) & 1);
+                fence_async_smem(); // the copies (generic proxy) are read by the tensor cores (async proxy)
+            };
+            auto release = [&](int blk) { release_at(ring + blk); };
+            auto release_q = [&]() { // this warpgroup's last S = Q K^T has completed
+                __syncwarp();
+                if (lane == 0) mbar_arrive(q_empty);
+            };
+            auto kv_at = [&](int blk) { return ((ring + blk) % STAGES) * L::KV_BYTES; };
+            if (nwork > 0) {
+                float s[BN / 2], alpha[2];
+                wait_full(0);
+                const uint32_t vat = pend ? pend_at : ring; // nothing pending: P is zero, this item's first V does
                 turn_wait();
-                issue_s<T, DH, BN>(s, qa, ks0 + kv_at(blk));
-                issue_pv<T, DH, BN>(a, p, vs0 + kv_at(blk - 1));
+                issue_s<T, DH, BN>(s, qa, ks0 + kv_at(0));
+                issue_pv<T, DH, BN>(a, p, vs0 + (vat % STAGES) * L::KV_BYTES);
                 turn_pass();
-                wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+                wg_wait<1>();
                 fence_regs(s);
-                if (blk == nwork - 1) release_q(); // the item's last read of the Q tile is done
-                softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
+                if (nwork == 1) release_q();
+                const float om0 = a.m[0], om1 = a.m[1], ol0 = a.l[0], ol1 = a.l[1];
+                a.m[0] = a.m[1] = -INFINITY; // this item's row state; O is the previous item's still
+                a.l[0] = a.l[1] = 0.0f;
+                softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha);
                 wg_wait0();
                 keep_regs(p);
                 fence_regs(a.o);
-                release(blk - 1);
-                rescale(a, alpha);
                 pack_p<T, BN>(s, p);
+                if (pend) {
+                    release_at(pend_at);
+                    const float nm0 = a.m[0], nm1 = a.m[1], nl0 = a.l[0], nl1 = a.l[1];
+                    a.m[0] = om0, a.m[1] = om1, a.l[0] = ol0, a.l[1] = ol1;
+                    finish_pending();
+                    a.m[0] = nm0, a.m[1] = nm1, a.l[0] = nl0, a.l[1] = nl1;
+                    pend = false;
+                }
+    #pragma unroll
+                for (int j = 0; j < DH / 2; j++) a.o[j] = 0.0f;
+                for (int blk = 1; blk < nwork; blk++) {
+                    wait_full(blk);
+                    turn_wait();
+                    issue_s<T, DH, BN>(s, qa, ks0 + kv_at(blk));
+                    issue_pv<T, DH, BN>(a, p, vs0 + kv_at(blk - 1));
+                    turn_pass();
+                    wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+                    fence_regs(s);
+                    if (blk == nwork - 1) release_q(); // the item's last read of the Q tile is done
+                    softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
+                    wg_wait0();
+                    keep_regs(p);
+                    fence_regs(a.o);
+                    release(blk - 1);
+                    rescale(a, alpha);
+                    pack_p<T, BN>(s, p);
+                }
+                if (!chain) {
+                    turn_wait();
+                    issue_pv<T, DH, BN>(a, p, vs0 + kv_at(nwork - 1));
+                    turn_pass();
+                    wg_wait0();
+                    keep_regs(p);
+                    fence_regs(a.o);
+                    release(nwork - 1);
+                }
+            } else {
+                // S_0's turn, empty but for a pending P V; with the nblk below, nblk + 1 turns
+                if (pend) {
+                    turn_wait();
+                    issue_pv<T, DH, BN>(a, p, vs0 + (pend_at % STAGES) * L::KV_BYTES);
+                    turn_pass();
+                    wg_wait0();
+                    keep_regs(p);
+                    fence_regs(a.o);
+                    release_at(pend_at);
+                    finish_pending();
+                    pend = false;
+                } else {
+                    turn_wait();
+                    turn_pass();
+                }
+                a.init();
+                release_q();
             }
+            for (int blk = nwork; blk < nblk; blk++) { // blocks past this warpgroup's rows: handed back
+                turn_wait();
+                turn_pass();
+                wait_full(blk);
+                release(blk);
+            }
+            if (chain) {
+                pend = true;
+                pend_at = ring + nwork - 1;
+                ptile = tile;
+                pcol = col;
+            } else {
+                finish<T, DH>(a, tr, tile, row0, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
+                a.init();
+                zero_p(p);
+            }
+            ring += nblk;
+        }
+        if (pend) { // the last item's P V, in a turn of its own
             turn_wait();
-            issue_pv<T, DH, BN>(a, p, vs0 + kv_at(nwork - 1));
+            issue_pv<T, DH, BN>(a, p, vs0 + (pend_at % STAGES) * L::KV_BYTES);
             turn_pass();
             wg_wait0();
             keep_regs(p);
             fence_regs(a.o);
-            release(nwork - 1);
-        } else {
-            turn_wait(); // S_0's turn, empty; with the nblk below, nblk + 1 as on the other path
-            turn_pass();
-            release_q();
+            release_at(pend_at);
+            finish_pending();
         }
-        for (int blk = nwork; blk < nblk; blk++) { // blocks past this warpgroup's rows: handed back
-            turn_wait();
-            turn_pass();
-            wait_full(blk);
-            release(blk);
+    } else {
+        for (int64_t round = 0;; round++) {
+            named_sync(SLOT_FULL + (int)(round & 1), WS_THREADS);
+            const item_slot &sl = slots[round & 1];
+            const int64_t item = sl.item;
+            if (item >= n_items) break;
+            const fl_attn_tile tile = sl.tile;
+            const int32_t kend = sl.kend, wg_kend = sl.wg_kend[wg], wg_full = sl.wg_full[wg];
+            named_arrive(SLOT_FREE + (int)(round & 1), WS_THREADS);
+            mbar_wait(q_full, (uint32_t)round & 1);
+            fence_async_smem(); // the Q tile's copies (generic proxy) are read by the tensor cores
+            const int64_t col = (int64_t)ord.head(item) * DH;
+            const tile_rows tr = rows_of_spans(tile, qpos, wg, warp, g, kend, wg_kend, wg_full);
+            const int nblk = (tr.kend + BN - 1) / BN;
+            const int nwork = min(nblk, (tr.wg_kend + BN - 1) / BN); // blocks this warpgroup's rows see
+            auto wait_full = [&](int blk) {
+                const uint32_t at = ring + blk;
+                mbar_wait(full0 + 8 * (at % STAGES), (at / STAGES) & 1);
+                fence_async_smem(); // the copies (generic proxy) are read by the tensor cores (async proxy)
+            };
+            auto release = [&](int blk) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty0 + 8 * ((ring + blk) % STAGES));
+            };
+            auto release_q = [&]() { // this warpgroup's last S = Q K^T has completed
+                __syncwarp();
+                if (lane == 0) mbar_arrive(q_empty);
+            };
+            auto kv_at = [&](int blk) { return ((ring + blk) % STAGES) * L::KV_BYTES; };
+            row_acc<DH> a;
+            a.init();
+            if (nwork > 0) {
+                float s[BN / 2], alpha[2];
+                uint32_t p[BN / 16][4];
+                wait_full(0);
+                turn_wait();
+                issue_s<T, DH, BN>(s, qa, ks0 + kv_at(0));
+                turn_pass();
+                wg_wait0();
+                fence_regs(s);
+                if (nwork == 1) release_q(); // its only S = Q K^T has completed: the next Q may come in
+                softmax_any<DH, BN>(a, s, tr, 0, t, scale_log2, alpha); // O is still zero: alpha not needed
+                pack_p<T, BN>(s, p);
+                for (int blk = 1; blk < nwork; blk++) {
+                    wait_full(blk);
+                    turn_wait();
+                    issue_s<T, DH, BN>(s, qa, ks0 + kv_at(blk));
+                    issue_pv<T, DH, BN>(a, p, vs0 + kv_at(blk - 1));
+                    turn_pass();
+                    wg_wait<1>(); // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+                    fence_regs(s);
+                    if (blk == nwork - 1) release_q(); // the item's last read of the Q tile is done
+                    softmax_any<DH, BN>(a, s, tr, blk * BN, t, scale_log2, alpha);
+                    wg_wait0();
+                    keep_regs(p);
+                    fence_regs(a.o);
+                    release(blk - 1);
+                    rescale(a, alpha);
+                    pack_p<T, BN>(s, p);
+                }
+                turn_wait();
+                issue_pv<T, DH, BN>(a, p, vs0 + kv_at(nwork - 1));
+                turn_pass();
+                wg_wait0();
+                keep_regs(p);
+                fence_regs(a.o);
+                release(nwork - 1);
+            } else {
+                turn_wait(); // S_0's turn, empty; with the nblk below, nblk + 1 as on the other path
+                turn_pass();
+                release_q();
+            }
+            for (int blk = nwork; blk < nblk; blk++) { // blocks past this warpgroup's rows: handed back
+                turn_wait();
+                turn_pass();
+                wait_full(blk);
+                release(blk);
+            }
+            ring += nblk;
+            finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
         }
-        ring += nblk;
-        finish<T, DH>(a, tr, tile, wg * 64 + warp * 16 + g, t, scale_log2, q, ldq, k, v, ldkv, out, ldo, col);
     }
     if (PINGPONG && wg == 0) named_sync(TURN, 256); // warpgroup 1's last pass: none is left pending
 #endif
@@ -1052,7 +1217,7 @@ template <typename T> bool encode_kv(CUtensorMap *m, const T *base, int64_t cols
 // counters of the greedy schedule (attn_ovl_kernel), or NULL. TMA: whole key blocks and Q
 // tiles through the tensor memory accelerator; where K, V or Q cannot be described to it, the
 // cp.async form.
-template <typename T, int DH, int BN, int STAGES, bool PINGPONG = false, bool TMA = false>
+template <typename T, int DH, int BN, int STAGES, bool PINGPONG = false, bool TMA = false, bool CHAIN = false>
 flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int32_t *qpos, int32_t heads, const T *q,
                         int64_t ldq, const T *k, const T *v, int64_t ldkv, T *out, int64_t ldo, cudaStream_t s, int head_major,
                         int64_t ctas, uint32_t *work)
@@ -1063,16 +1228,16 @@ flame_status launch_ovl(const fl_attn_tile *tiles, int64_t num_tiles, const int3
         if (!encode_kv<T>(&maps.k, k, (int64_t)heads * DH, ldkv, BN) ||
             !encode_kv<T>(&maps.v, v, (int64_t)heads * DH, ldkv, BN) ||
             !encode_kv<T>(&maps.q, q, (int64_t)heads * DH, ldq, QT))
-            return launch_ovl<T, DH, BN, STAGES, PINGPONG, false>(tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv, out,
-                                                                  ldo, s, head_major, ctas, work);
+            return launch_ovl<T, DH, BN, STAGES, PINGPONG, false, CHAIN>(tiles, num_tiles, qpos, heads, q, ldq, k, v, ldkv,
+                                                                         out, ldo, s, head_major, ctas, work);
     }
     constexpr int smem = layout<DH, BN, STAGES>::SMEM;
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG, TMA>,
+    FL_CUDA_TRY(cudaFuncSetAttribute(attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG, TMA, CHAIN>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)DH);
     const int64_t items = num_tiles * heads, grid = ctas > 0 && ctas < items ? ctas : items;
-    attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG, TMA><<<(unsigned)grid, WS_THREADS, smem, s>>>(
+    attn_ovl_kernel<T, DH, BN, STAGES, PINGPONG, TMA, CHAIN><<<(unsigned)grid, WS_THREADS, smem, s>>>(
         tiles, qpos, item_order{(int32_t)num_tiles, heads, head_major}, scale_log2, q, ldq, k, v, ldkv, out, ldo,
         grid < items ? work : nullptr, maps);
     FL_LAUNCH_CHECK();
@@ -1159,6 +1324,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
         case FL_WG_POVL128P: return launch_ovl<T, 64, 128, 3, true>(ARGS, ctas, work);
         case FL_WG_POVL128T: return launch_ovl<T, 64, 128, 3, false, true>(ARGS, ctas, work);
         case FL_WG_POVL128PT: return launch_ovl<T, 64, 128, 3, true, true>(ARGS, ctas, work);
+        case FL_WG_POVL128PC: return launch_ovl<T, 64, 128, 3, true, true, true>(ARGS, ctas, work);
         default: return launch_ovl<T, 64, 128, 3>(ARGS, 0, nullptr);
         }
     switch (which) {
@@ -1172,6 +1338,7 @@ flame_status fl_cuda_attention_wg(const fl_attn_tile *tiles, int64_t num_tiles, 
     case FL_WG_POVL128P: return launch_ovl<T, 128, 128, 3, true>(ARGS, ctas, work);
     case FL_WG_POVL128T: return launch_ovl<T, 128, 128, 3, false, true>(ARGS, ctas, work);
     case FL_WG_POVL128PT: return launch_ovl<T, 128, 128, 3, true, true>(ARGS, ctas, work);
+    case FL_WG_POVL128PC: return launch_ovl<T, 128, 128, 3, true, true, true>(ARGS, ctas, work);
     default: return launch_ovl<T, 128, 128, 3>(ARGS, 0, nullptr);
     }
 #undef ARGS

@@ -20,7 +20,8 @@ bool fl_cuda_attention_wg_fits(int32_t dh, const T *q, int64_t ldq, const T *k, 
 // (key blocks of 64 or 128), that kernel persistent (one CTA an SM running items in turn,
 // the next item's Q and first block staged while the last one finishes), and the persistent
 // kernel with the warpgroups taking turns issuing their products; the last two with whole key
-// blocks staged by the tensor memory accelerator (TMA) instead of the producer's cp.async.
+// blocks staged by the tensor memory accelerator (TMA) instead of the producer's cp.async; and
+// POVL128PC, POVL128PT with each item's last P V issued beside the next item's first S.
 enum {
     FL_WG_DEFAULT = 0,
     FL_WG_LOCK64 = 1,
@@ -34,7 +35,8 @@ enum {
     FL_WG_POVL128P = 9,
     FL_WG_POVL128T = 10,
     FL_WG_POVL128PT = 11,
-    FL_WG_LAST = FL_WG_POVL128PT
+    FL_WG_POVL128PC = 12,
+    FL_WG_LAST = FL_WG_POVL128PC
 };
 
 // Contract of fl_cuda_attention for tiles of up to FL_ATTN_QT_WG queries, processed in list

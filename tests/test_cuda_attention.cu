@@ -4,7 +4,8 @@
  * warp-specialised taking turns, warp-specialised with the softmax overlapped, key blocks of
  * 64 and 128, one CTA an item or persistent (three CTAs running every item, handed out through
  * work counters, which must be left at zero, or a fixed assignment; and the engine's launch,
- * one CTA an SM); heads innermost for 64, outermost for 128) and the CUDA-core kernel (fp32,
+ * one CTA an SM; taking turns, staged by TMA, and with each item's last P V issued beside the
+ * next item's first S); heads innermost for 64, outermost for 128) and the CUDA-core kernel (fp32,
  * and fp16/bf16 head dims the tensor-core kernel does not take), for tiles over whole sequences (every token
  * a query) and for the last block's selected queries (positions through qpos). Histories cross
  * the key steps and blocks (0, 1, 15..17, 31..33, 63..65, 127..129, 257, 4097, and 65,537 for
