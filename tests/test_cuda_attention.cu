@@ -363,9 +363,9 @@ template <typename T> static void check_wg(const char *name, int dh, double tol)
             }
     // more (tile, head) items than the GPU has SMs: several waves of CTAs, each CTA's rows and
     // heads from the item order (heads outermost for head dim 128); under FLAME_ATTN_QUICK
-    // only the last variant
+    // only the engine's choice with work counters (povl128pt) and the variants after it
     // (the persistent variants with and without work counters)
-    for (int bn = quick() ? FL_WG_LAST : FL_WG_LOCK64; bn <= FL_WG_LAST; bn++)
+    for (int bn = quick() ? FL_WG_POVL128PT : FL_WG_LOCK64; bn <= FL_WG_LAST; bn++)
         for (int counters = 1; counters >= (bn >= FL_WG_POVL64 ? 0 : 1); counters--) {
             std::vector<seq> many;
             for (int i = 0; i < 14; i++) many.push_back({(int)tu_below(1100), (int)tu_below(200), 0});
