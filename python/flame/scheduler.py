@@ -84,29 +84,34 @@ class Scheduler(Handle):
         # the scheduler, so dropping the scheduler frees it at once (no reference cycle)
         self._done = DONE_FN(_completer(self._pending, self._lock))
 
-    def _prepare(self, history, candidates, history_side, candidate_side, user_id, from_user_cache, out,
-                 private=False):
+    def _prepare(self, history, candidates, history_side, candidate_side, user_id, from_user_cache, kv_cache,
+                 history_version, out, private=False):
         keep: List[Any] = []
         req = self.engine._request(Request(history, candidates, history_side, candidate_side, user_id,
-                                           from_user_cache), keep, private=private)
+                                           from_user_cache, kv_cache, history_version), keep, private=private)
         keep.append(req)
         return req, keep, _arrays.scores_out(out, req.num_candidates, self.engine.num_tasks)
 
     def score(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
               candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
-              from_user_cache: bool = False, out: Optional[np.ndarray] = None) -> np.ndarray:
+              from_user_cache: bool = False, kv_cache: bool = False, history_version: int = 0,
+              out: Optional[np.ndarray] = None) -> np.ndarray:
         """Engine.score through the scheduler: blocks until this request's batch is scored
-        (the GIL is released meanwhile, so other threads' requests join the batch)."""
+        (the GIL is released meanwhile, so other threads' requests join the batch).
+        kv_cache, history_version: as Engine.score's (the engine's KV cache keeps user_id's
+        history K/V); such a request is never split into parts: it reaches the engine whole
+        (docs/scheduler.md)."""
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
-                                       out)
+                                       kv_cache, history_version, out)
         with self._use() as h:
             _lib.check(_lib.lib().flame_scheduler_score(h, C.byref(req), res.ctypes.data_as(F32P), res.size))
         return res
 
     def submit(self, history: Any, candidates: Any, history_side: Optional[Sequence[Any]] = None,
                candidate_side: Optional[Sequence[Any]] = None, *, user_id: Optional[int] = None,
-               from_user_cache: bool = False, out: Optional[np.ndarray] = None, priority: int = 0,
-               timeout_us: int = 0, deadline_us: int = 0) -> "Future[np.ndarray]":
+               from_user_cache: bool = False, kv_cache: bool = False, history_version: int = 0,
+               out: Optional[np.ndarray] = None, priority: int = 0, timeout_us: int = 0,
+               deadline_us: int = 0) -> "Future[np.ndarray]":
         """Queues the request and returns a Future of its float32 [num_candidates, num_tasks]
         scores (its exception is the FlameError of a failed request). Raises at once, with
         nothing queued, for bad shapes or dtypes, a full queue (UnavailableError) or a
@@ -114,6 +119,7 @@ class Scheduler(Handle):
         of candidates many requests share, made read-only, is passed as it is), so changing the
         arrays after submit returns does not change the request (`out`, when given, is written
         when the Future completes).
+        kv_cache, history_version: as score's.
         The Future completes on a scheduler worker, so callbacks added with
         add_done_callback run there: they may submit, but score() from them is refused (it
         would wait for the worker it runs on).
@@ -128,7 +134,7 @@ class Scheduler(Handle):
         # the request is scored after submit returns: over copies, so that the caller may reuse
         # its arrays at once (the library reads them until done)
         req, keep, res = self._prepare(history, candidates, history_side, candidate_side, user_id, from_user_cache,
-                                       out, private=True)
+                                       kv_cache, history_version, out, private=True)
         opts = new(SubmitOptions)
         opts.priority, opts.timeout_us, opts.deadline_us = priority, timeout_us, deadline_us
         fut: "Future[np.ndarray]" = Future()

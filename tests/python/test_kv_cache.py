@@ -1,6 +1,6 @@
-"""The user-history KV cache from Python: Engine(kv_cache_bytes=...) and Request(kv_cache=True)
-give the scores of the cache off (a miss, a hit, a grown history), the stats count them, and
-the argument checks name what is wrong."""
+"""The user-history KV cache from Python: Engine(kv_cache_bytes=...) and Request(kv_cache=True),
+directly or through a Scheduler, give the scores of the cache off (a miss, a hit, a grown
+history), the stats count them, and the argument checks name what is wrong."""
 import numpy as np
 import pytest
 
@@ -53,3 +53,45 @@ def test_refusals(engines):
         off.score([1, 2], [3], user_id=1, kv_cache=True)
     with pytest.raises(flame.InvalidArgumentError, match="FLAME_OPT_KV_CACHE_BYTES = -1 is out of range"):
         flame.Engine(m, kv_cache_bytes=-1)
+
+
+def test_through_a_scheduler(engines):
+    """Scheduler.score and submit take kv_cache and history_version as Engine.score does: the
+    same user scored twice through the scheduler is a miss then a hit, with the engine's scores."""
+    m, off, on = engines
+    rng = np.random.default_rng(7)
+    n = m.info.num_items
+    h, c = rng.integers(0, n, 5), rng.integers(0, n, 9)
+    want = off.score(h, c)
+    with flame.Scheduler(on, [(4, 16)], max_wait_us=1000) as s:
+        first = s.score(h, c, user_id=8, kv_cache=True)
+        second = s.submit(h, c, user_id=8, kv_cache=True, history_version=3).result(timeout=30)
+    for got in (first, second):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    st = on.stats()["engine"]
+    assert (st["kv_cache_misses"], st["kv_cache_hits"]) == (1, 1)
+    assert st["kv_cache_tokens_computed"] == 5 and st["kv_cache_tokens_saved"] == 5
+    np.testing.assert_allclose(second, on.score(h, c, user_id=8, kv_cache=True, history_version=3),
+                               rtol=2e-5, atol=2e-5)
+    assert on.stats()["engine"]["kv_cache_hits"] == 2
+
+
+def test_scheduler_refusals(engines):
+    """The scheduler refuses what Engine.score refuses, in its words, with nothing queued."""
+    m, off, on = engines
+    h, c = [1, 2], [3]
+    with pytest.raises(flame.ShapeError, match="kv_cache is set but no user_id") as direct:
+        on.score(h, c, kv_cache=True)
+    with flame.Scheduler(on, [(4, 16)]) as s:
+        for call in (s.score, s.submit):
+            with pytest.raises(flame.ShapeError) as through:
+                call(h, c, kv_cache=True)
+            assert str(through.value) == str(direct.value)
+            for version in (2**64, -1):  # history_version is a uint64_t
+                with pytest.raises(flame.InvalidArgumentError) as direct_v:
+                    on.score(h, c, user_id=1, kv_cache=True, history_version=version)
+                with pytest.raises(flame.InvalidArgumentError, match=f"history_version = {version} is outside") \
+                        as through_v:
+                    call(h, c, user_id=1, kv_cache=True, history_version=version)
+                assert str(through_v.value) == str(direct_v.value)
+        assert s.stats()["submitted"] == 0
