@@ -1028,6 +1028,8 @@ static void test_deadlines(void **state)
     assert_int_equal(past.status, FLAME_ERR_TIMEOUT);
     if (!strstr(past.message, "deadline had passed 300 us before the submit")) fail_msg("message: %s", past.message);
     assert_int_equal(sp.status, FLAME_ERR_TIMEOUT);
+    if (!strstr(sp.message, "deadline passed 1500 us after the submit, before the batch of one of its 3 parts started"))
+        fail_msg("message: %s", sp.message);
     for (int j = 0; j < MAXC * 2; j++) assert_true(isnan(a.scores[j]) && isnan(sp.scores[j]));
     assert_int_equal(b.status, FLAME_OK);
     assert_int_equal(c.status, FLAME_OK);

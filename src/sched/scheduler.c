@@ -227,6 +227,10 @@ static void complete_list(flame_scheduler *s, fl_part *p, flame_status st, done_
         if (st == FLAME_ERR_TIMEOUT && p->job->deadline_us <= p->job->submit_us) /* (unsigned: no difference) */
             snprintf(message, sizeof message, "request %llu: its deadline had passed %llu us before the submit",
                      (unsigned long long)p->job->id, (unsigned long long)(p->job->submit_us - p->job->deadline_us));
+        else if (st == FLAME_ERR_TIMEOUT && p->job->nparts > 1) /* other parts may have been scored already */
+            snprintf(message, sizeof message, "request %llu: its deadline passed %llu us after the submit, before the "
+                     "batch of one of its %zu parts started", (unsigned long long)p->job->id,
+                     (unsigned long long)(p->job->deadline_us - p->job->submit_us), p->job->nparts);
         else if (st == FLAME_ERR_TIMEOUT)
             snprintf(message, sizeof message, "request %llu: its deadline passed %llu us after the submit, before its "
                      "batch started", (unsigned long long)p->job->id,
