@@ -904,6 +904,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     };
     if (PINGPONG && wg == 1) named_arrive(TURN, 256);
     if constexpr (CHAIN) {
+        // (A trial beside the default's loop in the else branch, written out in full so that the
+        // default's code stays as measured; they share the loop over blocks line for line, and
+        // one of the two goes once both are timed in one run.)
         // Chained items: an item's last P V is issued in the next item's first turn, beside its
         // S_0, so that S_0's softmax runs under it as every later block's does under the previous
         // P V; the item is finished once that product is complete. Every first turn issues a
