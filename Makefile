@@ -108,11 +108,20 @@ lib: $(SHLIB) lib/libflame.so.$(MAJOR) lib/libflame.so $(STLIB)
 # .d file beside it; -MP keeps a removed header from breaking the build.
 DEPFLAGS := -MMD -MP
 
-build/%.o: %.c
+# The settings the objects in build/ are compiled with. A change rewrites the stamp every object
+# depends on, so switching CUDA=0 and 1 (or WITH_REDIS, WITH_NUMA, CFLAGS, CUDA_ARCHS) rebuilds
+# them; before, a switch linked objects compiled for the other setting (duplicate or missing
+# symbols) unless the build was cleaned first.
+BUILD_SETTINGS := CUDA=$(CUDA) WITH_REDIS=$(WITH_REDIS) WITH_NUMA=$(WITH_NUMA) CFLAGS=$(CFLAGS) CUDA_ARCHS=$(CUDA_ARCHS)
+SETTINGS_STAMP := build/settings
+SETTINGS_CHECK := $(shell mkdir -p build && { [ "$$(cat $(SETTINGS_STAMP) 2>/dev/null)" = '$(BUILD_SETTINGS)' ] || \
+                    printf '%s\n' '$(BUILD_SETTINGS)' >$(SETTINGS_STAMP); })
+
+build/%.o: %.c $(SETTINGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) $(if $(findstring src/cpu/,$<)$(findstring src/kernels/tbe_cpu.c,$<)$(findstring src/kernels/tbe_pack.c,$<),-O3) -c $< -o $@
 
-build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
+build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS) $(SETTINGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -120,12 +129,12 @@ build/cuda/%.o: cuda/%.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS
 # capability 9.0 alone. ptxas's report of it is kept (build/cuda/attention_wgmma.ptxas) for
 # tests/check-kernel-resources.sh: no spills, no serialised wgmma.
 build/cuda/attention_wgmma.o: NVFLAGS := $(filter-out -gencode arch=%,$(NVFLAGS)) -gencode arch=compute_90a,code=sm_90a -Xptxas -v
-build/cuda/attention_wgmma.o: cuda/attention_wgmma.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS)
+build/cuda/attention_wgmma.o: cuda/attention_wgmma.cu $(wildcard cuda/*.cuh) $(wildcard src/*/*.h) $(HEADERS) $(SETTINGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@ 2>$(@:.o=.ptxas) || { cat $(@:.o=.ptxas) >&2; exit 1; }
 	@grep -v -e '^ptxas info' -e 'bytes stack frame' $(@:.o=.ptxas) >&2 || true # warnings, if any
 
-build/cuda/no_cuda.o: src/engine/no_cuda.c
+build/cuda/no_cuda.o: src/engine/no_cuda.c $(SETTINGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
