@@ -160,7 +160,9 @@ class _Callback:
                 self.local.error = e
             # (a status outside C's int would reach the library as its low 32 bits: 2**32 as FLAME_OK)
             status = e.status if isinstance(e, FlameError) and 0 < e.status < 2**31 else errors.ERR_UNAVAILABLE
-            _log.warning("feature fetch callback raised %s: %s (libflame gets %s)", type(e).__name__, e,
+            # the exception's text, not the exception: a handler that keeps records (a memory
+            # handler, a test's capture) would keep it, its traceback and the callback's frames
+            _log.warning("feature fetch callback raised %s: %s (libflame gets %s)", type(e).__name__, _text(e),
                          _lib.status_name(status))
             return status
 
@@ -180,6 +182,14 @@ class _Callback:
         e = getattr(self.local, "error", None)
         self.local.error = None
         return e
+
+
+def _text(e: BaseException) -> str:
+    """str(e), or a stand-in where its __str__ raises: nothing may unwind into C."""
+    try:
+        return str(e)
+    except BaseException:  # noqa: B902
+        return f"<{type(e).__name__} whose str() raised>"
 
 
 def _exit_request(e: BaseException) -> bool:
