@@ -159,7 +159,8 @@ def test_config_ranges():
 
 @pytest.mark.parametrize("cfg", [lib.CASES["iclrec_like"], lib.CASES["no_blocks_dot"], lib.config(
     blocks={"norm": "pre", "count": 3, "activation": "relu"}, final_layernorm=True,
-    position={"rule": "from_recent", "rows": 7, "candidate_position": -1})])
+    position={"rule": "from_recent", "rows": 7, "candidate_position": -1}), lib.config(
+    blocks={"norm": "pre", "count": 2}, position={"rule": "from_oldest", "rows": 7, "candidate_position": -1})])
 def test_batched_user_states_equal_per_request(cfg):
     t = {k: v.astype(np.float64) for k, v in reference.random_model(cfg, 4).items()}
     rng = np.random.default_rng(4)

@@ -55,12 +55,13 @@ def user_states(cfg, t, histories):
         if len(h):
             ids[b, L - len(h):], valid[b, L - len(h):] = h, True
     x = reference.embed(cfg, t, ids)
-    # a real token in slot s of the L-window is history item i = s - (L - n) of n, so both
-    # position rules reduce to a function of s alone
+    # a real token in slot s of the L-window is history item i = s - (L - n) of n, so two
+    # position rules reduce to a function of s alone; from_oldest's row i depends on n
     rule, ml = cfg["position"]["rule"], cfg["max_len"]
     if rule == "from_oldest":
-        raise NotImplementedError("position rule 'from_oldest' (use flame.tools.reference)")
-    if rule != "none":
+        n = valid.sum(1)
+        x = x + t["position.weight"][np.maximum(np.arange(L)[None, :] - (L - n)[:, None], 0)]
+    elif rule != "none":
         s = np.arange(L)
         x = x + t["position.weight"][ml - L + s if rule == "left_padded_slot" else L - 1 - s]
     mask = valid[:, None, :] & np.tril(np.ones((L, L), dtype=bool))[None]

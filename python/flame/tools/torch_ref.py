@@ -246,9 +246,9 @@ class FlameModel(nn.Module):
         valid = slot[None, :] >= (L - lengths)[:, None]  # [B, L]
         x = self._embed(history.masked_fill(~valid, 0), history_side)
         rule = cfg["position"]["rule"]
-        if rule == "from_oldest":
-            raise NotImplementedError("position rule 'from_oldest' (use flame.tools.reference)")
-        if rule != "none":
+        if rule == "from_oldest":  # item i of n_b gets row i: slot s - (L - n_b), whatever n_b is
+            x = x + self.position((slot[None, :] - (L - lengths)[:, None]).clamp(min=0))
+        elif rule != "none":
             # history item i of n sits in slot s = L - n + i of the window
             x = x + self.position(ml - L + slot if rule == "left_padded_slot" else L - 1 - slot)
         if self.sumi:
