@@ -11,7 +11,8 @@ Steps (each a subprocess whose raw output goes to DIR; progress lines carry time
      bench/torch_embedding.py (F.embedding_bag, one call over concatenated tables);
   3. end to end, fp16, B1 L256 M128, B8 L256 M128, B1 L1024 M128: bench/e2e-bench (through
      the public C API, 1000 calls) and bench/torch_e2e.py (eager and torch.compile
-     reduce-overhead, and the max abs score difference against libflame); also libflame on
+     reduce-overhead, the latter also with fused SDPA calls, plain and with the candidates' own
+     keys merged by log-sum-exp, and the max abs score difference against libflame); also libflame on
      variable-length histories (B8, L 128..256, 256 distinct request sets) against the
      peer's fixed L256 (what padding gives PyTorch);
   4. Beauty full sort (all 12,103 items per user, batches of 256, fp16 and fp32): e2e-bench
@@ -327,6 +328,12 @@ def main(argv=None):
         res.append(entry(f"e2e_ref_{name}_p50_us_vs_sdpa", mine.get("p50_us"), "us", sd_name, sd.get("p50_us")))
         res.append(entry(f"e2e_ref_{name}_candidates_per_s_vs_sdpa", mine.get("candidates_per_s"), "candidates/s",
                          sd_name, sd.get("candidates_per_s")))
+        sl = peer.get("compiled_sdpa_lse", {})
+        sl_name = ("torch.compile(mode='reduce-overhead') with fused SDPA calls a block, the candidates' own keys "
+                   f"merged by log-sum-exp ({(te2e or {}).get('sdpa_lse_kernel')} kernel), same run")
+        res.append(entry(f"e2e_ref_{name}_p50_us_vs_sdpa_lse", mine.get("p50_us"), "us", sl_name, sl.get("p50_us")))
+        res.append(entry(f"e2e_ref_{name}_candidates_per_s_vs_sdpa_lse", mine.get("candidates_per_s"),
+                         "candidates/s", sl_name, sl.get("candidates_per_s")))
         res.append(entry(f"e2e_ref_{name}_p50_us_vs_eager", mine.get("p50_us"), "us",
                          "PyTorch eager, same model file, CUDA events, same run", eag.get("p50_us")))
         res.append(entry(f"e2e_ref_{name}_mfu", mfu((B, L, M), mine.get("p50_us")), "fraction of the bf16 matrix peak",

@@ -11,8 +11,11 @@ Reference-model mode (sumi head; candidates appended as tokens under the SUMI ma
       Compiled twice: the model as written (attention with an explicit [T, T] mask,
       "compiled") and with two fused SDPA calls per block, the history's causal one and the
       candidates' over [history, candidates] with a mask keeping each one's own key
-      ("compiled_sdpa"; --no-sdpa skips it), so libflame is compared with what a capable
-      PyTorch user would write.
+      ("compiled_sdpa"; --no-sdpa skips it), and a third time with the candidates' call over
+      the history alone, unmasked, each candidate's own key merged through the log-sum-exp
+      the fused kernel returns ("compiled_sdpa_lse": cuDNN's, else flash's, whichever
+      matches a masked float32 attention on this GPU; the JSON names it), so libflame is
+      compared with what a capable PyTorch user would write, and with the fastest form.
 Full-sort mode (dot head, e.g. the Beauty model):
     python3 bench/torch_e2e.py --model beauty.flame --sequences Beauty.txt --users 256
       every user of the file (history = all but the last item), B users per batch, scores of
@@ -152,6 +155,14 @@ def run_sumi(args, dev, dtype):
     def eager_sdpa(h, c, hs, cs):
         return sdpa_model.predict(h, c, None, hs, cs)
 
+    lse_model = FlameModel.from_file(args.model).to(dev).eval().to(dtype)
+    doc["sdpa_lse_kernel"] = lse_model.use_sdpa_lse(dev, dtype) if args.sdpa else None
+    if args.sdpa:
+        log(f"sdpa_lse: log-sum-exp kernel {doc['sdpa_lse_kernel'] or 'none matched: the variant is skipped'}")
+
+    def eager_sdpa_lse(h, c, hs, cs):
+        return lse_model.predict(h, c, None, hs, cs)
+
     # eager (and the comparison) for every shape first, then compilation, the long pole,
     # shape by shape; --out-json is rewritten after each step so a timeout keeps what ran
     work = []
@@ -180,8 +191,10 @@ def run_sumi(args, dev, dtype):
             work.append((r, sets))
             dump(args, doc)
         # "compiled": the model as written (explicit mask); "compiled_sdpa": the same weights
-        # with two fused SDPA calls per block (flame.tools.torch_ref, attention = "sdpa")
-        variants = [("compiled", eager)] + ([("compiled_sdpa", eager_sdpa)] if args.sdpa else [])
+        # with two fused SDPA calls per block (flame.tools.torch_ref, attention = "sdpa");
+        # "compiled_sdpa_lse": the candidates' own keys merged by log-sum-exp ("sdpa_lse")
+        variants = [("compiled", eager)] + ([("compiled_sdpa", eager_sdpa)] if args.sdpa else []) + \
+            ([("compiled_sdpa_lse", eager_sdpa_lse)] if doc["sdpa_lse_kernel"] else [])
         for (r, sets), (key, fn) in [(w, v) for w in work for v in variants] if not args.no_compile else []:
             name, B, M = r["shape"], r["B"], r["M"]
             log(f"{name}: torch.compile(mode='reduce-overhead') of {key} (compiling)")
@@ -320,7 +333,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-sdpa", dest="sdpa", action="store_false",
-                    help="skip the variant compiled with two fused SDPA calls per block")
+                    help="skip the variants compiled with fused SDPA calls per block (sdpa, sdpa_lse)")
     ap.add_argument("--no-compare", dest="compare", action="store_false", help="skip the libflame comparison")
     ap.add_argument("--sequences", help="full-sort mode: a sequences file (user i1 i2 ... in per line)")
     ap.add_argument("--users", type=int, default=256, help="full-sort mode: users per batch")

@@ -152,6 +152,37 @@ def test_sdpa_attention_equals_the_masked_one(name):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} L {L}")
 
 
+@pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c["head"]["type"] == "sumi"][:8])
+def test_sdpa_lse_attention_equals_the_masked_one(name):
+    """attention = "sdpa_lse" (the candidates over the history alone, their own keys merged
+    through the fused kernel's log-sum-exp) gives the masked attention's scores, on the CPU
+    and, where there is one, on the GPU in fp16 (against float32 on the CPU: the fp16 model's
+    own rounding is within the bound); also with no history (each candidate sees itself
+    alone)."""
+    cfg = CONFIGS[name]
+    m, _ = module_for(cfg, seed=8)
+    rng = np.random.default_rng(10)
+    devices = [("cpu", torch.float32, 1e-5)] + ([("cuda", torch.float16, 1e-2)] if torch.cuda.is_available() else [])
+    for dev, dtype, tol in devices:
+        md = module_for(cfg, seed=8)[0].to(dev).to(dtype)
+        kernel = md.use_sdpa_lse(dev, dtype)
+        assert kernel in (("flash_cpu",) if dev == "cpu" else ("cudnn", "flash")), kernel
+        assert md.attention == "sdpa_lse"
+        for L in (0, 1, max(1, cfg["max_len"] // 2), cfg["max_len"]):
+            reqs = [lib.random_request(cfg, rng, L, 6) for _ in range(3)]
+            hist, cand, lens, hs, cs = batch_of(cfg, reqs, 0)
+            if L == 0:  # the batch keeps one padding column: without it, a window of none
+                assert (lens == 0).all() and hist.shape[1] == 1
+                hist, hs = hist[:, 1:], hs if hs is None else [t[:, 1:] for t in hs]
+            assert hist.shape[1] == L
+            on = lambda ts: ts if ts is None else [t.to(dev) for t in ts]  # noqa: E731
+            with torch.no_grad():
+                want = m.predict(hist, cand, None, hs, cs).numpy()
+                got = md.predict(hist.to(dev), cand.to(dev), None, on(hs), on(cs)).float().cpu().numpy()
+            assert np.isfinite(got).all(), f"{name} {dev} L {L}"
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{name} {dev} L {L}")
+
+
 def test_training_step_has_finite_gradients_and_learns():
     """Padded batches (including an empty history) give finite gradients, and a few Adam
     steps fit a fixed target: the module is usable for training."""

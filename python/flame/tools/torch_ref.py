@@ -63,21 +63,88 @@ class LayerNorm(nn.Module):
         return (x - mu) / (var.sqrt() + self.eps) * self.weight + self.bias
 
 
+# Fused attention kernels that also return each query's log-sum-exp (natural log, float32), by
+# device, fastest first: PyTorch's private entry points behind scaled_dot_product_attention
+# (the public call does not return it). Which one works is found by select_lse_kernel.
+def _lse_kernels(device: torch.device):
+    ops = torch.ops.aten
+    if device.type == "cuda":
+        return [("cudnn", lambda q, k, v: ops._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]),
+                ("flash", lambda q, k, v: ops._scaled_dot_product_flash_attention(q, k, v)[:2])]
+    return [("flash_cpu", lambda q, k, v: ops._scaled_dot_product_flash_attention_for_cpu(q, k, v)[:2])]
+
+
+def sumi_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, L: int, lse_kernel) -> torch.Tensor:
+    """SUMI attention of q, k, v [B, H, T, dh] (the first L tokens the history) by two fused
+    calls and no mask: the history's causal attention, and the candidates' over the history
+    with its log-sum-exp, into which each candidate's own key is merged:
+      lse' = logaddexp(lse, s),  o' = o exp(lse - lse') + v_self exp(s - lse'),
+    s = q . k_self / sqrt(dh) (the online softmax's merge of two key sets, FlashAttention)."""
+    B, H, T, dh = q.shape
+    M = T - L
+    parts = []
+    if L:
+        parts.append(F.scaled_dot_product_attention(q[:, :, :L], k[:, :, :L], v[:, :, :L], is_causal=True))
+    if M:
+        qc, kc, vc = q[:, :, L:], k[:, :, L:], v[:, :, L:]
+        s = (qc.float() * kc.float()).sum(-1) / math.sqrt(dh)  # [B, H, M]
+        if L:
+            oc, lse = lse_kernel(qc, k[:, :, :L], v[:, :, :L])
+            lse = lse.reshape(B, H, -1)[..., :M].float()
+            both = torch.logaddexp(lse, s)
+            oc = oc.float() * torch.exp(lse - both)[..., None] + vc.float() * torch.exp(s - both)[..., None]
+        else:  # no history: each candidate sees itself alone
+            oc = vc.float()
+        parts.append(oc.to(q.dtype))
+    return torch.cat(parts, 2)
+
+
+def select_lse_kernel(device, dtype: torch.dtype, head_dim: int):
+    """The first of _lse_kernels(device) that runs for this dtype and head dim and whose
+    sumi_attention_lse matches an explicitly masked float32 attention on random inputs
+    (relative error below 1e-2): (name, kernel), or None. Runs eagerly (not under compile)."""
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    B, H, L, M = 2, 2, 37, 5
+    qkv = torch.randn(3, B, L + M, H, head_dim, generator=g)
+    q, k, v = (t.to(device, dtype).transpose(1, 2) for t in qkv)  # the model's strided views
+    i, j = torch.arange(L + M)[:, None], torch.arange(L + M)[None, :]
+    mask = ((j < L) & ((j <= i) | (i >= L)) | (i == j)).to(device)
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    logits = (q32 @ k32.transpose(-1, -2) / math.sqrt(head_dim)).masked_fill(~mask, float("-inf"))
+    ref = torch.softmax(logits, -1) @ v32
+    for name, fn in _lse_kernels(device):
+        try:
+            got = sumi_attention_lse(q, k, v, L, fn).float()
+        except (RuntimeError, AttributeError, TypeError, NotImplementedError, ValueError):
+            continue
+        err = ((got - ref).norm() / ref.norm()).item()
+        if err < 1e-2:  # (NaN fails this too)
+            return name, fn
+    return None
+
+
 class Attention(nn.Module):
     def __init__(self, d: int, heads: int):
         super().__init__()
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
         self.heads = heads
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], sumi_len: Optional[int] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], sumi_len: Optional[int] = None,
+                lse_kernel=None) -> torch.Tensor:
         """x [B, T, d]; mask [B, T, T] bool, True = key visible (every row has one). With
         sumi_len = L (no padding, the first L tokens the history, the rest candidates) the mask
         is the SUMI one and is not needed: two fused SDPA calls compute it, the history's
         causal attention and the candidates' over [history, candidates] with a mask that keeps
-        each candidate's own key only (what a PyTorch user would write for speed)."""
+        each candidate's own key only (what a PyTorch user would write), or, given an
+        lse_kernel (select_lse_kernel), the candidates' over the history alone with their own
+        keys merged through the log-sum-exp (sumi_attention_lse: no mask, the fastest form)."""
         B, T, d = x.shape
         split = lambda a: a.view(B, T, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        if sumi_len is not None and lse_kernel is not None:
+            a = sumi_attention_lse(q, k, v, sumi_len, lse_kernel)
+            return self.o(a.transpose(1, 2).reshape(B, T, d))
         if sumi_len is not None:
             L = sumi_len
             parts = []
@@ -116,11 +183,12 @@ class Block(nn.Module):
         self.pre = b["norm"] == "pre"
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], sumi_len: Optional[int] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], sumi_len: Optional[int] = None,
+                lse_kernel=None) -> torch.Tensor:
         if self.pre:
-            x = x + self.drop(self.attn(self.ln1(x), mask, sumi_len))
+            x = x + self.drop(self.attn(self.ln1(x), mask, sumi_len, lse_kernel))
             return x + self.drop(self.ffn(self.ln2(x)))
-        x = self.ln1(x + self.drop(self.attn(x, mask, sumi_len)))
+        x = self.ln1(x + self.drop(self.attn(x, mask, sumi_len, lse_kernel)))
         return self.ln2(x + self.drop(self.ffn(x)))
 
 
@@ -182,8 +250,10 @@ class FlameModel(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.num_side = layout.num_side(cfg)
         # "mask": attention with the explicit [T, T] mask (any padding); "sdpa": under the sumi
-        # head and without padding (history_lengths None), two fused SDPA calls instead
+        # head and without padding (history_lengths None), two fused SDPA calls instead;
+        # "sdpa_lse": the same with the candidates' own keys merged by log-sum-exp (use_sdpa_lse)
         self.attention = "mask"
+        self.lse_kernel = None
         for e in self.modules():  # small embeddings train better than N(0, 1)
             if isinstance(e, nn.Embedding):
                 nn.init.normal_(e.weight, std=0.02)
@@ -259,7 +329,7 @@ class FlameModel(nn.Module):
             x = torch.cat([x, c], 1)
         T = x.shape[1]
         sumi_len, mask = None, None
-        if self.attention == "sdpa" and self.sumi and history_lengths is None:
+        if self.attention in ("sdpa", "sdpa_lse") and self.sumi and history_lengths is None:
             sumi_len = L  # no padding: the blocks need no mask
         else:
             # history: causal over real tokens; candidates: all real history and themselves
@@ -272,7 +342,7 @@ class FlameModel(nn.Module):
             x = self.input_ln(x)
         x = self.drop(x)
         for blk in self.blocks:
-            x = blk(x, mask, sumi_len)
+            x = blk(x, mask, sumi_len, self.lse_kernel[1] if self.attention == "sdpa_lse" else None)
         if self.sumi:
             h = x[:, L:]
             if cfg["final_layernorm"]:
@@ -284,6 +354,16 @@ class FlameModel(nn.Module):
         h = h * (lengths > 0)[:, None].to(h.dtype)  # no history, no user state: scores 0
         table = self.tables[cfg["head"]["table"]]
         return (table(candidates) * h[:, None, :]).sum(-1, keepdim=True)
+
+    def use_sdpa_lse(self, device, dtype: torch.dtype) -> Optional[str]:
+        """Attention "sdpa_lse" with the first log-sum-exp kernel that is right on this device
+        and dtype (select_lse_kernel; call it eagerly, before torch.compile): its name, or None
+        with the attention left as it was where none is."""
+        cfg = self.config
+        found = select_lse_kernel(device, dtype, cfg["d_model"] // cfg["blocks"]["num_heads"])
+        if found is not None:
+            self.attention, self.lse_kernel = "sdpa_lse", found
+        return found and found[0]
 
     def predict(self, *args, **kwargs) -> torch.Tensor:
         """What libflame returns: sigmoid(logits) for sumi, the dot product for dot."""
