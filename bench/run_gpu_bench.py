@@ -188,7 +188,7 @@ def main(argv=None):
     big, big_name = ((4, 60, 16) if args.cpu else BIG), "b32_l1024_m512"
     big_calls = 5 if args.cpu else min(args.calls, 200)
 
-    for binary in ["bench/e2e-bench"] + ([] if args.cpu else ["bench/embedding-bench"]):
+    for binary in ["bench/e2e-bench"] + ([] if args.cpu or "embedding" not in steps else ["bench/embedding-bench"]):
         if not os.access(os.path.join(ROOT, binary), os.X_OK) and not args.dry_run:
             log(f"{binary} is missing: run `make all bench` first (CUDA=1 for the embedding bench)")
             return 1
