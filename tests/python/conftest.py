@@ -13,7 +13,7 @@ def shared_dir():
     return Path(os.environ.get("FLAME_SHARED_DIR", REPO.parent / "shared"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # session: module-scoped fixtures (a trained model) build on it
 def beauty_dir():
     d = shared_dir() / "data" / "amazon-beauty"
     need = [d / "iclrec-beauty.safetensors", d / "Beauty.txt", d / "iclrec-beauty.metrics.json"]
