@@ -23,12 +23,21 @@ extern "C" {
 struct flame_scheduler;
 struct flame_pinned_pool;
 
-/* The stages timed. An engine times FEATURES (the user cache's histories and the item cache's
- * side features of the call), TOKENS (token assembly: the embedding bags and positions on the
- * CPU; the host's planning and staging of the indices on the GPU), H2D, COMPUTE, D2H (GPU
- * only: the device's own times, measured with CUDA events) and TOTAL (the whole call). A
- * scheduler times QUEUE_WAIT (submit to the start of the part's batch) and TOTAL (submit to
- * done, for requests scored). */
+/* The stages timed. An engine times FEATURES (feature resolution: the user cache's histories
+ * and the item cache's side features of the call), TOKENS (token assembly: the embedding bags
+ * and positions on the CPU; the host's planning and staging of the indices on the GPU), H2D,
+ * COMPUTE, D2H (GPU only: the device's own times, measured with CUDA events) and TOTAL (the
+ * whole call), and FEATURES in parts: USER_CACHE (reading the histories of the call's
+ * history_from_user_cache requests from the user cache), ITEM_CACHE (the side features of its
+ * id-only requests from the item cache: the lookups, the fetches of the ids they missed, and
+ * the bags built from the records) and SOURCE_FETCH (within ITEM_CACHE, the feature source
+ * alone: the time the call spent fetching the ids it missed, or waiting for another call's
+ * fetch of them; refresh-ahead fetches, on the cache's refresh thread or in
+ * flame_item_cache_run_refresh, are charged to no call). Each takes one sample per call that
+ * has it: a call's FEATURES is its USER_CACHE plus its ITEM_CACHE, and a call whose ids all
+ * hit the item cache has no SOURCE_FETCH sample. A scheduler times QUEUE_WAIT
+ * (submit to the start of the part's batch) and TOTAL (submit to done, for requests scored).
+ * Values are only ever appended: TOTAL is not the last one (docs/metrics.md). */
 typedef enum flame_stage {
     FLAME_STAGE_QUEUE_WAIT = 0,
     FLAME_STAGE_FEATURES = 1,
@@ -36,7 +45,10 @@ typedef enum flame_stage {
     FLAME_STAGE_H2D = 3,
     FLAME_STAGE_COMPUTE = 4,
     FLAME_STAGE_D2H = 5,
-    FLAME_STAGE_TOTAL = 6
+    FLAME_STAGE_TOTAL = 6,
+    FLAME_STAGE_USER_CACHE = 7,  /* engines: a part of FEATURES */
+    FLAME_STAGE_ITEM_CACHE = 8,  /* engines: a part of FEATURES */
+    FLAME_STAGE_SOURCE_FETCH = 9 /* engines: a part of ITEM_CACHE */
 } flame_stage;
 
 /* One stage's latency. count and sum_us run since creation (they never reset, as
@@ -54,7 +66,8 @@ typedef struct flame_latency {
  *
  * Parameters:
  *   engine     the engine.
- *   stage      FLAME_STAGE_FEATURES .. FLAME_STAGE_TOTAL (H2D and D2H stay empty on the CPU).
+ *   stage      FLAME_STAGE_FEATURES .. FLAME_STAGE_SOURCE_FETCH, every stage but QUEUE_WAIT
+ *              (H2D and D2H stay empty on the CPU).
  *   latency    out, filled up to latency->struct_size bytes.
  * Thread-safety: thread-safe (the buckets are read one by one while calls add to them).
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG for NULL, a struct_size outside 8..4096, or a stage

@@ -4,11 +4,16 @@
 
 #include "core/abi.h"
 #include "engine/engine.h"
+#include "icache/icache.h"
 
-/* Statistics of a call that succeeded: counters, and its stage times (flame/metrics.h). */
+/* Statistics of a call that succeeded: counters, and its stage times (flame/metrics.h).
+ * Feature resolution is timed in its parts, FEATURES being their sum: the user cache's
+ * (user_cached), the item cache's (item_cached), and within the latter the feature source's
+ * (fetch.missed: the cache's lookup missed an id). */
 typedef struct call_times {
-    uint64_t start, features, tokens, h2d, compute, d2h;
-    bool resolved, device_copies, h2d_timed;
+    uint64_t start, user_cache, item_cache, tokens, h2d, compute, d2h;
+    fl_fetch_time fetch;
+    bool user_cached, item_cached, device_copies, h2d_timed;
 } call_times;
 
 static void count(flame_engine *engine, const flame_request *reqs, size_t num_requests, uint64_t uc_hits,
@@ -20,7 +25,11 @@ static void count(flame_engine *engine, const flame_request *reqs, size_t num_re
     for (size_t r = 0; r < num_requests; r++) cands += reqs[r].num_candidates;
     atomic_fetch_add(&engine->candidates, cands);
     atomic_fetch_add(&engine->tokens, tokens);
-    if (t->resolved) fl_hist_add(&engine->stage[FLAME_STAGE_FEATURES], t->features);
+    if (t->user_cached || t->item_cached)
+        fl_hist_add(&engine->stage[FLAME_STAGE_FEATURES], t->user_cache + t->item_cache);
+    if (t->user_cached) fl_hist_add(&engine->stage[FLAME_STAGE_USER_CACHE], t->user_cache);
+    if (t->item_cached) fl_hist_add(&engine->stage[FLAME_STAGE_ITEM_CACHE], t->item_cache);
+    if (t->fetch.missed) fl_hist_add(&engine->stage[FLAME_STAGE_SOURCE_FETCH], t->fetch.us);
     if (tokens) {
         fl_hist_add(&engine->stage[FLAME_STAGE_TOKENS], t->tokens);
         fl_hist_add(&engine->stage[FLAME_STAGE_COMPUTE], t->compute);
@@ -73,8 +82,8 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
         ws = fl_workspace_acquire(engine);
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
         st = fl_prepare_requests(engine, ws, requests, num_requests, stride, &reqs, &uc_hits, &uc_misses);
-        t.resolved = uc_hits + uc_misses > 0;
-        if (t.resolved) t.features = fl_now_us() - t.start;
+        t.user_cached = uc_hits + uc_misses > 0;
+        if (t.user_cached) t.user_cache = fl_now_us() - t.start;
     }
     /* every check but those of the bags the item cache gives comes first, so a refused call
      * fetches nothing from the feature source (and caches nothing) */
@@ -96,8 +105,8 @@ static flame_status score(flame_engine *engine, const flame_request *requests, s
         if (!ws) return fl_error(FLAME_ERR_NOMEM, "out of memory allocating a workspace");
         const flame_request *given = reqs;
         const uint64_t t0 = fl_now_us();
-        st = fl_resolve_features(engine, ws, reqs, num_requests, &reqs);
-        if (reqs != given) t.resolved = true, t.features += fl_now_us() - t0;
+        st = fl_resolve_features(engine, ws, reqs, num_requests, &reqs, &t.fetch);
+        if (reqs != given) t.item_cached = true, t.item_cache = fl_now_us() - t0;
         if (!st && reqs != given) st = fl_validate_resolved(engine->model, given, reqs, num_requests);
     }
     if (st || total == 0) { /* an error, or nothing to write: no work */

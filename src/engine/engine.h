@@ -27,8 +27,9 @@ typedef struct fl_workspace {
     uint64_t tokens_us;        /* token assembly of the current call (fl_forward_cpu adds to it) */
 } fl_workspace;
 
-/* The stages an engine times (flame/metrics.h flame_stage, FEATURES..TOTAL). */
-enum { FL_ENGINE_STAGES = 7 };
+/* The stages an engine times: flame/metrics.h flame_stage FEATURES..SOURCE_FETCH (the
+ * histograms are indexed by the stage; QUEUE_WAIT's stays empty). */
+enum { FL_ENGINE_STAGES = FLAME_STAGE_SOURCE_FETCH + 1 };
 
 struct fl_cuda_engine;
 struct fl_cpu_plan;
@@ -171,9 +172,11 @@ flame_status fl_score_topk_device(struct flame_engine *e, const flame_request *r
                                size_t stride, const fl_topk_spec *topk);
 
 /* For requests that give no side features, builds them from the engine's item cache into
- * ws and points *out at copies of the requests that carry them (else *out = reqs). */
+ * ws and points *out at copies of the requests that carry them (else *out = reqs); *ft gets
+ * what the cache's lookup spent on the feature source (icache/icache.h). */
+struct fl_fetch_time;
 flame_status fl_resolve_features(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
-                                 const flame_request **out);
+                                 const flame_request **out, struct fl_fetch_time *ft);
 void fl_workspace_free_features(fl_workspace *ws);
 
 /* Grows a buffer of a workspace to at least `bytes` (kept for the next calls); NULL on OOM. */

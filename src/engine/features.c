@@ -52,9 +52,10 @@ static size_t ids_of_token(const flame_feature_batch *b, uint32_t u, int32_t slo
 }
 
 flame_status fl_resolve_features(struct flame_engine *e, fl_workspace *ws, const flame_request *reqs, size_t n,
-                                 const flame_request **out)
+                                 const flame_request **out, fl_fetch_time *ft)
 {
     *out = reqs;
+    *ft = (fl_fetch_time){0};
     if (!e->item_cache) return FLAME_OK;
     const fl_model_cfg *c = &e->model->cfg;
     const bool sumi = c->head == FLAME_HEAD_SUMI;
@@ -95,7 +96,7 @@ flame_status fl_resolve_features(struct flame_engine *e, fl_workspace *ws, const
     }
     if (!ws->records && flame_feature_batch_create(S, &ws->records))
         return fl_error(FLAME_ERR_NOMEM, "out of memory for a feature batch");
-    flame_status st = fl_icache_get(e->item_cache, uniq, U, ws->records);
+    flame_status st = fl_icache_get(e->item_cache, uniq, U, ws->records, ft);
     if (st) return st;
 
     /* bags: per needy request and slot, offsets over all its tokens (older history tokens

@@ -6,6 +6,7 @@
 
 #include "icache/icache.h"
 #include "core/abi.h"
+#include "metrics/histogram.h"
 
 /* A coarse monotonic clock (a few ns to read, ~4 ms resolution): TTLs are seconds. */
 static uint64_t default_clock(void *user)
@@ -278,20 +279,26 @@ static inline void ahead_entry(const ahead *a, size_t j)
     if (e) __builtin_prefetch(e), __builtin_prefetch(e + sizeof(fl_entry)); /* header, record */
 }
 
-static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out);
+static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out,
+                             fl_fetch_time *ft);
 
-flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out)
+flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out,
+                           fl_fetch_time *ft)
 {
+    fl_fetch_time unused;
+    if (!ft) ft = &unused;
+    *ft = (fl_fetch_time){0};
     int64_t *copy = NULL; /* ids read back from out (a bag of its records) are read from a copy */
     const int64_t *own = ids;
     flame_status st = fl_batch_own_ids(out, &own, n, &copy);
     if (st) return st;
-    st = get_into(c, own, n, out);
+    st = get_into(c, own, n, out, ft);
     free(copy);
     return st;
 }
 
-static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out)
+static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out,
+                             fl_fetch_time *ft)
 {
     flame_status st = fl_batch_reset(out, n);
     if (st || n == 0) return st;
@@ -326,6 +333,9 @@ static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, siz
     atomic_store_explicit(&c->counts[slot].rng, L.x.rng, memory_order_relaxed);
     pending *lead = L.lead, *join = L.join;
     size_t nlead = L.nlead, njoin = L.njoin;
+    /* the fetch time: the source's calls and the waits on other calls' flights, on the stage
+     * clock (the cache's own clock may be a host's or a test's) */
+    ft->missed = nlead || njoin;
     /* our own fetch first, then the waits: a call never waits before its flights are done */
     if (nlead) {
         int64_t *keys = malloc(nlead * sizeof *keys);
@@ -334,7 +344,9 @@ static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, siz
         if (!fst) {
             for (size_t k = 0; k < nlead; k++) keys[k] = ids[lead[k].idx];
             atomic_fetch_add(&c->fetches, 1);
+            const uint64_t t0 = fl_now_us();
             fst = fl_source_fetch(c->source, keys, nlead, got);
+            ft->us += fl_now_us() - t0;
         } else {
             fst = fl_error(FLAME_ERR_NOMEM, "out of memory for a fetch of %zu ids", nlead);
         }
@@ -354,7 +366,9 @@ static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, siz
             size_t at = k;
             if (isolate) {
                 atomic_fetch_add(&c->fetches, 1);
+                const uint64_t t0 = fl_now_us();
                 kst = fl_source_fetch(c->source, &keys[k], 1, got);
+                ft->us += fl_now_us() - t0;
                 at = 0;
                 if (kst && !first) {
                     first = kst;
@@ -377,6 +391,7 @@ static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, siz
         flame_feature_batch_destroy(got);
         free(keys);
     }
+    const uint64_t waits_from = njoin ? fl_now_us() : 0;
     for (size_t k = 0; k < njoin; k++) {
         fl_flight *f = join[k].f;
         pthread_mutex_lock(&join[k].sh->lock);
@@ -389,6 +404,7 @@ static flame_status get_into(struct flame_item_cache *c, const int64_t *ids, siz
         flight_unref(f);
         pthread_mutex_unlock(&join[k].sh->lock);
     }
+    if (njoin) ft->us += fl_now_us() - waits_from;
     free(lead);
     free(join);
     return st;
@@ -607,7 +623,7 @@ FLAME_API flame_status flame_item_cache_get(flame_item_cache *c, const int64_t *
     if (n && !ids) return fl_error(FLAME_ERR_INVALID_ARG, "ids is NULL with n %zu", n);
     if (out->num_slots != c->num_slots)
         return fl_error(FLAME_ERR_INVALID_ARG, "batch has %d slots, the cache's records %d", out->num_slots, c->num_slots);
-    return fl_icache_get(c, ids, n, out);
+    return fl_icache_get(c, ids, n, out, NULL);
 }
 
 /* Cancels the installation of fetches in flight for key (lock held). */

@@ -158,8 +158,19 @@ void fl_icache_retain(struct flame_item_cache *c);
 void fl_icache_release(struct flame_item_cache *c);
 /* Frees everything of a cache nobody references (the refresh thread stopped or is this one). */
 void fl_icache_free(struct flame_item_cache *c);
-/* flame_item_cache_get without the argument checks. */
-flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out);
+/* What a lookup spent on the feature source (the engine's SOURCE_FETCH stage, flame/metrics.h):
+ * `us`, on the stage clock (fl_now_us), the time of its own fetches of the ids it missed and
+ * of its waits for other calls' fetches of them; `missed`: it missed an id (fetched or waited),
+ * also when that took under 1 us. Refresh-ahead fetches are no lookup's. */
+typedef struct fl_fetch_time {
+    uint64_t us;
+    bool missed;
+} fl_fetch_time;
+
+/* flame_item_cache_get without the argument checks; `ft` (may be NULL) gets the lookup's
+ * fetch time. A lookup whose ids all hit reads no clock. */
+flame_status fl_icache_get(struct flame_item_cache *c, const int64_t *ids, size_t n, flame_feature_batch *out,
+                           fl_fetch_time *ft);
 /* Ends a flight (shard lock held): installs a successful, not superseded result and wakes
  * the waiters. blob NULL with status OK = the source does not know the key. */
 void fl_flight_finish(struct flame_item_cache *c, fl_shard *sh, fl_flight *f, flame_status st, const uint8_t *blob,

@@ -101,8 +101,14 @@ static flame_status engine_metrics(fl_text *t, flame_engine *e)
                es.graph_replays);
     }
     family(t, "flame_engine_stage_seconds", "histogram", "Time of each stage of a successful scoring call.");
-    for (int k = FLAME_STAGE_FEATURES; k <= FLAME_STAGE_TOTAL; k++) {
+    for (int k = FLAME_STAGE_FEATURES; k < FL_ENGINE_STAGES; k++) {
         if (!e->ops->device_copies && (k == FLAME_STAGE_H2D || k == FLAME_STAGE_D2H)) continue;
+        /* a cache's stages with the cache, or once they have samples (a series, once there,
+         * stays when the cache is detached) */
+        const bool cache_stage = k == FLAME_STAGE_USER_CACHE || k == FLAME_STAGE_ITEM_CACHE ||
+                                 k == FLAME_STAGE_SOURCE_FETCH;
+        const bool has_cache = k == FLAME_STAGE_USER_CACHE ? e->user_cache != NULL : e->item_cache != NULL;
+        if (cache_stage && !has_cache && !atomic_load_explicit(&e->stage[k].total, memory_order_relaxed)) continue;
         char labels[48];
         snprintf(labels, sizeof labels, "stage=\"%s\",", fl_stage_name((flame_stage)k));
         histogram(t, "flame_engine_stage_seconds", labels, &e->stage[k]);

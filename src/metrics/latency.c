@@ -26,6 +26,9 @@ const char *fl_stage_name(flame_stage stage)
     case FLAME_STAGE_COMPUTE: return "compute";
     case FLAME_STAGE_D2H: return "d2h";
     case FLAME_STAGE_TOTAL: return "total";
+    case FLAME_STAGE_USER_CACHE: return "user_cache";
+    case FLAME_STAGE_ITEM_CACHE: return "item_cache";
+    case FLAME_STAGE_SOURCE_FETCH: return "source_fetch";
     }
     return "unknown";
 }
@@ -48,9 +51,10 @@ FLAME_API flame_status flame_engine_get_latency(flame_engine *engine, flame_stag
     if (!engine || !latency) return fl_error(FLAME_ERR_INVALID_ARG, "%s is NULL", engine ? "latency" : "engine");
     flame_status st = fl_struct_size_check("flame_latency", latency->struct_size, sizeof *latency);
     if (st) return st;
-    if ((int)stage < FLAME_STAGE_FEATURES || (int)stage > FLAME_STAGE_TOTAL)
-        return fl_error(FLAME_ERR_INVALID_ARG, "stage %d (%s) is not timed by an engine (FLAME_STAGE_FEATURES..TOTAL)",
-                        (int)stage, fl_stage_name(stage));
+    if ((int)stage < FLAME_STAGE_FEATURES || (int)stage >= FL_ENGINE_STAGES)
+        return fl_error(FLAME_ERR_INVALID_ARG,
+                        "stage %d (%s) is not timed by an engine (FLAME_STAGE_FEATURES..SOURCE_FETCH)", (int)stage,
+                        fl_stage_name(stage));
     return out_latency(&engine->stage[stage], latency);
 }
 
