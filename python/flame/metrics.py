@@ -13,14 +13,16 @@ from typing import Any, Dict, Optional
 from . import _lib, errors
 from ._structs import Latency, MetricsSources, as_dict, new
 
-# flame_stage values
-STAGES = {"queue_wait": 0, "features": 1, "tokens": 2, "h2d": 3, "compute": 4, "d2h": 5, "total": 6}
+# flame_stage values (user_cache, item_cache and source_fetch: the parts of features)
+STAGES = {"queue_wait": 0, "features": 1, "tokens": 2, "h2d": 3, "compute": 4, "d2h": 5, "total": 6,
+          "user_cache": 7, "item_cache": 8, "source_fetch": 9}
 
 
 def latency(handle: Any, stage: str) -> Dict[str, int]:
-    """One stage's latency on an Engine (features, tokens, h2d, compute, d2h, total) or a
-    Scheduler (queue_wait, total): count and sum_us since creation, p50/p90/p99/p999/max_us of
-    the window since the last Scheduler.reset_latency."""
+    """One stage's latency on an Engine (features, tokens, h2d, compute, d2h, total, and the
+    parts of features: user_cache, item_cache, source_fetch) or a Scheduler (queue_wait,
+    total): count and sum_us since creation, p50/p90/p99/p999/max_us of the window since the
+    last Scheduler.reset_latency."""
     from .engine import Engine
     from .scheduler import Scheduler
     if stage not in STAGES:
