@@ -16,8 +16,10 @@
 //     and host time of one call (on an idle stream the device time includes the call's host
 //     work), and the device time per call of --reps calls enqueued back to back; and the host ids validated and staged by 8 threads
 //     (flame_embedding_bag_batch.threads = 8; the default is the calling thread alone).
-//   sumi_attn_b8_l1024_m512_h8_dh64_fp16: 8 sequences of 1024 history + 512 candidate rows,
-//     8 heads of 64, fused QKV; device time of one call against the internal dispatcher
+//   sumi_attn_b<B>_l<L>_m<M>_h8_dh<D>: B sequences of L history + M candidate rows, 8 heads of
+//     D, fused QKV, fp16, at the attention benchmark's shapes (B1 L256 M128, B8 L256 M128, B1
+//     L1024 M128, B8 L1024 M512 dh64; B32 L1024 M512, B8 L4096 M512 dh128): device and host
+//     time of one call; at B8 L1024 M512 dh64 also against the internal dispatcher
 //     (fl_cuda_attention) on a tile list uploaded beforehand.
 //   launch overhead: host us of one call at batch 1 (TBE T26 P20 D128; attention one sequence
 //     of 64 + 16 rows).
@@ -278,9 +280,17 @@ struct attn_result {
     bool ok;
 };
 
-static attn_result bench_attention(int reps, cudaStream_t s)
+struct attn_shape {
+    int B, L, M, dh;
+};
+// the attention benchmark's shapes (bench/attention_bench.cu), 8 heads; the first is the one
+// also timed against the internal dispatcher
+static const attn_shape ATTN_SHAPES[] = {{8, 1024, 512, 64}, {1, 256, 128, 64},  {8, 256, 128, 64},
+                                         {1, 1024, 128, 64}, {32, 1024, 512, 128}, {8, 4096, 512, 128}};
+
+static attn_result bench_attention(int reps, cudaStream_t s, attn_shape shape, bool internal)
 {
-    const int Bs = 8, L = 1024, M = 512, H = 8, dh = 64, w = H * dh;
+    const int Bs = shape.B, L = shape.L, M = shape.M, H = 8, dh = shape.dh, w = H * dh;
     const int64_t rows = (int64_t)Bs * (L + M);
     attn_result r{};
     __half *qkv, *out;
@@ -314,6 +324,13 @@ static attn_result bench_attention(int reps, cudaStream_t s)
         dev.push_back(ms * 1e3);
     }
     r.dev_us = median(dev), r.host_us = median(host);
+    if (!internal) {
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        CK(cudaFree(qkv));
+        CK(cudaFree(out));
+        return r;
+    }
     // the internal dispatcher on a tile list built and uploaded beforehand (as the engine does)
     const int32_t tq = fl_cuda_attention_tile_queries(2, dh, rows, H);
     std::vector<fl_attn_tile> tiles;
@@ -354,6 +371,8 @@ static attn_result bench_attention(int reps, cudaStream_t s)
         CK(cudaStreamSynchronize(s));
     }
     r.batch1_host_us = median(h1);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
     CK(cudaFree(dt));
     CK(cudaFree(qkv));
     CK(cudaFree(out));
@@ -386,7 +405,21 @@ int main(int argc, char **argv)
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const tbe_result t = bench_tbe(reps, rows, s);
-    const attn_result a = bench_attention(reps, s);
+    const size_t nshapes = sizeof ATTN_SHAPES / sizeof ATTN_SHAPES[0];
+    std::vector<attn_result> as;
+    for (size_t i = 0; i < nshapes; i++) as.push_back(bench_attention(reps, s, ATTN_SHAPES[i], i == 0));
+    const attn_result a = as[0];
+    bool attn_ok = true;
+    char shapes_json[2048] = "", name[64];
+    size_t used = 0;
+    for (size_t i = 0; i < nshapes; i++) {
+        const attn_shape &sh = ATTN_SHAPES[i];
+        snprintf(name, sizeof name, "b%d_l%d_m%d_h8_dh%d", sh.B, sh.L, sh.M, sh.dh);
+        used += (size_t)snprintf(shapes_json + used, sizeof shapes_json - used,
+                                 "%s\"api_sumi_attn_%s_us\":%.2f,\"api_sumi_attn_%s_host_us\":%.2f", i ? "," : "", name,
+                                 as[i].dev_us, name, as[i].host_us);
+        attn_ok = attn_ok && as[i].ok;
+    }
     if (json) {
         printf("{\"device\":\"%s\",\"reps\":%d,\"rows_per_table\":%lld,\"copy_gbps\":%.1f,"
                "\"api_tbe_T26_B4096_P20_D128_fp16_gbps\":%.1f,\"api_tbe_T26_B4096_P20_D128_fp16_us\":%.2f,"
@@ -398,12 +431,11 @@ int main(int argc, char **argv)
                "\"api_tbe_256B_rows_device_ids_back_to_back_of_copy\":%.3f,"
                "\"api_tbe_T26_B4096_P20_D128_fp16_8_threads_gbps\":%.1f,\"api_tbe_T26_B4096_P20_D128_fp16_8_threads_host_us\":%.2f,"
                "\"api_tbe_256B_rows_of_copy\":%.3f,\"api_tbe_batch1_host_us\":%.2f,"
-               "\"api_sumi_attn_b8_l1024_m512_h8_dh64_us\":%.2f,\"api_sumi_attn_b8_l1024_m512_h8_dh64_host_us\":%.2f,"
-               "\"internal_sumi_attn_b8_l1024_m512_h8_dh64_us\":%.2f,\"api_sumi_attn_batch1_host_us\":%.2f,"
+               "%s,\"internal_sumi_attn_b8_l1024_m512_h8_dh64_us\":%.2f,\"api_sumi_attn_batch1_host_us\":%.2f,"
                "\"outputs_finite\":%s}\n",
                prop.name, reps, (long long)rows, t.copy_gbps, t.gbps, t.dev_us, t.host_us, t.thru_gbps, t.kernel_gbps,
-               t.gbps, t.devids_gbps, t.devids_us, t.devids_host_us, t.devids_thru_gbps, t.devids_thru_gbps / t.copy_gbps, t.mt_gbps, t.mt_host_us, t.gbps / t.copy_gbps, t.batch1_host_us, a.dev_us, a.host_us, a.internal_us, a.batch1_host_us,
-               t.ok && a.ok ? "true" : "false");
+               t.gbps, t.devids_gbps, t.devids_us, t.devids_host_us, t.devids_thru_gbps, t.devids_thru_gbps / t.copy_gbps, t.mt_gbps, t.mt_host_us, t.gbps / t.copy_gbps, t.batch1_host_us, shapes_json, a.internal_us, a.batch1_host_us,
+               t.ok && attn_ok ? "true" : "false");
     } else {
         printf("%s; median of %d; %lld rows per table\n", prop.name, reps, (long long)rows);
         printf("device-to-device copy              %10.1f GB/s\n", t.copy_gbps);
@@ -420,9 +452,12 @@ int main(int argc, char **argv)
         printf("TBE batch 1, API host time         %10.2f us\n", t.batch1_host_us);
         printf("SUMI attention B8 L1024 M512 H8 dh64 fp16, API %8.2f us device, host %.1f us; internal %.2f us "
                "(API/internal %.2f)\n", a.dev_us, a.host_us, a.internal_us, a.dev_us / a.internal_us);
+        for (size_t i = 1; i < nshapes; i++)
+            printf("SUMI attention B%d L%d M%d H8 dh%d fp16, API %8.2f us device, host %.1f us\n", ATTN_SHAPES[i].B,
+                   ATTN_SHAPES[i].L, ATTN_SHAPES[i].M, ATTN_SHAPES[i].dh, as[i].dev_us, as[i].host_us);
         printf("SUMI attention batch 1, API host time %7.2f us\n", a.batch1_host_us);
-        printf("outputs finite: %s\n", t.ok && a.ok ? "yes" : "NO");
+        printf("outputs finite: %s\n", t.ok && attn_ok ? "yes" : "NO");
     }
     CK(cudaStreamDestroy(s));
-    return t.ok && a.ok ? 0 : 1;
+    return t.ok && attn_ok ? 0 : 1;
 }

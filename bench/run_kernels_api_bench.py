@@ -6,12 +6,12 @@ Steps (each a subprocess whose raw output goes to DIR):
   1. bench/kernels-api-bench --json: the embedding bag through flame/kernels.h at T26 B4096 P20
      D128 fp16 (ids from the host, checked and staged by the calling thread and by 8 threads,
      and device-resident ids), the internal kernel, the device's
-     copy bandwidth, SUMI attention at B8 L1024 M512 H8 dh64 fp16, the host cost of a batch-1
-     call of each;
+     copy bandwidth, SUMI attention fp16 at the attention benchmark's shapes (B8 L1024 M512 dh64
+     also against the internal dispatcher), the host cost of a batch-1 call of each;
   2. bench/torch_embedding.py: one F.embedding_bag call over the 26 tables concatenated, ids on
      the device, the same case;
-  3. bench/torch_kernels_api.py: the SDPA peers of the attention case (flash, cuDNN and
-     memory-efficient backends; FlexAttention with --flex).
+  3. bench/torch_kernels_api.py: the SDPA peers of the attention cases (flash, cuDNN and
+     memory-efficient backends; FlexAttention with --flex), each shape's fastest the peer.
 Then prints a table and writes bench/results/<machine>-<date>-kernels-api.json (also copied to
 DIR): a list of {"name", "value", "unit", "peer", "peer_value", "ratio"}, ratio = libflame /
 peer (above 1 is better for GB/s, below 1 for us). Exit status 1 only when a step failed.
@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run_gpu_bench import ROOT, Runner, entry, log, pick  # noqa: E402
 
 CASE = "T26_B4096_P20_D128_fp16"
+# the attention cases, as bench/kernels_api_bench.cu's ATTN_SHAPES (8 heads, fp16)
+ATTN_SHAPES = ["b8_l1024_m512_h8_dh64", "b1_l256_m128_h8_dh64", "b8_l256_m128_h8_dh64", "b1_l1024_m128_h8_dh64",
+               "b32_l1024_m512_h8_dh128", "b8_l4096_m512_h8_dh128"]
 
 
 def entries(api, temb, tatt):
@@ -35,8 +38,16 @@ def entries(api, temb, tatt):
     te = pick(temb, CASE) or {}
     copy = api.get("copy_gbps")
     tgbps = te.get("gbps")
-    peers = tatt.get("peers") or {}
-    fastest = tatt.get("fastest")
+    attn = []
+    by_shape = {sh["shape"]: sh for sh in tatt.get("shapes") or []}
+    for n in ATTN_SHAPES:
+        sh = by_shape.get(n, {})
+        fastest = sh.get("fastest")
+        attn.append(entry(f"api_sumi_attn_{n}_us", api.get(f"api_sumi_attn_{n}_us"), "us",
+                          f"fastest PyTorch SDPA peer ({fastest}; two calls without the self term)" if fastest
+                          else "PyTorch SDPA", sh.get("fastest_us")))
+        attn.append(entry(f"api_sumi_attn_{n}_host_us", api.get(f"api_sumi_attn_{n}_host_us"), "us", None, None))
+        attn += [entry(f"torch_sdpa_{p}_{n}_us", us, "us", None, None) for p, us in sorted((sh.get("peers") or {}).items())]
     return [
         entry(f"api_tbe_{CASE}_gbps", api.get(f"api_tbe_{CASE}_gbps"), "GB/s",
               "F.embedding_bag over concatenated tables (ids on the device)", tgbps),
@@ -51,9 +62,6 @@ def entries(api, temb, tatt):
         entry("api_tbe_256B_rows_device_ids_back_to_back_gbps",
               api.get(f"api_tbe_{CASE}_device_ids_back_to_back_gbps"), "GB/s",
               "device-to-device copy (read + written)", copy),
-        entry("api_sumi_attn_b8_l1024_m512_h8_dh64_us", api.get("api_sumi_attn_b8_l1024_m512_h8_dh64_us"), "us",
-              f"fastest PyTorch SDPA peer ({fastest}; two calls without the self term)" if fastest else "PyTorch SDPA",
-              tatt.get("fastest_us")),
         entry(f"api_tbe_{CASE}_8_threads_gbps", api.get(f"api_tbe_{CASE}_8_threads_gbps"), "GB/s",
               "F.embedding_bag over concatenated tables (ids on the device)", tgbps),
         entry(f"api_tbe_{CASE}_host_us", api.get(f"api_tbe_{CASE}_host_us"), "us", None, None),
@@ -61,7 +69,7 @@ def entries(api, temb, tatt):
         entry(f"api_tbe_{CASE}_device_ids_host_us", api.get(f"api_tbe_{CASE}_device_ids_host_us"), "us", None, None),
         entry("api_tbe_batch1_host_us", api.get("api_tbe_batch1_host_us"), "us", None, None),
         entry("api_sumi_attn_batch1_host_us", api.get("api_sumi_attn_batch1_host_us"), "us", None, None),
-    ] + [entry(f"torch_sdpa_{p}_b8_l1024_m512_h8_dh64_us", us, "us", None, None) for p, us in sorted(peers.items())]
+    ] + attn
 
 
 def main(argv=None):
