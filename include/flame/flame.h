@@ -298,7 +298,7 @@ typedef enum flame_option {
     /* int: 1 (default) = capture a pass as a CUDA graph the second time its shape is seen
      * (every request with the same history window, candidate count and candidate layout) and
      * replay it after; the first pass of a shape runs uncaptured, so one-off shapes never
-     * pay for a capture. 0 = never capture. Up to 16 graphs per executor, least recently
+     * pay for a capture. 0 = never capture. Up to 32 graphs per executor, least recently
      * used dropped first. */
     FLAME_OPT_CUDA_GRAPHS = 8,
     /* int: CPU threads one call runs on (the calling thread and libflame's own thread pool,

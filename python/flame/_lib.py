@@ -204,7 +204,7 @@ def status_name(status: int) -> str:
 
 
 def version() -> str:
-    """The loaded library's version string, e.g. "0.1.0"."""
+    """The loaded library's version string, e.g. "0.2.0"."""
     return lib().flame_version_string().decode()
 
 

@@ -17,7 +17,7 @@ struct flame_config {
     int64_t cuda_executors;       /* GPU executors (streams with their own buffers) */
     int64_t cuda_graphs;          /* 1: capture and replay CUDA graphs */
     int64_t cuda_attention;       /* 1: the portable attention kernel on every GPU */
-    int64_t threads;              /* CPU threads for the single-user dot head; 0 = the BLAS's count */
+    int64_t threads;              /* FLAME_OPT_THREADS: CPU threads one call runs on; 0 = the BLAS's count */
     int64_t kv_cache_bytes;       /* the user-history KV cache's budget, 0 = none */
     int64_t kv_cache_block_tokens; /* tokens a block of it holds */
     /* the caches the engine reads, borrowed by the config (the engine takes references) */

@@ -91,7 +91,7 @@ static flame_status engine_metrics(fl_text *t, flame_engine *e)
                    (unsigned long long)es.user_cache_misses);
     single(t, "flame_engine_workspaces", "gauge", "Scratch workspaces (the peak of concurrent calls).", es.workspaces);
     single(t, "flame_engine_scratch_bytes", "gauge", "Bytes held by the scratch workspaces.", es.scratch_bytes);
-    single(t, "flame_engine_device_bytes", "gauge", "GPU memory held: weights, activations, GEMM workspace.",
+    single(t, "flame_engine_device_bytes", "gauge", "GPU memory held: weights, activations, GEMM workspace, KV cache blocks.",
            es.device_bytes);
     single(t, "flame_engine_device_weight_bytes", "gauge", "GPU memory held by the weights.", es.device_weight_bytes);
     if (e->ops->cuda_graphs) {
