@@ -1,7 +1,8 @@
-/* The shared-memory user cache: round trips, a creation that signals interrupt, attach from
- * another process, header checks, a writer killed inside a write, readers racing a writer
- * (threads and processes) never seeing a torn record, eviction when full, TTL, the layout an
- * attacher reads back, and throughput on the default-size table. */
+/* The shared-memory user cache: round trips, a creation that signals interrupt, a failed
+ * creation removing its own object and only its own, attach from another process, header
+ * checks, a writer killed inside a write, readers racing a writer (threads and processes)
+ * never seeing a torn record, eviction when full, TTL, the layout an attacher reads back, and
+ * throughput on the default-size table. */
 #define _GNU_SOURCE /* fallocate */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,10 +26,14 @@ static char name[64];
  * the bytes as tmpfs does. */
 static atomic_int fallocate_eintrs, fallocate_calls;
 static atomic_llong fallocate_longest;
+/* When set, the next call runs this instead (once) and returns what it returns. */
+static _Atomic(int (*)(void)) fallocate_instead;
 
 int posix_fallocate(int fd, off_t offset, off_t len)
 {
     atomic_fetch_add(&fallocate_calls, 1);
+    int (*instead)(void) = atomic_exchange(&fallocate_instead, (int (*)(void))NULL);
+    if (instead) return instead();
     int n = atomic_load(&fallocate_eintrs);
     if (n > 0) {
         atomic_store(&fallocate_eintrs, n - 1);
@@ -52,6 +57,7 @@ static int teardown(void **state)
     fl_uc_set_write_hook(NULL);
     fl_uc_set_create_hook(NULL);
     atomic_store(&fallocate_eintrs, 0);
+    atomic_store(&fallocate_instead, (int (*)(void))NULL);
     flame_user_cache_unlink(name); /* may already be gone */
     return 0;
 }
@@ -215,6 +221,82 @@ static void test_create_reserved_in_pieces(void **state)
     assert_int_equal(atomic_load(&fallocate_calls), (int)((sb.st_size + piece - 1) / piece));
     assert_put_then_get(c, 7, 13, &p);
     flame_user_cache_destroy(c);
+}
+
+/* ---- a creation that fails: it removes its own object, and only its own */
+static int no_space(void)
+{
+    return ENOSPC;
+}
+
+static ino_t made_again; /* the inode of the object another process made under the name */
+
+static ino_t inode_of_name(void)
+{
+    struct stat sb;
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    assert_int_equal(stat(path, &sb), 0);
+    return sb.st_ino;
+}
+
+/* Inside a creation, before its reservation fails: an operator unlinks the name and another
+ * process creates a table under it. */
+static int name_made_again_then_no_space(void)
+{
+    if (flame_user_cache_unlink(name) != FLAME_OK) return EIO;
+    pid_t pid = fork();
+    if (pid == 0) {
+        flame_user_cache_params p = params(200, 2, 4, 0);
+        flame_user_cache *c = NULL;
+        _exit(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &c) == FLAME_OK ? 0 : 10);
+    }
+    int status = -1;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return EIO;
+    made_again = inode_of_name();
+    return ENOSPC;
+}
+
+/* A creation that fails leaves the name alone once it no longer names its object: the table
+ * another process made under the name meanwhile stays (it was unlinked by name). */
+static void test_failed_creation_leaves_a_name_made_again(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0), theirs = params(200, 2, 4, 0);
+    atomic_store(&fallocate_instead, name_made_again_then_no_space);
+    flame_user_cache *c = NULL;
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &c), FLAME_ERR_NOMEM,
+                      "cannot reserve");
+    assert_null(c);
+    c = open_cache(FLAME_USER_CACHE_ATTACH, &theirs);
+    assert_int_equal(inode_of_name(), made_again);
+    assert_put_then_get(c, 3, 4, &theirs);
+    flame_user_cache_destroy(c);
+}
+
+/* A creation that fails removes its own object, also one whose mode denies its owner reading
+ * (the check that the name is still its own opens it). Made by a child that, run as root, drops
+ * to an unprivileged user first: root reads whatever the mode says. */
+static void test_failed_creation_removes_its_object(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0);
+    for (int k = 0; k < 2; k++) {
+        p.mode = k ? 0200 : 0600;
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(20);
+            atomic_store(&fallocate_instead, no_space);
+            flame_user_cache *c = NULL;
+            flame_status st = flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &c);
+            _exit(st != FLAME_ERR_NOMEM ? 21 : !strstr(flame_last_error(), "No space left on device") ? 22 : 0);
+        }
+        int status = -1;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0); /* 20: no unprivileged user; 21, 22: another error */
+        flame_user_cache *c = NULL;
+        assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_IO,
+                          "No such file");
+    }
 }
 
 /* Another process attaches by name, reads what this one wrote and writes for it to read. */
@@ -1201,6 +1283,8 @@ int main(void)
         T(test_put_get_remove),
         T(test_create_interrupted_by_signals),
         T(test_create_reserved_in_pieces),
+        T(test_failed_creation_leaves_a_name_made_again),
+        T(test_failed_creation_removes_its_object),
         T(test_recovery_logged_outside_the_bucket_lock),
         T(test_attach_from_another_process),
         T(test_attach_checks_the_header),

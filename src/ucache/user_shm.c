@@ -139,6 +139,26 @@ static int reserve(int fd, off_t bytes)
     return 0;
 }
 
+/* Unlinks `name` if it still names the object open on fd, which this process made and whose
+ * creator's lock it holds. The name may have been unlinked since (flame_user_cache_unlink) and
+ * made again by another process, whose table an unlink by name alone removed; a
+ * flame_user_cache_unlink and a new creation between the comparison and the unlink below (two
+ * system calls) would still lose theirs: no call unlinks a name only if it names a given
+ * object. A name that cannot be opened is left: it is gone, or not ours. */
+static void unlink_if_ours(const char *name, int fd)
+{
+    struct stat mine, named;
+    if (fstat(fd, &mine) != 0 || mine.st_nlink == 0) return;
+    /* the caller's mode may deny its owner reading: ours then could not be opened to compare */
+    if (!(mine.st_mode & S_IRUSR) && fchmod(fd, (mine.st_mode & 0777) | S_IRUSR) != 0) return;
+    int other = shm_open(name, O_RDONLY, 0);
+    if (other < 0) return;
+    /* (closing another descriptor of the object keeps our flock: it belongs to fd's open file) */
+    bool same = fstat(other, &named) == 0 && named.st_dev == mine.st_dev && named.st_ino == mine.st_ino;
+    close(other);
+    if (same) shm_unlink(name);
+}
+
 static flame_status create(flame_user_cache *c, const flame_user_cache_params *p, int *exists)
 {
     int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, p->mode);
@@ -159,8 +179,8 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
                       (unsigned long long)want.total_bytes, c->name, strerror(rc));
     if (st == FLAME_OK) st = map(c, fd, want.total_bytes);
     if (st != FLAME_OK) {
+        unlink_if_ours(c->name, fd);
         close(fd);
-        shm_unlink(c->name);
         return st;
     }
     c->fd = fd;
