@@ -28,12 +28,15 @@ static atomic_int fallocate_eintrs, fallocate_calls;
 static atomic_llong fallocate_longest;
 /* When set, the next call runs this instead (once) and returns what it returns. */
 static _Atomic(int (*)(void)) fallocate_instead;
+static atomic_int fallocate_delay_ms; /* each call first sleeps so long */
 
 int posix_fallocate(int fd, off_t offset, off_t len)
 {
     atomic_fetch_add(&fallocate_calls, 1);
     int (*instead)(void) = atomic_exchange(&fallocate_instead, (int (*)(void))NULL);
     if (instead) return instead();
+    int delay = atomic_load(&fallocate_delay_ms);
+    if (delay) nanosleep(&(struct timespec){delay / 1000, delay % 1000 * 1000 * 1000}, NULL);
     int n = atomic_load(&fallocate_eintrs);
     if (n > 0) {
         atomic_store(&fallocate_eintrs, n - 1);
@@ -57,6 +60,7 @@ static int teardown(void **state)
     fl_uc_set_write_hook(NULL);
     fl_uc_set_create_hook(NULL);
     atomic_store(&fallocate_eintrs, 0);
+    atomic_store(&fallocate_delay_ms, 0);
     atomic_store(&fallocate_instead, (int (*)(void))NULL);
     flame_user_cache_unlink(name); /* may already be gone */
     return 0;
@@ -463,6 +467,34 @@ static void test_attach_waits_for_a_live_creator(void **state)
         flame_user_cache_destroy(c);
         assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
     }
+}
+
+/* An attacher that comes while a large table's creator is still reserving it maps the whole
+ * table once it is ready, not the part reserved when it first looked (it then failed with
+ * FLAME_ERR_FORMAT, "is 16777216 bytes, its header says ..."). */
+static void test_attach_while_the_creator_reserves(void **state)
+{
+    flame_user_cache_params p = params(200000, 3, 64, 8);
+    pid_t pid = fork();
+    if (pid == 0) {
+        atomic_store(&fallocate_delay_ms, 300); /* for each piece of 16 MiB */
+        flame_user_cache *c = NULL;
+        _exit(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &c) == FLAME_OK ? 0 : 10);
+    }
+    /* until the first piece is reserved */
+    int fd;
+    struct stat sb = {0};
+    while ((fd = shm_open(name, O_RDONLY, 0)) < 0) nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+    while (fstat(fd, &sb) == 0 && sb.st_size == 0) nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+    close(fd);
+    assert_true(sb.st_size == (off_t)16 << 20);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_ATTACH, &p);
+    int status = -1;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_true(c->bytes > (size_t)32 << 20);
+    assert_put_then_get(c, 199999, 20, &p);
+    flame_user_cache_destroy(c);
 }
 
 /* A creator killed inside the creation leaves a table attachers report as unfinished
@@ -1289,6 +1321,7 @@ int main(void)
         T(test_attach_from_another_process),
         T(test_attach_checks_the_header),
         T(test_attach_waits_for_a_live_creator),
+        T(test_attach_while_the_creator_reserves),
         T(test_creator_killed_inside_the_creation),
         T(test_other_layout_without_ready),
         T(test_create_or_attach_while_unlinked),

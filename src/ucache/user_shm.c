@@ -112,6 +112,17 @@ static flame_status map(flame_user_cache *c, int fd, size_t bytes)
     return FLAME_OK;
 }
 
+/* Maps `bytes` of the object, dropping a mapping of another size. */
+static flame_status remap(flame_user_cache *c, int fd, size_t bytes)
+{
+    if (c->base && c->bytes == bytes) return FLAME_OK;
+    if (c->base) munmap(c->base, c->bytes);
+    c->base = NULL;
+    c->hdr = NULL;
+    c->bytes = 0;
+    return map(c, fd, bytes);
+}
+
 /* flock, retried when a signal interrupts the wait. */
 static int lock_file(int fd, int op)
 {
@@ -305,7 +316,14 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
         }
         if ((size_t)sb.st_size >= FL_UC_HEADER_BYTES) {
             if (!c->base && (st = map(c, fd, (size_t)sb.st_size)) != FLAME_OK) break;
-            if (atomic_load_explicit(&c->hdr->ready, memory_order_acquire) == FL_UC_READY) break;
+            if (atomic_load_explicit(&c->hdr->ready, memory_order_acquire) == FL_UC_READY) {
+                /* the creator reserves in pieces: what was mapped may be the first few */
+                if (fstat(fd, &sb) != 0)
+                    st = fl_error(FLAME_ERR_IO, "cannot stat shm '%s': %s", c->name, strerror(errno));
+                else
+                    st = remap(c, fd, (size_t)sb.st_size);
+                break;
+            }
         }
         if (idle && sb.st_nlink == 0) { /* a creator that failed unlinks its object */
             *why = ATTACH_UNLINKED;
