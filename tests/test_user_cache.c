@@ -1,8 +1,9 @@
 /* The shared-memory user cache: round trips, a creation that signals interrupt, a failed
- * creation removing its own object and only its own, attach from another process, header
- * checks, a writer killed inside a write, readers racing a writer (threads and processes)
- * never seeing a torn record, eviction when full, TTL, the layout an attacher reads back, and
- * throughput on the default-size table. */
+ * creation removing its own object and only its own, attach from another process (also during
+ * a long creation), header checks, CREATE_OR_ATTACH taking over a table whose creator died
+ * (and nothing else), a writer killed inside a write, readers racing a writer (threads and
+ * processes) never seeing a torn record, eviction when full, TTL, the layout an attacher reads
+ * back, and throughput on the default-size table. */
 #define _GNU_SOURCE /* fallocate */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +60,7 @@ static int teardown(void **state)
     fl_uc_set_clock(NULL);
     fl_uc_set_write_hook(NULL);
     fl_uc_set_create_hook(NULL);
+    fl_uc_set_before_lock_hook(NULL);
     atomic_store(&fallocate_eintrs, 0);
     atomic_store(&fallocate_delay_ms, 0);
     atomic_store(&fallocate_instead, (int (*)(void))NULL);
@@ -413,14 +415,15 @@ static void stop_self(void)
     raise(SIGSTOP);
 }
 
-/* Forks a creator of `p` that runs `hook` inside the creation, and returns once the name exists. */
-static pid_t fork_creator(const flame_user_cache_params *p, void (*hook)(void))
+/* Forks a process opening `p` with `mode` that runs `hook` inside the creation (or the
+ * takeover of an unfinished table), and returns once the name exists. */
+static pid_t fork_opener(flame_user_cache_open_mode mode, const flame_user_cache_params *p, void (*hook)(void))
 {
     pid_t pid = fork();
     if (pid == 0) {
         fl_uc_set_create_hook(hook);
         flame_user_cache *c = NULL;
-        _exit(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, p, &c) == FLAME_OK ? 0 : 10);
+        _exit(flame_user_cache_open(name, mode, p, &c) == FLAME_OK ? 0 : 10);
     }
     int fd;
     while ((fd = shm_open(name, O_RDONLY, 0)) < 0) nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
@@ -428,17 +431,27 @@ static pid_t fork_creator(const flame_user_cache_params *p, void (*hook)(void))
     return pid;
 }
 
-/* A creator killed inside the creation (stopped there by the create hook, then SIGKILLed),
- * reaped: its object is left unfinished. */
-static void kill_creator_inside_creation(const flame_user_cache_params *p)
+static pid_t fork_creator(const flame_user_cache_params *p, void (*hook)(void))
 {
-    pid_t pid = fork_creator(p, stop_self);
+    return fork_opener(FLAME_USER_CACHE_CREATE, p, hook);
+}
+
+/* A process opening with `mode` killed inside the creation (or takeover: stopped there by the
+ * create hook, then SIGKILLed), reaped: its object is left unfinished. */
+static void kill_inside_creation(flame_user_cache_open_mode mode, const flame_user_cache_params *p)
+{
+    pid_t pid = fork_opener(mode, p, stop_self);
     int status = 0;
     assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
     assert_true(WIFSTOPPED(status));
     assert_int_equal(kill(pid, SIGKILL), 0);
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFSIGNALED(status));
+}
+
+static void kill_creator_inside_creation(const flame_user_cache_params *p)
+{
+    kill_inside_creation(FLAME_USER_CACHE_CREATE, p);
 }
 
 static double seconds_since(const struct timespec *t0)
@@ -497,18 +510,18 @@ static void test_attach_while_the_creator_reserves(void **state)
     flame_user_cache_destroy(c);
 }
 
-/* A creator killed inside the creation leaves a table attachers report as unfinished
- * (FLAME_ERR_IO) after 1 s, not as someone else's object (FLAME_ERR_FORMAT); once it is
- * unlinked the name can be created again. */
+/* A creator killed inside the creation leaves a table ATTACH reports as unfinished
+ * (FLAME_ERR_IO) after 1 s, not as someone else's object (FLAME_ERR_FORMAT), and CREATE as
+ * existing; once it is unlinked the name can be created again. */
 static void test_creator_killed_inside_the_creation(void **state)
 {
     flame_user_cache_params p = params(100, 1, 8, 0);
     kill_creator_inside_creation(&p);
     flame_user_cache *c = NULL;
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_IO,
-                      "was never fully initialised (its creator died?)");
-    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &c), FLAME_ERR_IO,
-                      "remove it with flame_user_cache_unlink");
+                      "was never fully initialised (its creator died?); FLAME_USER_CACHE_CREATE_OR_ATTACH "
+                      "initialises it again, or remove it with flame_user_cache_unlink");
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &p, &c), FLAME_ERR_IO, "File exists");
     assert_null(c);
     assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
     c = open_cache(FLAME_USER_CACHE_CREATE, &p);
@@ -519,7 +532,9 @@ static void test_creator_killed_inside_the_creation(void **state)
     assert_true(fd >= 0);
     close(fd);
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_IO,
-                      "is empty: its creator died before initialising it?");
+                      "is empty: its creator died before initialising it? FLAME_USER_CACHE_CREATE_OR_ATTACH "
+                      "initialises it, or remove it with flame_user_cache_unlink");
+    assert_null(c);
 }
 
 /* A table of another layout version is reported as one even when that layout keeps no ready
@@ -534,6 +549,272 @@ static void test_other_layout_without_ready(void **state)
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
                       "has layout version 0; this libflame reads version 1");
     assert_null(d);
+}
+
+/* ---- CREATE_OR_ATTACH takes over a table whose creator died before it was ready */
+static off_t size_of_name(void)
+{
+    struct stat sb;
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    assert_int_equal(stat(path, &sb), 0);
+    return sb.st_size;
+}
+
+/* Fills the object from `from` to its end with `byte`: bytes that are not zero, as a creator
+ * killed half way through initialising the buckets of its layout leaves. */
+static void fill_object(off_t from, int byte)
+{
+    int fd = shm_open(name, O_RDWR, 0);
+    assert_true(fd >= 0);
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    unsigned char *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    memset(m + from, byte, (size_t)(sb.st_size - from));
+    munmap(m, (size_t)sb.st_size);
+    close(fd);
+}
+
+/* The table `c` is a fresh one of p: p's layout, sized to it, no records, no counts, and it
+ * works (also from a second handle). */
+static void assert_fresh_table(flame_user_cache *c, const flame_user_cache_params *p)
+{
+    flame_user_cache_params got = {.struct_size = sizeof got};
+    assert_int_equal(flame_user_cache_get_params(c, &got), FLAME_OK);
+    assert_int_equal(got.capacity, p->capacity);
+    assert_int_equal(got.num_slots, p->num_slots);
+    assert_int_equal(got.max_ids, p->max_ids);
+    assert_int_equal(got.max_dense, p->max_dense);
+    flame_user_cache_stats s = stats_of(c);
+    assert_int_equal(size_of_name(), (off_t)s.table_bytes);
+    assert_int_equal(s.records, 0);
+    assert_int_equal(s.puts + s.evictions + s.recoveries, 0);
+    for (int64_t u = 0; u < 50; u++) { /* nothing the dead creator left reads as a record */
+        rec out;
+        flame_user_features f = out_features(&out);
+        int32_t found = -1;
+        assert_int_equal(flame_user_cache_get(c, u, &f, &found), FLAME_OK);
+        assert_int_equal(found, 0);
+    }
+    assert_int_equal(stats_of(c).corrupt, 0);
+    assert_put_then_get(c, 11, 5, p);
+    flame_user_cache *a = open_cache(FLAME_USER_CACHE_ATTACH, p);
+    assert_int_equal(stats_of(a).records, 1);
+    flame_user_cache_destroy(a);
+}
+
+/* A service that crashed while creating its table starts again: CREATE_OR_ATTACH initialises
+ * the unfinished table in place with its own params, once no creator has held the object's
+ * lock for 1 s (it failed "never fully initialised" until the object was unlinked by hand).
+ * The dead creator's table may be larger or smaller, and hold bytes of its own layout; an
+ * empty object (a creator dead before it reserved it) and a table whose previous taker died
+ * inside the takeover are taken over too. */
+static void test_create_or_attach_takes_over_an_unfinished_table(void **state)
+{
+    flame_user_cache_params dead[2] = {params(100, 1, 8, 0), params(5000, 2, 16, 4)};
+    flame_user_cache_params mine[2] = {params(5000, 2, 8, 2), params(200, 1, 4, 0)};
+    for (int k = 0; k < 2; k++) {
+        kill_creator_inside_creation(&dead[k]);
+        fill_object(FL_UC_HEADER_BYTES, 0xa5);
+        poke_u32(offsetof(fl_uc_header, puts), 77); /* the header page keeps what it held */
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE_OR_ATTACH, &mine[k]);
+        assert_true(seconds_since(&t0) > 0.9); /* a creator may take its lock late: it is given 1 s */
+        assert_fresh_table(c, &mine[k]);
+        flame_user_cache_destroy(c);
+        assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    }
+    /* empty; the taker's mode is applied as a creator's is */
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    flame_user_cache_params shared = mine[0];
+    shared.mode = 0640;
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_CREATE_OR_ATTACH, &shared);
+    assert_fresh_table(c, &shared);
+    struct stat sb;
+    assert_int_equal(fstat(c->fd, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0640);
+    flame_user_cache_destroy(c);
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    /* a taker killed inside its takeover leaves the table unfinished, for the next one to take */
+    kill_creator_inside_creation(&dead[0]);
+    kill_inside_creation(FLAME_USER_CACHE_CREATE_OR_ATTACH, &dead[1]);
+    c = NULL;
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &c), FLAME_ERR_IO,
+                      "was never fully initialised");
+    c = open_cache(FLAME_USER_CACHE_CREATE_OR_ATTACH, &mine[1]);
+    assert_fresh_table(c, &mine[1]);
+    flame_user_cache_destroy(c);
+}
+
+/* What CREATE_OR_ATTACH never takes over, and leaves as it was: an object that is no user
+ * cache (whatever its size), a table of another layout version without a ready word, a ready
+ * table of other params. */
+static void test_create_or_attach_takes_over_nothing_else(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0);
+    flame_user_cache *c = NULL;
+    size_t sizes[2] = {100, 8192};
+    for (int k = 0; k < 2; k++) {
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        assert_true(fd >= 0);
+        char junk[8192], back[8192];
+        memset(junk, 0x5a, sizes[k]);
+        assert_int_equal(write(fd, junk, sizes[k]), (ssize_t)sizes[k]);
+        assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &c), FLAME_ERR_FORMAT,
+                          "is not a libflame user cache");
+        assert_null(c);
+        assert_int_equal(size_of_name(), (off_t)sizes[k]);
+        assert_int_equal(pread(fd, back, sizes[k], 0), (ssize_t)sizes[k]);
+        assert_memory_equal(back, junk, sizes[k]);
+        close(fd);
+        assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    }
+    /* another layout version, not ready: unfinished or not, it is not ours to rewrite */
+    c = open_cache(FLAME_USER_CACHE_CREATE, &p);
+    assert_put_then_get(c, 3, 6, &p);
+    const off_t size = size_of_name();
+    flame_user_cache_destroy(c);
+    poke_u32(offsetof(fl_uc_header, ready), 0);
+    poke_u32(offsetof(fl_uc_header, layout_version), 0);
+    flame_user_cache_params other = params(200, 2, 4, 0);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &other, &c), FLAME_ERR_FORMAT,
+                      "has layout version 0; this libflame reads version 1");
+    assert_null(c);
+    assert_int_equal(size_of_name(), size);
+    /* put back as it was, it holds its record: nothing was written */
+    poke_u32(offsetof(fl_uc_header, layout_version), FL_UC_LAYOUT_VERSION);
+    poke_u32(offsetof(fl_uc_header, ready), FL_UC_READY);
+    c = open_cache(FLAME_USER_CACHE_ATTACH, &p);
+    assert_int_equal(stats_of(c).records, 1);
+    assert_int_equal(stats_of(c).puts, 1);
+    flame_user_cache_destroy(c);
+    /* ready, of other params */
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &other, &c), FLAME_ERR_FORMAT,
+                      "has capacity 100, expected 200");
+    c = open_cache(FLAME_USER_CACHE_ATTACH, &p);
+    assert_int_equal(stats_of(c).records, 1);
+    flame_user_cache_destroy(c);
+}
+
+/* Processes that take over one unfinished table at once: one initialises it, all end attached
+ * to it. The children meet before taking the creator's lock (else the first to take it makes
+ * the others wait for a live creator, and none of them finds the lock taken); each counts the
+ * initialisations it makes (the create hook, slowed so that the others wait on the lock
+ * meanwhile), puts one record and says which object it has. */
+enum { TAKERS = 8 };
+typedef struct takers {
+    atomic_int initialisations, ready_to_go, at_the_lock;
+    ino_t inode[TAKERS];
+} takers;
+static takers *shared_takers;
+
+static void count_initialisation(void)
+{
+    atomic_fetch_add(&shared_takers->initialisations, 1);
+    nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+}
+
+static void meet_at_the_lock(void)
+{
+    atomic_fetch_add(&shared_takers->at_the_lock, 1);
+    for (int i = 0; i < 10000 && atomic_load(&shared_takers->at_the_lock) < TAKERS; i++) /* up to 10 s */
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+}
+
+static void test_many_take_over_one_unfinished_table(void **state)
+{
+    flame_user_cache_params dead = params(100, 1, 8, 0), p = params(1000, 2, 8, 1);
+    kill_creator_inside_creation(&dead);
+    shared_takers = mmap(NULL, sizeof(takers), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(shared_takers != MAP_FAILED);
+    memset(shared_takers, 0, sizeof(takers));
+    pid_t kids[TAKERS];
+    for (int k = 0; k < TAKERS; k++) {
+        kids[k] = fork();
+        if (kids[k] == 0) {
+            fl_uc_set_create_hook(count_initialisation);
+            fl_uc_set_before_lock_hook(meet_at_the_lock);
+            atomic_fetch_add(&shared_takers->ready_to_go, 1);
+            while (atomic_load(&shared_takers->ready_to_go) < TAKERS) {
+            }
+            flame_user_cache *c = NULL;
+            if (flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &c) != FLAME_OK) _exit(10);
+            struct stat sb;
+            if (fstat(c->fd, &sb) != 0) _exit(11);
+            shared_takers->inode[k] = sb.st_ino;
+            rec r;
+            make_rec(&r, 100 + k, 1 + k, 2, 8, 1); /* 1 + k ids */
+            _exit(flame_user_cache_put(c, 100 + k, &r.f) == FLAME_OK ? 0 : 12);
+        }
+    }
+    for (int k = 0; k < TAKERS; k++) {
+        int status = -1;
+        assert_int_equal(waitpid(kids[k], &status, 0), kids[k]);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0); /* 10: open failed */
+    }
+    assert_int_equal(atomic_load(&shared_takers->at_the_lock), TAKERS); /* all of them took it over */
+    assert_int_equal(atomic_load(&shared_takers->initialisations), 1);
+    flame_user_cache *c = open_cache(FLAME_USER_CACHE_ATTACH, &p);
+    struct stat sb;
+    assert_int_equal(fstat(c->fd, &sb), 0);
+    for (int k = 0; k < TAKERS; k++) assert_true(shared_takers->inode[k] == sb.st_ino);
+    assert_int_equal(stats_of(c).records, TAKERS);
+    assert_int_equal(stats_of(c).puts, TAKERS);
+    for (int k = 0; k < TAKERS; k++) {
+        rec out;
+        flame_user_features f = out_features(&out);
+        int32_t found = 0;
+        assert_int_equal(flame_user_cache_get(c, 100 + k, &f, &found), FLAME_OK);
+        assert_int_equal(found, 1);
+        assert_true(consistent(&f, 100 + k, 2, 8, 1));
+        assert_int_equal(f.num_ids, 1 + k);
+    }
+    flame_user_cache_destroy(c);
+    munmap(shared_takers, sizeof(takers));
+}
+
+/* A creator slow to take its lock after making the object (stopped there) may find it taken
+ * over by then, as one whose creator died: its CREATE fails, and the table it finds is left
+ * as the taker made it, records and counts (initialised again, it lost them). */
+static void test_creator_late_to_its_lock_leaves_a_taken_over_table(void **state)
+{
+    flame_user_cache_params p = params(100, 1, 8, 0), late = params(300, 1, 4, 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        fl_uc_set_before_lock_hook(stop_self);
+        flame_user_cache *c = NULL;
+        flame_status st = flame_user_cache_open(name, FLAME_USER_CACHE_CREATE, &late, &c);
+        if (st == FLAME_OK) _exit(10);
+        _exit(st != FLAME_ERR_IO ? 11 : !strstr(flame_last_error(), "initialised the object first") ? 12 : 0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(status)); /* the object made, its lock not taken */
+    flame_user_cache *c = NULL;
+    if (flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &c) != FLAME_OK) {
+        fprintf(stderr, "# open: %s\n", flame_last_error());
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail();
+    }
+    assert_put_then_get(c, 8, 4, &p);
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0); /* 10: created; 11, 12: another error */
+    flame_user_cache *a = open_cache(FLAME_USER_CACHE_ATTACH, &p);
+    flame_user_cache_stats s = stats_of(a);
+    assert_int_equal(s.records, 1);
+    assert_int_equal(s.puts, 1);
+    assert_int_equal(s.capacity, 104);
+    flame_user_cache_destroy(a);
+    assert_put_then_get(c, 9, 5, &p);
+    flame_user_cache_destroy(c);
 }
 
 /* CREATE_OR_ATTACH while another process unlinks the name: a name gone between the create
@@ -563,6 +844,13 @@ static void *open_loop(void *arg)
         flame_user_cache_destroy(c);
     } while (!atomic_load(&o->stop));
     return NULL;
+}
+
+static atomic_int unlinks_before_lock;
+
+static void unlink_before_lock(void)
+{
+    if (atomic_exchange(&unlinks_before_lock, 0)) flame_user_cache_unlink(name);
 }
 
 static void test_create_or_attach_while_unlinked(void **state)
@@ -596,6 +884,21 @@ static void test_create_or_attach_while_unlinked(void **state)
     pthread_join(t[0], NULL);
     if (late.failures) fail_msg("%s: %s", flame_status_string(late.last), late.message);
     flame_user_cache *c = open_cache(FLAME_USER_CACHE_ATTACH, &p); /* the table it created */
+    flame_user_cache_destroy(c);
+
+    /* unlinked as a CREATE_OR_ATTACH is about to take it over: it creates the name again (the
+     * object it found is no table anyone else can open) */
+    assert_int_equal(flame_user_cache_unlink(name), FLAME_OK);
+    kill_creator_inside_creation(&p);
+    atomic_store(&unlinks_before_lock, 1);
+    fl_uc_set_before_lock_hook(unlink_before_lock);
+    c = open_cache(FLAME_USER_CACHE_CREATE_OR_ATTACH, &p);
+    fl_uc_set_before_lock_hook(NULL);
+    assert_int_equal(atomic_load(&unlinks_before_lock), 0);
+    struct stat mine;
+    assert_int_equal(fstat(c->fd, &mine), 0);
+    assert_true(mine.st_nlink == 1 && mine.st_ino == inode_of_name());
+    assert_put_then_get(c, 12, 3, &p);
     flame_user_cache_destroy(c);
 }
 
@@ -1324,6 +1627,10 @@ int main(void)
         T(test_attach_while_the_creator_reserves),
         T(test_creator_killed_inside_the_creation),
         T(test_other_layout_without_ready),
+        T(test_create_or_attach_takes_over_an_unfinished_table),
+        T(test_create_or_attach_takes_over_nothing_else),
+        T(test_many_take_over_one_unfinished_table),
+        T(test_creator_late_to_its_lock_leaves_a_taken_over_table),
         T(test_create_or_attach_while_unlinked),
         T(test_writer_killed_mid_write),
         T(test_no_torn_reads_threads),

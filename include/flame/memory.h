@@ -247,7 +247,9 @@ typedef enum flame_user_cache_open_mode {
     FLAME_USER_CACHE_CREATE = 0,           /* create; FLAME_ERR_IO if the name exists */
     FLAME_USER_CACHE_ATTACH = 1,           /* attach to an existing table; params may be NULL */
     FLAME_USER_CACHE_CREATE_OR_ATTACH = 2  /* attach if it exists, else create (also when another
-                                            * process unlinks the name meanwhile) */
+                                            * process unlinks the name meanwhile); a table whose
+                                            * creator died before finishing it is initialised
+                                            * again, with params (flame_user_cache_open) */
 } flame_user_cache_open_mode;
 
 /*
@@ -257,9 +259,20 @@ typedef enum flame_user_cache_open_mode {
  * params are given, that capacity, slots, ids, dense and ttl match; a mismatch is
  * FLAME_ERR_FORMAT naming the field and both values, never a crash. Attaching waits for a
  * creator still initialising the table for as long as that process lives (a large table takes
- * seconds); a table whose creator died before finishing, or an empty object, is reported
- * (FLAME_ERR_IO) after waiting 1 s. Creation reserves the whole table (posix_fallocate), so a
- * full /dev/shm fails here with FLAME_ERR_NOMEM instead of SIGBUS later.
+ * seconds). Creation reserves the whole table (posix_fallocate), so a full /dev/shm fails here
+ * with FLAME_ERR_NOMEM instead of SIGBUS later; a creation that fails unlinks its object, and
+ * only its own (not a table another process made under the name after it was unlinked).
+ *
+ * A table whose creator died before finishing it, or an empty object (its creator died
+ * before reserving it), is told from one still being created once no process has held the
+ * creator's lock on it for 1 s. Then FLAME_USER_CACHE_ATTACH reports it (FLAME_ERR_IO),
+ * FLAME_USER_CACHE_CREATE reports the name as existing, and FLAME_USER_CACHE_CREATE_OR_ATTACH
+ * takes it over: it initialises the object in place as a new table of params, as a creator
+ * would (of many processes doing so at once, one initialises it and the others attach to it),
+ * so that a service that died while creating its table starts again without
+ * flame_user_cache_unlink. Only such a table is taken over: a ready table, a table of another
+ * layout version, or an object that is no user cache is never written (FLAME_ERR_FORMAT as
+ * above).
  *
  * Parameters:
  *   name       a POSIX shm name: "/" then 1..250 characters without "/", not "/." or "/..";
@@ -267,7 +280,8 @@ typedef enum flame_user_cache_open_mode {
  *   open_mode  a flame_user_cache_open_mode.
  *   params     read by the struct_size rule (a field left 0 takes its default); NULL = the
  *              defaults (FLAME_USER_CACHE_CREATE_OR_ATTACH then attaches only a table of
- *              the default layout), and FLAME_USER_CACHE_ATTACH then checks no layout.
+ *              the default layout, and takes over as one), and FLAME_USER_CACHE_ATTACH then
+ *              checks no layout.
  *   out        receives the handle; the caller's reference, released with
  *              flame_user_cache_destroy (the table itself lives on until
  *              flame_user_cache_unlink and the last process unmaps it).
@@ -276,10 +290,14 @@ typedef enum flame_user_cache_open_mode {
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL name or out, a bad name, unknown open_mode,
  *   struct_size outside 8..4096, params out of range: capacity up to 2^32, num_slots up to
  *   64, max_ids and max_dense up to 65536, ttl_us >= 0, mode within 0777); FLAME_ERR_IO
- *   (shm_open/mmap failed, the name exists on CREATE or is absent on ATTACH: the message
- *   carries strerror; a table left unfinished by its creator); FLAME_ERR_FORMAT (header
- *   mismatch, or an object that is no user cache);
- *   FLAME_ERR_NOMEM. *out is NULL on failure.
+ *   (shm_open, flock, fstat, fchmod, ftruncate, posix_fallocate or mmap failed: the message carries
+ *   strerror; the name exists on CREATE, including an object this call made that a
+ *   CREATE_OR_ATTACH took over before this call held it, "another process initialised the
+ *   object first"; the name is absent on ATTACH; on ATTACH, a table left unfinished by its
+ *   creator, "never fully initialised" or "is empty"); FLAME_ERR_FORMAT (header mismatch,
+ *   another layout version, or an object that is no user cache); FLAME_ERR_NOMEM (no memory
+ *   for the handle, or no room in /dev/shm to reserve the table, when creating or taking
+ *   over). *out is NULL on failure.
  */
 FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_open_mode open_mode,
                                              const flame_user_cache_params *params, flame_user_cache **out);

@@ -54,6 +54,8 @@ class UserCache(Handle):
     misses; 0 = never). Attaching with any of them given checks the whole layout against the
     table (0 meaning the default; FormatError naming the field and both values); "attach"
     with none given takes the table as it is. `params` holds the table's layout either way.
+    "create_or_attach" also takes over a table whose creator died before finishing it (after
+    1 s), initialising it with this layout; "attach" reports such a table (FlameIOError).
     Thread- and process-safe: put/get/remove/stats from any threads and processes. Closing
     drops this handle; the table lives on until unlink(name) and the last process unmaps it.
     Engines using the cache keep it mapped.

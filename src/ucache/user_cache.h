@@ -72,8 +72,12 @@ int64_t fl_uc_now_us(void);
  * write, after the seq went odd and half of the ids were written (NULL = none). */
 void fl_uc_set_clock(int64_t (*now_us)(void));
 void fl_uc_set_write_hook(void (*hook)(void));
-/* Tests only: call `hook` inside every creation, after the magic and the layout version are
- * written and before the buckets are initialised, the creator's lock held (NULL = none). */
+/* Tests only: call `hook` inside every creation (or takeover of an unfinished table), after
+ * the magic and the layout version are written and before the buckets are initialised, the
+ * creator's lock held (NULL = none). */
 void fl_uc_set_create_hook(void (*hook)(void));
+/* Tests only: call `hook` inside every creation, after the object is made, and every takeover
+ * of an unfinished table, before the creator's lock is taken (NULL = none). */
+void fl_uc_set_before_lock_hook(void (*hook)(void));
 
 #endif

@@ -36,6 +36,13 @@ void fl_uc_set_create_hook(void (*hook)(void))
     atomic_store(&create_hook, hook);
 }
 
+static _Atomic(void (*)(void)) before_lock_hook;
+
+void fl_uc_set_before_lock_hook(void (*hook)(void))
+{
+    atomic_store(&before_lock_hook, hook);
+}
+
 static flame_status check_params(const flame_user_cache_params *p)
 {
     if (p->capacity > (1ull << 32))
@@ -112,14 +119,19 @@ static flame_status map(flame_user_cache *c, int fd, size_t bytes)
     return FLAME_OK;
 }
 
-/* Maps `bytes` of the object, dropping a mapping of another size. */
-static flame_status remap(flame_user_cache *c, int fd, size_t bytes)
+static void unmap(flame_user_cache *c)
 {
-    if (c->base && c->bytes == bytes) return FLAME_OK;
     if (c->base) munmap(c->base, c->bytes);
     c->base = NULL;
     c->hdr = NULL;
     c->bytes = 0;
+}
+
+/* Maps `bytes` of the object, dropping a mapping of another size. */
+static flame_status remap(flame_user_cache *c, int fd, size_t bytes)
+{
+    if (c->base && c->bytes == bytes) return FLAME_OK;
+    unmap(c);
     return map(c, fd, bytes);
 }
 
@@ -170,31 +182,28 @@ static void unlink_if_ours(const char *name, int fd)
     if (same) shm_unlink(name);
 }
 
-static flame_status create(flame_user_cache *c, const flame_user_cache_params *p, int *exists)
+/* Makes the object open on fd, whose creator's lock the caller holds and whose state sb gives,
+ * a ready table of p: a new object (create()), or one whose creator died before it was ready
+ * (take_over()). On failure the object is left unfinished and nothing stays mapped. */
+static flame_status initialise(flame_user_cache *c, int fd, const struct stat *sb, const flame_user_cache_params *p)
 {
-    int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, p->mode);
-    if (fd < 0) {
-        *exists = errno == EEXIST;
-        return fl_error(FLAME_ERR_IO, "cannot create shm '%s': %s", c->name, strerror(errno));
-    }
-    /* Held until `ready`: initialising a large table takes seconds, and attachers wait as long
-     * as the lock is held; the kernel drops it with a creator that dies, which attachers then
-     * tell from a slow one. (An attacher testing the lock may hold it for an instant.) */
-    int rc = lock_file(fd, LOCK_EX) ? errno : 0;
     fl_uc_header want = expected_header(p);
     /* the umask may have cleared bits the caller asked for */
-    if (!rc) rc = fchmod(fd, p->mode) ? errno : reserve(fd, (off_t)want.total_bytes);
-    flame_status st = FLAME_OK;
+    if ((sb->st_mode & 0777) != p->mode && fchmod(fd, p->mode) != 0)
+        return fl_error(FLAME_ERR_IO, "cannot set the mode of shm '%s' to %o: %s", c->name, p->mode,
+                        strerror(errno));
+    /* What a dead creator left past the header page goes: it may be bucket heads of another
+     * layout, which would read as records (the table relies on zeros). The header page stays:
+     * attachers waiting for the table have it mapped, and would fault reading `ready` from a
+     * page past the end of the object. */
+    int rc = 0;
+    if (sb->st_size > FL_UC_HEADER_BYTES && ftruncate(fd, FL_UC_HEADER_BYTES) != 0) rc = errno;
+    if (!rc) rc = reserve(fd, (off_t)want.total_bytes);
     if (rc)
-        st = fl_error(rc == ENOSPC ? FLAME_ERR_NOMEM : FLAME_ERR_IO, "cannot reserve %llu bytes for shm '%s': %s",
-                      (unsigned long long)want.total_bytes, c->name, strerror(rc));
-    if (st == FLAME_OK) st = map(c, fd, want.total_bytes);
-    if (st != FLAME_OK) {
-        unlink_if_ours(c->name, fd);
-        close(fd);
-        return st;
-    }
-    c->fd = fd;
+        return fl_error(rc == ENOSPC ? FLAME_ERR_NOMEM : FLAME_ERR_IO, "cannot reserve %llu bytes for shm '%s': %s",
+                        (unsigned long long)want.total_bytes, c->name, strerror(rc));
+    flame_status st = remap(c, fd, want.total_bytes);
+    if (st != FLAME_OK) return st;
     c->lay = layout_of(&want);
     /* magic and version first: an object whose creator dies from here on is known for a user
      * cache that was never finished, not taken for someone else's */
@@ -211,10 +220,52 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
         for (unsigned w = 0; w < FL_UC_WAYS; w++) atomic_init(&b->hint[w], FL_UC_NO_KEY);
     }
     pthread_mutexattr_destroy(&a);
-    /* fixed fields only: ready and the counters stay as fallocate left them (zero) */
+    /* fixed fields only, then the counters: a taken-over header page kept whatever was there */
     memcpy((char *)c->hdr + offsetof(fl_uc_header, byte_order), (char *)&want + offsetof(fl_uc_header, byte_order),
            offsetof(fl_uc_header, puts) - offsetof(fl_uc_header, byte_order));
+    atomic_store_explicit(&c->hdr->puts, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->hdr->evictions, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->hdr->recoveries, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->hdr->removes, 0, memory_order_relaxed);
     atomic_store_explicit(&c->hdr->ready, FL_UC_READY, memory_order_release);
+    return FLAME_OK;
+}
+
+static flame_status create(flame_user_cache *c, const flame_user_cache_params *p, int *exists)
+{
+    int fd = shm_open(c->name, O_RDWR | O_CREAT | O_EXCL, p->mode);
+    if (fd < 0) {
+        *exists = errno == EEXIST;
+        return fl_error(FLAME_ERR_IO, "cannot create shm '%s': %s", c->name, strerror(errno));
+    }
+    void (*before_lock)(void) = atomic_load(&before_lock_hook);
+    if (before_lock) before_lock(); /* tests stop the creator here */
+    /* Held until `ready`: initialising a large table takes seconds, and attachers wait as long
+     * as the lock is held; the kernel drops it with a creator that dies, which attachers then
+     * tell from a slow one. (An attacher testing the lock may hold it for an instant.) */
+    struct stat sb;
+    flame_status st = FLAME_OK;
+    if (lock_file(fd, LOCK_EX) != 0 || fstat(fd, &sb) != 0) {
+        st = fl_error(FLAME_ERR_IO, "cannot lock shm '%s': %s", c->name, strerror(errno));
+    } else if (sb.st_size != 0) {
+        /* Sized before we held the lock: we were so slow to take it (over 1 s) that a
+         * CREATE_OR_ATTACH took the object for one whose creator had died, and made it its
+         * table (take_over()). It is theirs: not to initialise again, nor to unlink. */
+        close(fd);
+        *exists = 1;
+        return fl_error(FLAME_ERR_IO, "cannot create shm '%s': another process initialised the object first",
+                        c->name);
+    }
+    if (st == FLAME_OK) st = initialise(c, fd, &sb, p);
+    if (st != FLAME_OK) {
+        /* before close, which drops the lock: from then on a CREATE_OR_ATTACH may take the
+         * object over, and the name would be theirs */
+        unlink_if_ours(c->name, fd);
+        unmap(c);
+        close(fd);
+        return st;
+    }
+    c->fd = fd;
     lock_file(fd, LOCK_UN);
     return FLAME_OK;
 }
@@ -273,12 +324,26 @@ static bool creator_alive(int fd)
     return errno == EWOULDBLOCK || errno == EINTR;
 }
 
+/* Whether an object no creator holds, not ready, is a table of this layout whose creator died
+ * before it was ready (take_over() may initialise it): empty (the creator died before it
+ * reserved it), or beginning with the magic and this layout version (written first). */
+static bool unfinished_table(const flame_user_cache *c, const struct stat *sb)
+{
+    if (sb->st_size == 0) return true;
+    if (sb->st_size < FL_UC_HEADER_BYTES || !c->base) return false;
+    const volatile fl_uc_header *h = c->hdr;
+    for (int i = 0; i < 8; i++)
+        if (h->magic[i] != FL_UC_MAGIC[i]) return false;
+    return h->layout_version == FL_UC_LAYOUT_VERSION;
+}
+
 /* Why an object no creator holds never became ready. */
 static flame_status unfinished(const flame_user_cache *c, const struct stat *sb)
 {
     if (sb->st_size == 0)
         return fl_error(FLAME_ERR_IO, "shm '%s' is empty: its creator died before initialising it? "
-                        "remove it with flame_user_cache_unlink", c->name);
+                        "FLAME_USER_CACHE_CREATE_OR_ATTACH initialises it, or remove it with flame_user_cache_unlink",
+                        c->name);
     if (c->base && memcmp(c->hdr->magic, FL_UC_MAGIC, 8) == 0) {
         /* an older layout may keep no `ready` where this one does */
         uint32_t version = ((const volatile fl_uc_header *)c->hdr)->layout_version;
@@ -286,7 +351,8 @@ static flame_status unfinished(const flame_user_cache *c, const struct stat *sb)
             return fl_error(FLAME_ERR_FORMAT, "shm '%s' has layout version %u; this libflame reads version %u",
                             c->name, version, FL_UC_LAYOUT_VERSION);
         return fl_error(FLAME_ERR_IO, "shm '%s' was never fully initialised (its creator died?); "
-                        "remove it with flame_user_cache_unlink", c->name);
+                        "FLAME_USER_CACHE_CREATE_OR_ATTACH initialises it again, or remove it with "
+                        "flame_user_cache_unlink", c->name);
     }
     return fl_error(FLAME_ERR_FORMAT, "shm '%s' is not a libflame user cache (%lld bytes, no ready header)", c->name,
                     (long long)sb->st_size);
@@ -296,8 +362,42 @@ static flame_status unfinished(const flame_user_cache *c, const struct stat *sb)
  * before it became ready with no creator left to finish it. */
 typedef enum { ATTACH_FAILED, ATTACH_ABSENT, ATTACH_UNLINKED } attach_failure;
 
-/* On failure nothing stays mapped, and *why says whether the name may be looked up again. */
-static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p, attach_failure *why)
+/* Makes an object whose creator died before it was ready (no process has held the creator's
+ * lock for 1 s) a table of p, as its creator would have: with the creator's lock taken, so that
+ * of the processes doing this at once one initialises it, and the others, waiting for the lock,
+ * find it ready. What may have changed before we held the lock is looked at again under it:
+ * the name may have been unlinked, another process may have taken the object over first. Only
+ * what unfinished_table() says is taken: never a ready table, another layout version, or an
+ * object that is no user cache. On FLAME_OK the object is ready (ours or the other taker's)
+ * and mapped whole. */
+static flame_status take_over(flame_user_cache *c, int fd, const flame_user_cache_params *p, attach_failure *why)
+{
+    void (*before_lock)(void) = atomic_load(&before_lock_hook);
+    if (before_lock) before_lock(); /* tests gather the takers here */
+    if (lock_file(fd, LOCK_EX) != 0)
+        return fl_error(FLAME_ERR_IO, "cannot lock shm '%s': %s", c->name, strerror(errno));
+    struct stat sb = {0};
+    flame_status st = FLAME_OK;
+    if (fstat(fd, &sb) != 0) {
+        st = fl_error(FLAME_ERR_IO, "cannot stat shm '%s': %s", c->name, strerror(errno));
+    } else if (sb.st_nlink == 0) { /* a new object may be made under the name: open() looks again */
+        *why = ATTACH_UNLINKED;
+        st = fl_error(FLAME_ERR_IO, "shm '%s' was removed before its creator finished it", c->name);
+    } else if (sb.st_size >= FL_UC_HEADER_BYTES) {
+        st = remap(c, fd, (size_t)sb.st_size);
+    }
+    bool ready = st == FLAME_OK && sb.st_size >= FL_UC_HEADER_BYTES &&
+                 atomic_load_explicit(&c->hdr->ready, memory_order_acquire) == FL_UC_READY;
+    if (st == FLAME_OK && !ready) /* (ready: another process took it over first) */
+        st = unfinished_table(c, &sb) ? initialise(c, fd, &sb, p) : unfinished(c, &sb);
+    lock_file(fd, LOCK_UN);
+    return st;
+}
+
+/* On failure nothing stays mapped, and *why says whether the name may be looked up again. With
+ * take_over, an unfinished table is initialised as a table of p (take_over()), else reported. */
+static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p, bool take_over_unfinished,
+                           attach_failure *why)
 {
     *why = ATTACH_FAILED;
     int fd = shm_open(c->name, O_RDWR, 0);
@@ -305,8 +405,9 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
         if (errno == ENOENT) *why = ATTACH_ABSENT;
         return fl_error(FLAME_ERR_IO, "cannot attach shm '%s': %s", c->name, strerror(errno));
     }
-    /* wait for the creator as long as it lives and holds its lock, then 1 s more: a creator
-     * takes the lock an instant after it makes the object */
+    /* wait for the creator as long as it lives and holds its lock, then 1 s more (a creator
+     * takes the lock an instant after it makes the object) before reporting the object or
+     * taking it over */
     struct stat sb = {0};
     flame_status st = FLAME_OK;
     for (int idle = 0;; idle = creator_alive(fd) ? 0 : idle + 1) {
@@ -331,7 +432,7 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
             break;
         }
         if (idle == 100) {
-            st = unfinished(c, &sb);
+            st = take_over_unfinished ? take_over(c, fd, p, why) : unfinished(c, &sb);
             break;
         }
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
@@ -342,10 +443,7 @@ static flame_status attach(flame_user_cache *c, const flame_user_cache_params *p
         return FLAME_OK;
     }
     close(fd);
-    if (c->base) munmap(c->base, c->bytes);
-    c->base = NULL;
-    c->hdr = NULL;
-    c->bytes = 0;
+    unmap(c);
     return st;
 }
 
@@ -384,13 +482,13 @@ FLAME_API flame_status flame_user_cache_open(const char *name, flame_user_cache_
         int exists = 0;
         attach_failure why = ATTACH_FAILED;
         if (open_mode == FLAME_USER_CACHE_ATTACH) {
-            st = attach(c, params ? &p : NULL, &why);
+            st = attach(c, params ? &p : NULL, false, &why);
             if (why == ATTACH_ABSENT) break; /* (ATTACH does not create) */
         } else {
             st = create(c, &p, &exists);
             if (st != FLAME_OK && exists && open_mode == FLAME_USER_CACHE_CREATE_OR_ATTACH) {
                 fl_clear_error();
-                st = attach(c, &p, &why);
+                st = attach(c, &p, true, &why);
             }
         }
         if (st == FLAME_OK || why == ATTACH_FAILED || round == 100) break;
