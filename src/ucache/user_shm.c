@@ -167,7 +167,8 @@ static int reserve(int fd, off_t bytes)
  * made again by another process, whose table an unlink by name alone removed; a
  * flame_user_cache_unlink and a new creation between the comparison and the unlink below (two
  * system calls) would still lose theirs: no call unlinks a name only if it names a given
- * object. A name that cannot be opened is left: it is gone, or not ours. */
+ * object. A name that cannot be opened is left: it is gone or not ours (or ours, where this
+ * process has no descriptor left: an unfinished table then, for a CREATE_OR_ATTACH to take). */
 static void unlink_if_ours(const char *name, int fd)
 {
     struct stat mine, named;
