@@ -379,8 +379,24 @@ static void test_attach_checks_the_header(void **state)
     /* a table written by another layout version */
     poke_u32(offsetof(fl_uc_header, layout_version), 99);
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
-                      "layout version 99; this libflame reads version 1");
+                      "layout version 99; this libflame reads version 2");
     poke_u32(offsetof(fl_uc_header, layout_version), FL_UC_LAYOUT_VERSION);
+    /* made by a process of another C library: mutexes of the same size, laid out otherwise */
+    const uint32_t mutex = (uint32_t)sizeof(pthread_mutex_t);
+    poke_u32(offsetof(fl_uc_header, mutex_abi), (FL_UC_LIBC == 3u ? 1u : 3u) << 16 | mutex);
+    char want[200];
+    snprintf(want, sizeof want, "was made by a process of %s with %u-byte mutexes; this one is %s with %u-byte",
+             FL_UC_LIBC == 3u ? "glibc" : "another C library (not glibc)", mutex,
+             FL_UC_LIBC == 1u ? "glibc" : FL_UC_LIBC == 2u ? "bionic" : "another C library (not glibc)", mutex);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT, want);
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &d), FLAME_ERR_FORMAT, want);
+    poke_u32(offsetof(fl_uc_header, mutex_abi), FL_UC_LIBC << 16 | (mutex + 8)); /* the same library, other sizes */
+    assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
+                      "-byte mutexes, whose process-shared mutexes cannot lock them");
+    poke_u32(offsetof(fl_uc_header, mutex_abi), FL_UC_MUTEX_ABI);
+    assert_int_equal(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_OK);
+    flame_user_cache_destroy(d);
+    d = NULL;
     poke_u32(offsetof(fl_uc_header, num_slots), 0); /* no creator writes 0 (it means the default) */
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
                       "header is out of range: capacity 100, num_slots 0, max_ids 8");
@@ -547,7 +563,7 @@ static void test_other_layout_without_ready(void **state)
     poke_u32(offsetof(fl_uc_header, ready), 0);
     poke_u32(offsetof(fl_uc_header, layout_version), 0);
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_ATTACH, NULL, &d), FLAME_ERR_FORMAT,
-                      "has layout version 0; this libflame reads version 1");
+                      "has layout version 0; this libflame reads version 2");
     assert_null(d);
 }
 
@@ -682,7 +698,7 @@ static void test_create_or_attach_takes_over_nothing_else(void **state)
     poke_u32(offsetof(fl_uc_header, layout_version), 0);
     flame_user_cache_params other = params(200, 2, 4, 0);
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &other, &c), FLAME_ERR_FORMAT,
-                      "has layout version 0; this libflame reads version 1");
+                      "has layout version 0; this libflame reads version 2");
     assert_null(c);
     assert_int_equal(size_of_name(), size);
     /* put back as it was, it holds its record: nothing was written */

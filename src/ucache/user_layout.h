@@ -10,9 +10,20 @@
 #include "core/common.h"
 
 #define FL_UC_MAGIC "FLAMEUC\0"
-#define FL_UC_LAYOUT_VERSION 1u
+#define FL_UC_LAYOUT_VERSION 2u
 #define FL_UC_READY 0x59444552u     /* "REDY": the creator finished initialising */
 #define FL_UC_BYTE_ORDER 0x01020304u
+/* The C library whose process-shared robust mutexes the table holds: glibc's and musl's are
+ * both 40 bytes on x86-64 and arm64 but laid out and locked differently, so a size check alone
+ * would let a process of one lock the other's mutexes. musl defines no macro of its own. */
+#if defined(__GLIBC__)
+#define FL_UC_LIBC 1u /* glibc */
+#elif defined(__BIONIC__)
+#define FL_UC_LIBC 2u /* bionic */
+#else
+#define FL_UC_LIBC 3u /* another: musl, ... */
+#endif
+#define FL_UC_MUTEX_ABI (FL_UC_LIBC << 16 | (uint32_t)sizeof(pthread_mutex_t))
 #define FL_UC_WAYS 8u               /* records per bucket; a user may live in 2 buckets */
 #define FL_UC_HEADER_BYTES 4096u    /* the header owns the first page */
 #define FL_UC_NO_KEY INT64_MIN      /* hint of an empty way (only a hint: records decide) */
@@ -25,7 +36,7 @@ typedef struct fl_uc_header {
     uint32_t header_bytes;
     _Atomic uint32_t ready;
     uint32_t byte_order;
-    uint32_t mutex_bytes;           /* sizeof(pthread_mutex_t) of the creator's libc */
+    uint32_t mutex_abi;             /* the creator's C library (FL_UC_LIBC) << 16 | sizeof(pthread_mutex_t) */
     uint32_t ways;
     uint64_t capacity;              /* as asked at creation (compared on attach) */
     uint64_t num_buckets;

@@ -60,7 +60,7 @@ static flame_status check_params(const flame_user_cache_params *p)
 static fl_uc_header expected_header(const flame_user_cache_params *p)
 {
     fl_uc_header h = {.layout_version = FL_UC_LAYOUT_VERSION, .header_bytes = FL_UC_HEADER_BYTES,
-                      .byte_order = FL_UC_BYTE_ORDER, .mutex_bytes = sizeof(pthread_mutex_t), .ways = FL_UC_WAYS,
+                      .byte_order = FL_UC_BYTE_ORDER, .mutex_abi = FL_UC_MUTEX_ABI, .ways = FL_UC_WAYS,
                       .capacity = p->capacity, .num_slots = p->num_slots, .max_ids = p->max_ids,
                       .max_dense = p->max_dense, .ttl_us = p->ttl_us};
     memcpy(h.magic, FL_UC_MAGIC, 8);
@@ -87,7 +87,7 @@ static fl_uc_header snapshot(const fl_uc_header *src)
 {
     const volatile fl_uc_header *v = src;
     fl_uc_header h = {.layout_version = v->layout_version, .header_bytes = v->header_bytes,
-                      .byte_order = v->byte_order, .mutex_bytes = v->mutex_bytes, .ways = v->ways,
+                      .byte_order = v->byte_order, .mutex_abi = v->mutex_abi, .ways = v->ways,
                       .capacity = v->capacity, .num_buckets = v->num_buckets, .bucket_bytes = v->bucket_bytes,
                       .record_bytes = v->record_bytes, .total_bytes = v->total_bytes, .num_slots = v->num_slots,
                       .max_ids = v->max_ids, .max_dense = v->max_dense, .record_words = v->record_words,
@@ -271,6 +271,11 @@ static flame_status create(flame_user_cache *c, const flame_user_cache_params *p
     return FLAME_OK;
 }
 
+static const char *libc_name(uint32_t libc)
+{
+    return libc == 1 ? "glibc" : libc == 2 ? "bionic" : libc == 3 ? "another C library (not glibc)" : "an unknown C library";
+}
+
 #define CHECK_FIELD(field, fmt, cast)                                                                         \
     if (h->field != want.field)                                                                               \
         return fl_error(FLAME_ERR_FORMAT, "shm '%s' has " #field " " fmt ", expected " fmt, c->name,             \
@@ -296,7 +301,11 @@ static flame_status check_header(flame_user_cache *c, const flame_user_cache_par
         return fl_error(FLAME_ERR_FORMAT, "shm '%s' header is out of range: %s", c->name, flame_last_error());
     fl_uc_header want = expected_header(p ? p : &mine);
     CHECK_FIELD(header_bytes, "%u", unsigned)
-    CHECK_FIELD(mutex_bytes, "%u", unsigned)
+    if (h->mutex_abi != want.mutex_abi)
+        return fl_error(FLAME_ERR_FORMAT, "shm '%s' was made by a process of %s with %u-byte mutexes; this one is %s "
+                        "with %u-byte mutexes, whose process-shared mutexes cannot lock them", c->name,
+                        libc_name(h->mutex_abi >> 16), h->mutex_abi & 0xffffu, libc_name(FL_UC_LIBC),
+                        FL_UC_MUTEX_ABI & 0xffffu);
     CHECK_FIELD(ways, "%u", unsigned)
     CHECK_FIELD(capacity, "%llu", unsigned long long)
     CHECK_FIELD(num_slots, "%u", unsigned)
