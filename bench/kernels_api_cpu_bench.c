@@ -87,7 +87,8 @@ int main(int argc, char **argv)
     flame_embedding_bag_input in[T];
     for (int f = 0; f < T; f++) {
         t[f] = (flame_embedding_table){sizeof t[f], FLAME_DTYPE_F32, FLAME_POOLING_SUM, R, D, tab + (size_t)f * R * D, NULL};
-        fe[f] = (fl_emb_feature){tab + (size_t)f * R * D, R, D, FL_KPOOL_SUM, off, ids + (size_t)f * B * P, f * D, NULL, NULL};
+        fe[f] = (fl_emb_feature){.table = tab + (size_t)f * R * D, .rows = R, .dim = D, .pooling = FL_KPOOL_SUM,
+                                 .offsets = off, .ids = ids + (size_t)f * B * P, .out_col = f * D};
         in[f] = (flame_embedding_bag_input){sizeof in[f], ids + (size_t)f * B * P, off, (int64_t)B * P, NULL};
     }
     flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, t, T, 1, 0};

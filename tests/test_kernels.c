@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "tu_half.h"
 #include "cpu/expf.h"
 #include "cpu/kernels.h"
 
@@ -47,9 +48,11 @@ static void check_embedding(bool concat)
     }
     int32_t width = concat ? 24 : 8;
     fl_emb_feature fe[3] = {
-        {tables[0], rows[0], dims[0], FL_KPOOL_SUM, NULL, item_ids, 0, NULL, NULL},
-        {tables[1], rows[1], dims[1], FL_KPOOL_SUM, off[0], ids[0], concat ? 8 : 0, NULL, NULL},
-        {tables[2], rows[2], dims[2], FL_KPOOL_MEAN, off[1], ids[1], concat ? 16 : 0, NULL, NULL},
+        {.table = tables[0], .rows = rows[0], .dim = dims[0], .pooling = FL_KPOOL_SUM, .ids = item_ids},
+        {.table = tables[1], .rows = rows[1], .dim = dims[1], .pooling = FL_KPOOL_SUM, .offsets = off[0], .ids = ids[0],
+         .out_col = concat ? 8 : 0},
+        {.table = tables[2], .rows = rows[2], .dim = dims[2], .pooling = FL_KPOOL_MEAN, .offsets = off[1], .ids = ids[1],
+         .out_col = concat ? 16 : 0},
     };
     const int64_t ldo = width + 3; /* a strided output must leave the gap alone */
     float *out = malloc((size_t)(T * ldo) * sizeof(float));
@@ -97,7 +100,7 @@ static void test_embedding_empty_bag_is_zero(void **state)
     float table[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     int64_t off[3] = {0, 0, 0}, ids[1] = {0};
     for (int pool = 0; pool < 2; pool++) {
-        fl_emb_feature fe = {table, 2, 4, (fl_pooling_kind)pool, off, ids, 0, NULL, NULL};
+        fl_emb_feature fe = {.table = table, .rows = 2, .dim = 4, .pooling = (fl_pooling_kind)pool, .offsets = off, .ids = ids};
         float out[8];
         tu_poison(out, 8);
         fl_cpu_embedding_bag(&fe, 1, 2, out, 4, 4);
@@ -241,6 +244,193 @@ static void test_embedding_q8_matches_dequantized_table_and_empty_bags(void **st
     free(q);
     free(qp);
     free(deqf);
+}
+
+/* ---- fp16 and bf16 rows and outputs (src/cpu/half.c) */
+
+/* The instruction sets this CPU runs, base first. */
+static int half_isas(fl_cpu_isa *list)
+{
+    int n = 0;
+    for (int i = FL_ISA_BASE; i <= (int)fl_cpu_isa_detect(); i++) list[n++] = (fl_cpu_isa)i;
+    return n;
+}
+
+/* A random pattern of a finite value: any sign, mantissa and (fp16) exponent, zeros and
+ * subnormals included; a bf16 exponent below 2^40, so that pooled sums stay finite. */
+static uint16_t rand_half(bool bf16)
+{
+    for (;;) {
+        const uint16_t h = (uint16_t)tu_below(65536);
+        const double v = tuh_value(bf16, h);
+        if (isfinite(v) && fabs(v) < 0x1p40) return h;
+    }
+}
+
+/* dst += w * row on every isa, each value against dst + w * value in float32 (the widening is
+ * exact, one product and one sum): the same bits, whatever the length (vector tails). */
+static void test_add_row_half_every_isa(void **state)
+{
+    fl_cpu_isa list[3];
+    const int nisa = half_isas(list);
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int32_t n = 0; n <= 70; n++) {
+            uint16_t src[72];
+            float dst0[72], dst[72], want[72];
+            for (int32_t j = 0; j < n + 2; j++) src[j] = rand_half(bf16), dst0[j] = tu_uniform();
+            const uint32_t snan = 0x7f800001u; /* past the end: any arithmetic on it would make it quiet */
+            memcpy(&dst0[n], &snan, sizeof snan);
+            memcpy(&dst0[n + 1], &snan, sizeof snan);
+            const float w = tu_uniform() * 4.0f;
+            for (int32_t j = 0; j < n + 2; j++) {
+                const float p = w * (float)tuh_value(bf16, src[j]);
+                want[j] = j < n ? dst0[j] + p : dst0[j];
+            }
+            for (int i = 0; i < nisa; i++) {
+                memcpy(dst, dst0, sizeof dst);
+                fl_cpu_add_row_half_isa(list[i], dst, src, n, w, bf16 ? FL_HALF_BF16 : FL_HALF_F16);
+                if (memcmp(dst, want, (size_t)(n + 2) * sizeof(float)))
+                    fail_msg("%s row of %d on %s: not dst + w * value (or past its end)", bf16 ? "bf16" : "fp16", n,
+                             fl_cpu_isa_name(list[i]));
+            }
+        }
+}
+
+/* fp16/bf16 tables pooled by the embedding kernel give the bits of the same tables widened to
+ * float32 first: sum and mean, one id per token and bags (empty ones too), concat and sum combine. */
+static void test_embedding_half_tables_match_float32_copies(void **state)
+{
+    enum { F = 3 };
+    for (int rep = 0; rep < 40; rep++) {
+        const bool concat = rep % 2, bf16 = rep % 4 >= 2;
+        const int64_t T = 1 + tu_below(30), rows = 1 + tu_below(50);
+        const int32_t sum_dim = 1 + (int32_t)tu_below(70);
+        int32_t dims[F], width = 0;
+        uint16_t *h[F];
+        float *f32[F];
+        int64_t *off[F], *ids[F];
+        fl_emb_feature a[F], b[F];
+        for (int f = 0; f < F; f++) {
+            dims[f] = concat ? 1 + (int32_t)tu_below(70) : sum_dim;
+            const size_t n = (size_t)(rows * dims[f]);
+            h[f] = malloc(n * sizeof(uint16_t));
+            f32[f] = malloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) f32[f][i] = (float)tuh_value(bf16, h[f][i] = rand_half(bf16));
+            off[f] = f ? malloc((size_t)(T + 1) * sizeof(int64_t)) : NULL;
+            ids[f] = malloc((size_t)(6 * T + 1) * sizeof(int64_t));
+            if (f) {
+                off[f][0] = 0;
+                for (int64_t t = 0; t < T; t++) off[f][t + 1] = off[f][t] + tu_below(6);
+            }
+            for (int64_t i = 0; i < (f ? off[f][T] : T); i++) ids[f][i] = tu_below(rows);
+            const fl_pooling_kind pool = f == 2 ? FL_KPOOL_MEAN : FL_KPOOL_SUM;
+            a[f] = (fl_emb_feature){.rows = rows, .dim = dims[f], .pooling = pool, .offsets = off[f], .ids = ids[f],
+                                    .out_col = concat ? width : 0, .table_h16 = h[f],
+                                    .h16_kind = bf16 ? FL_HALF_BF16 : FL_HALF_F16};
+            b[f] = (fl_emb_feature){.table = f32[f], .rows = rows, .dim = dims[f], .pooling = pool, .offsets = off[f],
+                                    .ids = ids[f], .out_col = concat ? width : 0};
+            width = concat ? width + dims[f] : sum_dim;
+        }
+        float *oa = malloc((size_t)(T * width) * sizeof(float)), *ob = malloc((size_t)(T * width) * sizeof(float));
+        tu_poison(oa, (size_t)(T * width));
+        tu_poison(ob, (size_t)(T * width));
+        fl_cpu_embedding_bag(a, F, T, oa, width, width);
+        fl_cpu_embedding_bag(b, F, T, ob, width, width);
+        for (int64_t i = 0; i < T * width; i++) assert_false(isnan(oa[i]));
+        assert_memory_equal(oa, ob, (size_t)(T * width) * sizeof(float));
+        for (int f = 0; f < F; f++) {
+            free(h[f]);
+            free(f32[f]);
+            free(off[f]);
+            free(ids[f]);
+        }
+        free(oa);
+        free(ob);
+    }
+}
+
+static unsigned f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+/* Appends x, then the float32 values either side of it. */
+static size_t add_around(float *v, size_t n, float x)
+{
+    v[n++] = x;
+    v[n++] = nextafterf(x, INFINITY);
+    v[n++] = nextafterf(x, -INFINITY);
+    return n;
+}
+
+/* Rounding to fp16/bf16 on every isa against the correctly rounded pattern of each value
+ * (tu_half.h's search): every value of the format and of both signs, the midpoints between
+ * neighbours (ties) and the float32 values either side of them, overflow thresholds,
+ * infinities, NaNs and float32 subnormals, and random float32 patterns of every class; the
+ * lengths 0..40 at odd offsets for the vector tails. A NaN stays a quiet NaN of its sign. */
+static void test_round_half_every_isa(void **state)
+{
+    fl_cpu_isa list[3];
+    const int nisa = half_isas(list);
+    const size_t cap = (size_t)1 << 21;
+    float *v = malloc(cap * sizeof(float));
+    uint16_t *got = malloc(cap * sizeof(uint16_t)), *first = malloc(cap * sizeof(uint16_t));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        const uint32_t inf = bf16 ? 0x7f80u : 0x7c00u;
+        size_t n = 0;
+        for (uint32_t k = 0; k < inf; k++)
+            for (int sign = 0; sign < 2; sign++) {
+                const double lo = tuh_value(bf16, (uint16_t)k);
+                const double hi = k + 1 == inf ? (bf16 ? ldexp(1.0, 128) : 65536.0) : tuh_value(bf16, (uint16_t)(k + 1));
+                const float s = sign ? -1.0f : 1.0f;
+                v[n++] = s * (float)lo;
+                n = add_around(v, n, s * (float)((lo + hi) / 2)); /* exact in float32 */
+            }
+        static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                           0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7fffffffu,
+                                           0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu, 0x477ff000u,
+                                           0x477fefffu, 0x33000000u, 0x33000001u, 0x7f7f8000u, 0x7f7f7fffu};
+        for (size_t i = 0; i < sizeof special / sizeof *special; i++) {
+            float x;
+            memcpy(&x, &special[i], sizeof x);
+            v[n++] = x;
+        }
+        while (n < cap) {
+            const uint32_t u = (uint32_t)tu_u64();
+            memcpy(&v[n++], &u, sizeof(float));
+        }
+        const fl_half_kind kind = bf16 ? FL_HALF_BF16 : FL_HALF_F16;
+        for (int i = 0; i < nisa; i++) {
+            memset(got, 0xa5, cap * sizeof(uint16_t));
+            fl_cpu_round_half_isa(list[i], got, v, (int64_t)n, kind);
+            for (size_t j = 0; j < n; j++) {
+                const uint16_t want = tuh_nearest(bf16, v[j]);
+                if (tuh_is_nan(bf16, want) ? !tuh_is_nan(bf16, got[j]) || (got[j] ^ want) & (0x8000u | (bf16 ? 0x40u : 0x200u))
+                                           : got[j] != want)
+                    fail_msg("%s on %s: %.9g (float32 %08x) gave %04x, correctly rounded %04x", bf16 ? "bf16" : "fp16",
+                             fl_cpu_isa_name(list[i]), (double)v[j], f32_bits(v[j]),
+                             got[j], want);
+            }
+            if (i == 0)
+                memcpy(first, got, n * sizeof(uint16_t));
+            else if (memcmp(first, got, n * sizeof(uint16_t)))
+                fail_msg("%s on %s: not the bits of the base code (NaN payloads included)", bf16 ? "bf16" : "fp16",
+                         fl_cpu_isa_name(list[i]));
+            for (int64_t len = 0; len <= 40; len++) {
+                const size_t at = (size_t)tu_below((int64_t)(n - 64)) | 1u;
+                uint16_t out[42];
+                memset(out, 0xa5, sizeof out);
+                fl_cpu_round_half_isa(list[i], out + 1, v + at, len, kind);
+                assert_true(out[0] == 0xa5a5u && out[len + 1] == 0xa5a5u); /* nothing written around it */
+                assert_memory_equal(out + 1, first + at, (size_t)len * sizeof(uint16_t));
+            }
+        }
+    }
+    free(v);
+    free(got);
+    free(first);
 }
 
 /* ---- LayerNorm */
@@ -749,6 +939,9 @@ int main(void)
         cmocka_unit_test(test_embedding_bag_q8_sum_combine),
         cmocka_unit_test(test_embedding_bag_q8_concat),
         cmocka_unit_test(test_embedding_q8_matches_dequantized_table_and_empty_bags),
+        cmocka_unit_test(test_add_row_half_every_isa),
+        cmocka_unit_test(test_embedding_half_tables_match_float32_copies),
+        cmocka_unit_test(test_round_half_every_isa),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_sigmoid_extremes),

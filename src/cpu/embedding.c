@@ -24,6 +24,8 @@ static inline void add_id(const fl_emb_feature *fe, float *dst, int64_t id, floa
 {
     if (fe->table_q8)
         add_row_q8(dst, fe->table_q8 + id * (int64_t)fe->dim, fe->dim, fe->qparams + 2 * id, scale);
+    else if (fe->table_h16)
+        fl_cpu_add_row_half(dst, fe->table_h16 + id * (int64_t)fe->dim, fe->dim, scale, fe->h16_kind);
     else
         add_row(dst, fe->table + id * (int64_t)fe->dim, fe->dim, scale);
 }
@@ -41,6 +43,9 @@ static inline void prefetch_id(const fl_emb_feature *fe, int64_t id)
         row = (const char *)(fe->table_q8 + id * (int64_t)fe->dim);
         bytes = (size_t)fe->dim;
         __builtin_prefetch(fe->qparams + 2 * id);
+    } else if (fe->table_h16) {
+        row = (const char *)(fe->table_h16 + id * (int64_t)fe->dim);
+        bytes = (size_t)fe->dim * sizeof(uint16_t);
     } else {
         row = (const char *)(fe->table + id * (int64_t)fe->dim);
         bytes = (size_t)fe->dim * sizeof(float);

@@ -15,9 +15,12 @@ fl_cpu_isa fl_cpu_isa_detect(void);
 const char *fl_cpu_isa_name(fl_cpu_isa isa);
 
 
+/* fp16 (IEEE binary16) and bf16 (the top 16 bits of a binary32) values, held as 16-bit patterns. */
+typedef enum fl_half_kind { FL_HALF_F16 = 0, FL_HALF_BF16 = 1 } fl_half_kind;
+
 /* One feature's bags over a run of tokens, read from one table. */
 typedef struct fl_emb_feature {
-    const float *table;      /* [rows, dim]; unused when table_q8 is set */
+    const float *table;      /* [rows, dim]; unused when table_q8 or table_h16 is set */
     int64_t rows;
     int32_t dim;
     fl_pooling_kind pooling; /* sum, or mean over the bag (an empty bag gives zeros either way) */
@@ -26,6 +29,8 @@ typedef struct fl_emb_feature {
     int32_t out_col;         /* first output column this feature adds into */
     const int8_t *table_q8;  /* non-NULL: an int8 table [rows, dim], row r worth qparams[2r] * q + qparams[2r + 1] */
     const float *qparams;    /* [rows, 2] (scale, bias) of table_q8 */
+    const uint16_t *table_h16; /* non-NULL: an fp16 or bf16 table [rows, dim] (h16_kind) */
+    fl_half_kind h16_kind;
 } fl_emb_feature;
 
 /* Table-batched embedding bag: for each token t and feature f,
@@ -33,9 +38,30 @@ typedef struct fl_emb_feature {
  * after out[t, 0:width] is zeroed. Features sharing out_col 0 are summed ("sum" combine);
  * disjoint columns concatenate. One pass over the tokens, all features per token.
  * An int8 table's row is dequantized on the fly in float32, value = scale * q + bias (the
- * same float32 operations as a table dequantized once to F32, so both give the same bits). */
+ * same float32 operations as a table dequantized once to F32, so both give the same bits); an
+ * fp16 or bf16 table's values are widened to float32 (exactly) as they are read
+ * (fl_cpu_add_row_half: the same bits as the table converted to F32 once). */
 void fl_cpu_embedding_bag(const fl_emb_feature *features, int num_features, int64_t num_tokens, float *out,
                           int64_t ldo, int32_t width);
+
+/* dst[j] += w * value(src[j]) for j in 0..n-1: each fp16 or bf16 value widened to float32
+ * (exactly), then one float32 product and one float32 sum, unfused (a float32 row's operations:
+ * a row gives the bits its float32 copy gives). Vector code for AVX-512F, and for AVX2 (bf16)
+ * or AVX2 with F16C (fp16), picked from the CPU's feature bits; every isa gives the same bits. */
+void fl_cpu_add_row_half(float *dst, const uint16_t *src, int32_t n, float w, fl_half_kind kind);
+/* The same with the given instruction set (fl_cpu_isa_detect's or narrower; fp16 at AVX2 runs
+ * the base code on a CPU without F16C). */
+void fl_cpu_add_row_half_isa(fl_cpu_isa isa, float *dst, const uint16_t *src, int32_t n, float w,
+                             fl_half_kind kind);
+
+/* dst[i] = src[i] rounded to fp16 or bf16, to nearest with ties to even (IEEE 754
+ * roundTiesToEven, whatever the floating-point environment): subnormal results are kept, a
+ * magnitude past the largest finite value plus half its spacing (fp16: 65520 and above; bf16:
+ * (2 - 2^-8) 2^127 and above) becomes infinity of its sign, infinities stay, and a NaN stays a
+ * NaN of its sign with the quiet bit set. Vector code as fl_cpu_add_row_half; the same bits on
+ * every isa. */
+void fl_cpu_round_half(uint16_t *dst, const float *src, int64_t n, fl_half_kind kind);
+void fl_cpu_round_half_isa(fl_cpu_isa isa, uint16_t *dst, const float *src, int64_t n, fl_half_kind kind);
 
 /* out = LN(x + residual) row-wise over d columns (residual may be NULL; out may alias x):
  *   LN(z) = (z - mean) / sqrt(var + eps) * w + b     (eps_inside_sqrt)
