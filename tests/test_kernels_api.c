@@ -1,7 +1,7 @@
 /* The public kernels (flame/kernels.h) on the CPU: the table-batched embedding bag (F32, F16,
- * BF16 and INT8 tables, sum and mean pooling, per-id weights, concat and sum combine, one id
- * per bag or offsets with empty bags, strided outputs, several threads, in-place row updates)
- * and SUMI attention (SUMI, causal and no mask over ragged batches with empty sequences, fused
+ * BF16 and INT8 tables, copied or borrowed, sum and mean pooling, per-id weights, concat and sum
+ * combine, one id per bag or offsets with empty bags, strided outputs, several threads,
+ * in-place row updates) and SUMI attention (SUMI, causal and no mask over ragged batches with empty sequences, fused
  * and separate Q/K/V with padded strides, several threads), each against a float64 reference
  * on fresh random inputs with NaN-poisoned outputs; every rejection with its message and
  * nothing written; the GPU entry points without a GPU. */
@@ -13,21 +13,26 @@
 
 /* ---- embedding bag */
 
-static flame_embedding_bag *make_bag(const tuk_table *t, int nt, bool sum, flame_status *st)
+static flame_embedding_bag *make_bag_of(const tuk_table *t, int nt, bool sum, bool borrow, flame_status *st)
 {
     flame_embedding_table d[8];
     for (int f = 0; f < nt; f++) d[f] = tuk_desc(&t[f]);
     flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, sum ? FLAME_COMBINE_SUM : FLAME_COMBINE_CONCAT, d,
-                                    (size_t)nt, 0, 0};
+                                    (size_t)nt, borrow, 0};
     flame_embedding_bag *b = NULL;
     *st = flame_embedding_bag_create(&p, &b);
     return b;
 }
 
+static flame_embedding_bag *make_bag(const tuk_table *t, int nt, bool sum, flame_status *st)
+{
+    return make_bag_of(t, nt, sum, false, st);
+}
+
 static void run_tbe_case(void)
 {
     const int nt = 1 + (int)tu_below(5);
-    const bool sum = tu_below(3) == 0;
+    const bool sum = tu_below(3) == 0, borrow = tu_below(2);
     const int32_t sum_dim = 1 + (int32_t)tu_below(48);
     const int64_t batch = tu_below(80);
     tuk_table t[8];
@@ -44,8 +49,8 @@ static void run_tbe_case(void)
         width = sum ? dim : width + dim;
     }
     flame_status st;
-    flame_embedding_bag *bag = make_bag(t, nt, sum, &st);
-    if (st) fail_msg("create: %s", flame_last_error());
+    flame_embedding_bag *bag = make_bag_of(t, nt, sum, borrow, &st);
+    if (st) fail_msg("create (borrow %d): %s", borrow, flame_last_error());
     assert_int_equal(flame_embedding_bag_width(bag), width);
     const int64_t ld = width + tu_below(3);
     float *out = malloc((size_t)(batch * ld + 1) * sizeof(float));
@@ -65,6 +70,29 @@ static void run_tbe_case(void)
     }
     if (batch) assert_rel_err_below(got, want, (size_t)(batch * width), 2e-6);
     (void)any_weights;
+    /* F16 and BF16 tables are pooled straight from their rows, widened exactly: the bits of the
+     * same tables converted to F32 (the pooling is the float32 row's) */
+    tuk_table wide[8];
+    for (int f = 0; f < nt; f++) {
+        wide[f] = t[f];
+        if (t[f].dtype != FLAME_DTYPE_F16 && t[f].dtype != FLAME_DTYPE_BF16) continue;
+        wide[f].dtype = FLAME_DTYPE_F32;
+        wide[f].data = malloc((size_t)(t[f].rows * t[f].dim) * sizeof(float));
+        for (int64_t i = 0; i < t[f].rows * t[f].dim; i++) ((float *)wide[f].data)[i] = (float)t[f].value[i];
+    }
+    flame_embedding_bag *wbag = make_bag(wide, nt, sum, &st);
+    if (st) fail_msg("create: %s", flame_last_error());
+    float *wout = malloc((size_t)(batch * ld + 1) * sizeof(float));
+    tu_poison(wout, (size_t)(batch * ld + 1));
+    q.out = wout;
+    st = flame_embedding_bag_forward(wbag, &q);
+    if (st) fail_msg("forward: %s", flame_last_error());
+    for (int64_t b = 0; b < batch; b++)
+        assert_memory_equal(wout + b * ld, out + b * ld, (size_t)width * sizeof(float));
+    flame_embedding_bag_destroy(wbag);
+    free(wout);
+    for (int f = 0; f < nt; f++)
+        if (wide[f].data != t[f].data) free(wide[f].data);
     free(got);
     free(want);
     free(out);
@@ -121,21 +149,59 @@ static void test_tbe_borrow(void **state)
     assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
     assert_true(out[1] == 42.0f);
     flame_embedding_bag_destroy(bag);
-    /* borrowed F16 on the CPU: refused (its kernel reads F32 or INT8) */
-    tuk_table h;
-    tuk_table_fill(&h, FLAME_DTYPE_F16, 4, 3, FLAME_POOLING_SUM);
-    d = tuk_desc(&h);
-    assert_status_msg(flame_embedding_bag_create(&p, &bag), FLAME_ERR_UNSUPPORTED, "borrowed F16 table on the CPU");
-    assert_null(bag);
-    tuk_table_free(&h);
     tuk_table_free(&t);
 }
 
-/* update_rows replaces rows (F16 converted, INT8 with its scale and bias); a forward sees them. */
+/* Borrowed F16 and BF16 tables are read in place on the CPU: a later change of the caller's
+ * rows shows in the next forward, and update_rows writes the caller's memory, bit for bit. */
+static void test_tbe_borrow_half(void **state)
+{
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        const flame_dtype dt = bf16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F16;
+        tuk_table t;
+        tuk_table_fill(&t, dt, 6, 5, FLAME_POOLING_MEAN);
+        flame_embedding_table d = tuk_desc(&t);
+        flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0};
+        flame_embedding_bag *bag;
+        if (flame_embedding_bag_create(&p, &bag)) fail_msg("borrowed %s: %s", bf16 ? "BF16" : "F16", flame_last_error());
+        uint16_t *rows = t.data;
+        const float v = 3.25f; /* exact in both */
+        rows[2 * 5 + 4] = bf16 ? tuk_bf16_bits(v) : tuk_f16_bits(v);
+        t.value[2 * 5 + 4] = v;
+        int64_t ids[3] = {2, 4, 2}, off[3] = {0, 1, 3};
+        flame_embedding_bag_input in = {sizeof in, ids, off, 3, NULL};
+        float out[10];
+        tu_poison(out, 10);
+        flame_embedding_bag_batch q = {sizeof q, 2, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0, 0};
+        assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+        double want[10];
+        for (int j = 0; j < 5; j++) {
+            want[j] = t.value[2 * 5 + j];
+            want[5 + j] = (t.value[4 * 5 + j] + t.value[2 * 5 + j]) / 2;
+        }
+        assert_true(out[4] == 3.25f);
+        assert_rel_err_below(out, want, 10, 1e-6);
+        /* rows 4..5 replaced from new values: in the caller's array, read by the next forward */
+        tuk_table nw;
+        tuk_table_fill(&nw, dt, 2, 5, FLAME_POOLING_SUM);
+        assert_int_equal(flame_embedding_bag_update_rows(bag, 0, 4, 2, nw.data, dt, NULL, NULL), FLAME_OK);
+        assert_memory_equal(rows + 4 * 5, nw.data, 2 * 5 * sizeof(uint16_t));
+        tu_poison(out, 10);
+        assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+        for (int j = 0; j < 5; j++) want[5 + j] = (nw.value[j] + t.value[2 * 5 + j]) / 2;
+        assert_rel_err_below(out, want, 10, 1e-6);
+        flame_embedding_bag_destroy(bag);
+        tuk_table_free(&nw);
+        tuk_table_free(&t);
+    }
+}
+
+
+/* update_rows replaces rows (INT8 with its scale and bias); a forward sees them. */
 static void test_tbe_update_rows(void **state)
 {
-    const flame_dtype dts[3] = {FLAME_DTYPE_F16, FLAME_DTYPE_INT8, FLAME_DTYPE_F32};
-    for (int k = 0; k < 3; k++) {
+    const flame_dtype dts[4] = {FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_INT8, FLAME_DTYPE_F32};
+    for (int k = 0; k < 4; k++) {
         tuk_table t;
         tuk_table_fill(&t, dts[k], 10, 5, FLAME_POOLING_SUM);
         flame_status st;
@@ -162,8 +228,9 @@ static void test_tbe_update_rows(void **state)
                           FLAME_ERR_INVALID_ARG, "rows 9..10 (2 rows) are not within 0..9");
         assert_status_msg(flame_embedding_bag_update_rows(bag, 1, 0, 1, nw.data, dts[k], nw.qp, NULL),
                           FLAME_ERR_INVALID_ARG, "table 1 is outside 0..0");
-        assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 1, nw.data, FLAME_DTYPE_BF16, nw.qp, NULL),
-                          FLAME_ERR_INVALID_ARG, "values_dtype BF16");
+        const flame_dtype other = dts[k] == FLAME_DTYPE_BF16 ? FLAME_DTYPE_F16 : FLAME_DTYPE_BF16;
+        assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 1, nw.data, other, nw.qp, NULL),
+                          FLAME_ERR_INVALID_ARG, other == FLAME_DTYPE_BF16 ? "values_dtype BF16" : "values_dtype F16");
         if (nw.qp) {
             nw.qp[3] = NAN;
             assert_status_msg(flame_embedding_bag_update_rows(bag, 0, 0, 2, nw.data, dts[k], nw.qp, NULL),
@@ -880,6 +947,7 @@ int main(void)
         cmocka_unit_test(test_tbe_against_reference),
         cmocka_unit_test(test_tbe_empty_bags_are_zero),
         cmocka_unit_test(test_tbe_borrow),
+        cmocka_unit_test(test_tbe_borrow_half),
         cmocka_unit_test(test_tbe_update_rows),
         cmocka_unit_test(test_tbe_update_rows_against_concurrent_forwards),
         cmocka_unit_test(test_tbe_rejections),

@@ -95,11 +95,12 @@ typedef struct flame_embedding_bag_params {
                                           * its requests); each read by the struct_size rule */
     size_t num_tables;                   /* 1..64 */
     int32_t borrow;                      /* 0 (default): data and qparams are copied at creation
-                                          * (host memory; on a GPU uploaded to the device) and may
-                                          * be freed after the call. 1: they are used in place and
-                                          * must outlive the handle: host memory on the CPU, device
-                                          * memory of `device` on a GPU (16-byte aligned rows read
-                                          * fastest) */
+                                          * (host memory; on a GPU uploaded to the device), each
+                                          * table in its own dtype, and may be freed after the
+                                          * call. 1: they are used in place and must outlive the
+                                          * handle: host memory on the CPU, device memory of
+                                          * `device` on a GPU (16-byte aligned rows read fastest);
+                                          * every dtype either way, on every device */
     uint32_t reserved0;                  /* 0: what would be trailing padding (flame.h, "No padding") */
 } flame_embedding_bag_params;
 
@@ -119,11 +120,13 @@ typedef struct flame_embedding_bag_params {
  *   their elements' size, dims that differ under SUMI combine, a borrowed GPU table not in
  *   memory of the device: the message names the table and
  *   the value); FLAME_ERR_UNSUPPORTED (a build without
- *   CUDA asked for a GPU; borrowed F16/BF16 tables on the CPU, whose kernel reads float32 or int8
- *   rows: copy mode converts them to float32 exactly; on a GPU, float tables of different dtypes
- *   in one handle); FLAME_ERR_NO_DEVICE (no such GPU); FLAME_ERR_NOMEM. A GPU creation in copy
- *   mode uploads synchronously (cudaMemcpy).
- * Math: a row of an INT8 table is worth scale * q + bias, evaluated in float32.
+ *   CUDA asked for a GPU; on a GPU, float tables of different dtypes in one handle; a CPU
+ *   handle mixes any dtypes); FLAME_ERR_NO_DEVICE (no such GPU); FLAME_ERR_NOMEM. A GPU
+ *   creation in copy mode uploads synchronously (cudaMemcpy).
+ * Math: a row of an INT8 table is worth scale * q + bias, evaluated in float32; an F16 or BF16
+ *   value is widened to float32 (exactly) as it is read, on the CPU as on a GPU, so such a table
+ *   pools to the bits of the same values given as an F32 table on the CPU (and its rows take
+ *   half the memory).
  */
 FLAME_API flame_status flame_embedding_bag_create(const flame_embedding_bag_params *params,
                                                   flame_embedding_bag **out);
@@ -240,14 +243,15 @@ FLAME_API flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, con
  *   table       the table index, 0..num_tables-1.
  *   first_row   the first row replaced; with num_rows within 0..rows.
  *   num_rows    rows replaced; 0 does nothing.
- *   values      [num_rows, dim] in the table's dtype as given at creation (a CPU handle converts
- *               F16/BF16 rows to the float32 it holds), host memory, read during the call only.
+ *   values      [num_rows, dim] in the table's dtype as given at creation (the handle's rows are
+ *               held in it, so the values are copied as they are), host memory, read during
+ *               the call only.
  *   values_dtype the dtype of values; must be the table's (a check against a mixed-up table).
  *   qparams     INT8 tables: [num_rows, 2] (scale, bias) float32 in host memory, finite; else NULL.
  *   cuda_stream GPU: the stream the copy is enqueued on (NULL: legacy default); CPU: ignored.
  * Thread-safety: CPU: excludes concurrent forwards and updates of the handle (a lock).
- *   GPU: ordered with the forwards by the stream (see flame_embedding_bag_forward); a
- *   borrowed table is the caller's memory and is written there.
+ *   GPU: ordered with the forwards by the stream (see flame_embedding_bag_forward). On every
+ *   device a borrowed table is the caller's memory and is written there.
  * Returns: FLAME_OK; FLAME_ERR_INVALID_ARG (NULL bag, NULL values with num_rows > 0, table
  *   or the row range out of range, values_dtype not the table's dtype, qparams missing for an
  *   INT8 table or given for another, a non-finite scale or bias, values or qparams not aligned

@@ -8,7 +8,6 @@
 
 #include "core/abi.h"
 #include "cpu/kernels.h"
-#include "kernels/half.h"
 #include "kernels/kernels_gpu.h"
 #include "kernels/tbe_cpu.h"
 #include "kernels/tbe_pack.h"
@@ -65,17 +64,6 @@ static flame_status check_aligned(const char *who, int table, const char *name, 
                     table, name, align, p);
 }
 
-/* dst[0..n) = float32 values of n fp16/bf16/f32 elements at src */
-static void to_f32(float *dst, const void *src, size_t n, flame_dtype d)
-{
-    if (d == FLAME_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-        return;
-    }
-    const uint16_t *h = src;
-    for (size_t i = 0; i < n; i++) dst[i] = d == FLAME_DTYPE_F16 ? fl_f16_to_f32(h[i]) : fl_bf16_to_f32(h[i]);
-}
-
 static flame_status check_qparams(int32_t table, int64_t first_row, const float *qp, int64_t n)
 {
     for (int64_t i = 0; i < 2 * n; i++)
@@ -105,18 +93,12 @@ static flame_status take_table(flame_embedding_bag *b, int i, const flame_embedd
 {
     fl_tbe_table *t = &b->t[i];
     const bool cpu = b->device == FLAME_DEVICE_CPU;
-    t->given = in->dtype;
-    t->dtype = cpu && in->dtype != FLAME_DTYPE_INT8 ? FLAME_DTYPE_F32 : in->dtype;
+    t->dtype = in->dtype;
     t->pooling = in->pooling;
     t->rows = in->rows;
     t->dim = in->dim;
     const size_t n = (size_t)in->rows * (size_t)in->dim;
     if (borrow) {
-        if (cpu && t->dtype != t->given)
-            return fl_error(FLAME_ERR_UNSUPPORTED,
-                            "embedding bag: table %d: a borrowed %s table on the CPU (its kernel reads F32 or INT8 "
-                            "rows; borrow 0 converts the table to F32)",
-                            i, dtype_name(in->dtype));
         if (!cpu) { /* a host pointer would fault in the kernel: refused now */
             char what[64];
             snprintf(what, sizeof what, "table %d data", i);
@@ -136,10 +118,7 @@ static flame_status take_table(flame_embedding_bag *b, int i, const flame_embedd
         t->qparams = in->qparams ? fl_aligned_alloc((size_t)in->rows * 2 * sizeof(float)) : NULL;
         if (!t->data || (in->qparams && !t->qparams))
             return fl_error(FLAME_ERR_NOMEM, "embedding bag: table %d: %zu bytes", i, n * dtype_bytes(t->dtype));
-        if (t->dtype == FLAME_DTYPE_INT8)
-            memcpy(t->data, in->data, n);
-        else
-            to_f32(t->data, in->data, n, in->dtype);
+        memcpy(t->data, in->data, n * dtype_bytes(t->dtype));
         if (in->qparams) memcpy(t->qparams, in->qparams, (size_t)in->rows * 2 * sizeof(float));
         return FLAME_OK;
     }
@@ -422,16 +401,16 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
                         "within 0..%lld", table, (long long)first_row, (long long)last, (long long)num_rows,
                         (long long)(t->rows - 1));
     }
-    if (values_dtype != t->given)
+    if (values_dtype != t->dtype)
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d is %s, values_dtype %s", table,
-                        dtype_name(t->given), dtype_name(values_dtype));
-    if ((t->given == FLAME_DTYPE_INT8) != (qparams != NULL))
+                        dtype_name(t->dtype), dtype_name(values_dtype));
+    if ((t->dtype == FLAME_DTYPE_INT8) != (qparams != NULL))
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: qparams %s for a %s table", table,
-                        qparams ? "given" : "missing", dtype_name(t->given));
+                        qparams ? "given" : "missing", dtype_name(t->dtype));
     if (num_rows == 0) return FLAME_OK;
     if (!values) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag update: table %d: values is NULL", table);
     flame_status st;
-    if ((st = check_aligned("embedding bag update", table, "values", values, dtype_bytes(t->given))) ||
+    if ((st = check_aligned("embedding bag update", table, "values", values, dtype_bytes(t->dtype))) ||
         (st = check_aligned("embedding bag update", table, "qparams", qparams, sizeof(float))))
         return st;
     if (qparams && (st = check_qparams(table, first_row, qparams, num_rows))) return st;
@@ -445,7 +424,7 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
         const char *name;
         const void *p;
         size_t bytes;
-    } src[2] = {{"values", values, n * dtype_bytes(t->given)}, {"qparams", qparams, qparams ? qp_bytes : 0}},
+    } src[2] = {{"values", values, n * dtype_bytes(t->dtype)}, {"qparams", qparams, qparams ? qp_bytes : 0}},
       dst[2] = {{"values", (char *)t->data + at * esize, n * esize},
                 {"qparams", t->qparams ? t->qparams + 2 * first_row : NULL, t->qparams ? qp_bytes : 0}};
     for (int i = 0; i < 2; i++)
@@ -462,10 +441,7 @@ flame_status flame_embedding_bag_update_rows(flame_embedding_bag *bag, int32_t t
         return st;
     }
     pthread_rwlock_wrlock(&bag->lock);
-    if (t->dtype == FLAME_DTYPE_INT8)
-        memcpy((int8_t *)t->data + at, values, n);
-    else
-        to_f32((float *)t->data + at, values, n, t->given);
+    memcpy((char *)t->data + at * esize, values, n * esize);
     if (qparams) memcpy(t->qparams + 2 * first_row, qparams, qp_bytes);
     pthread_rwlock_unlock(&bag->lock);
     return FLAME_OK;

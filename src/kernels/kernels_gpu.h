@@ -15,8 +15,7 @@ extern "C" {
 
 /* One table of an embedding bag handle; data/qparams are device pointers on a GPU handle. */
 typedef struct fl_tbe_table {
-    flame_dtype dtype; /* as held: a CPU handle holds F16/BF16 tables as F32 */
-    flame_dtype given; /* as the caller gave it */
+    flame_dtype dtype; /* as the caller gave it, and as held */
     flame_pooling pooling;
     int64_t rows;
     int32_t dim;

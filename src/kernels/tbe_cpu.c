@@ -1,7 +1,8 @@
 /* The CPU embedding bag of the public API. Unweighted lookups run the engine's kernel
  * (fl_cpu_embedding_bag) on slices of the batch, one per thread; per-id weights, which that
  * kernel does not take, run the loop below with the same float32 operations per row
- * (value = scale * q + bias for int8 rows, then the pooling weight times the value). */
+ * (value = scale * q + bias for int8 rows, an fp16 or bf16 value widened exactly, then the
+ * pooling weight times the value). */
 #include <string.h>
 
 #include "cpu/kernels.h"
@@ -10,6 +11,16 @@
 
 /* Bags per thread below which a thread is not worth starting. */
 #define MIN_BAGS_PER_THREAD 64
+
+static bool half_table(const fl_tbe_table *t)
+{
+    return t->dtype == FLAME_DTYPE_F16 || t->dtype == FLAME_DTYPE_BF16;
+}
+
+static fl_half_kind half_kind(flame_dtype d)
+{
+    return d == FLAME_DTYPE_BF16 ? FL_HALF_BF16 : FL_HALF_F16;
+}
 
 static void weighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t b0,
                      int64_t b1, float *out, int64_t ld, int32_t width)
@@ -31,6 +42,8 @@ static void weighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_lo
                     const int8_t *restrict q = (const int8_t *)t->data + r * t->dim;
                     const float qs = t->qparams[2 * r], qb = t->qparams[2 * r + 1];
                     for (int32_t j = 0; j < t->dim; j++) dst[j] += w * (qs * (float)q[j] + qb);
+                } else if (half_table(t)) {
+                    fl_cpu_add_row_half(dst, (const uint16_t *)t->data + r * t->dim, t->dim, w, half_kind(t->dtype));
                 } else {
                     const float *restrict src = (const float *)t->data + r * t->dim;
                     for (int32_t j = 0; j < t->dim; j++) dst[j] += w * src[j];
@@ -47,11 +60,11 @@ static void unweighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_
     for (int f = 0; f < num_tables; f++) {
         const fl_tbe_table *t = &tables[f];
         const fl_tbe_lookup *lk = &lookups[f];
-        const bool q8 = t->dtype == FLAME_DTYPE_INT8;
+        const bool q8 = t->dtype == FLAME_DTYPE_INT8, h16 = half_table(t);
         /* the kernel indexes offsets and ids by bag from its own 0: a slice starts at bag b0
          * (offsets keep their absolute values into ids) */
         fe[f] = (fl_emb_feature){
-            .table = q8 ? NULL : (const float *)t->data,
+            .table = q8 || h16 ? NULL : (const float *)t->data,
             .rows = t->rows,
             .dim = t->dim,
             .pooling = t->pooling == FLAME_POOLING_MEAN ? FL_KPOOL_MEAN : FL_KPOOL_SUM,
@@ -60,6 +73,8 @@ static void unweighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_
             .out_col = t->col,
             .table_q8 = q8 ? (const int8_t *)t->data : NULL,
             .qparams = q8 ? t->qparams : NULL,
+            .table_h16 = h16 ? (const uint16_t *)t->data : NULL,
+            .h16_kind = half_kind(t->dtype),
         };
     }
     fl_cpu_embedding_bag(fe, num_tables, b1 - b0, out + b0 * ld, ld, width);
