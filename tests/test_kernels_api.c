@@ -1,13 +1,15 @@
 /* The public kernels (flame/kernels.h) on the CPU: the table-batched embedding bag (F32, F16,
  * BF16 and INT8 tables, copied or borrowed, sum and mean pooling, per-id weights, concat and sum
- * combine, one id per bag or offsets with empty bags, strided outputs, several threads,
- * in-place row updates) and SUMI attention (SUMI, causal and no mask over ragged batches with empty sequences, fused
+ * combine, one id per bag or offsets with empty bags, strided F32, F16 and BF16 outputs, the
+ * half outputs the correctly rounded float32 results, several threads, in-place row updates)
+ * and SUMI attention (SUMI, causal and no mask over ragged batches with empty sequences, fused
  * and separate Q/K/V with padded strides, several threads), each against a float64 reference
  * on fresh random inputs with NaN-poisoned outputs; every rejection with its message and
  * nothing written; the GPU entry points without a GPU. */
 #include <pthread.h>
 
 #include "testutil.h"
+#include "tu_half.h"
 #include "tu_kernels.h"
 #include "core/device.h"
 
@@ -27,6 +29,44 @@ static flame_embedding_bag *make_bag_of(const tuk_table *t, int nt, bool sum, bo
 static flame_embedding_bag *make_bag(const tuk_table *t, int nt, bool sum, flame_status *st)
 {
     return make_bag_of(t, nt, sum, false, st);
+}
+
+/* A 16-bit output poisoned with a pattern that is a NaN in fp16 and in bf16. */
+#define HALF_POISON 0xffffu
+static uint16_t *half_out(size_t n)
+{
+    uint16_t *o = malloc((n + 1) * sizeof *o);
+    for (size_t i = 0; i < n + 1; i++) o[i] = HALF_POISON;
+    return o;
+}
+
+/* The F16/BF16 outputs of a forward whose F32 output was f32 [batch, ld]: each element the
+ * correctly rounded F32 element (one rounding of the float32 result, to nearest even), never a
+ * NaN, the gap past width untouched, and within the format's precision of the float64 values. */
+static void check_half_outputs(flame_embedding_bag *bag, flame_embedding_bag_batch q, const float *f32,
+                               const double *want, int64_t width)
+{
+    const int64_t batch = q.batch, ld = q.ld_out ? q.ld_out : width;
+    float *got = malloc((size_t)(batch * width + 1) * sizeof(float));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        uint16_t *out = half_out((size_t)(batch * ld));
+        q.out = out;
+        q.out_dtype = bf16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F16;
+        if (flame_embedding_bag_forward(bag, &q)) fail_msg("forward, %s out: %s", bf16 ? "BF16" : "F16", flame_last_error());
+        for (int64_t b = 0; b < batch; b++) {
+            for (int64_t j = 0; j < width; j++) {
+                const uint16_t h = out[b * ld + j], r = tuh_nearest(bf16, f32[b * ld + j]);
+                if (tuh_is_nan(bf16, h) || h != r)
+                    fail_msg("%s out [%lld, %lld] = %04x, float32 %.9g rounds to %04x", bf16 ? "BF16" : "F16",
+                             (long long)b, (long long)j, h, (double)f32[b * ld + j], r);
+                got[b * width + j] = (float)tuh_value(bf16, h);
+            }
+            for (int64_t j = width; j < ld; j++) assert_int_equal(out[b * ld + j], HALF_POISON);
+        }
+        if (batch) assert_rel_err_below(got, want, (size_t)(batch * width), bf16 ? 8e-3 : 1e-3);
+        free(out);
+    }
+    free(got);
 }
 
 static void run_tbe_case(void)
@@ -70,6 +110,7 @@ static void run_tbe_case(void)
     }
     if (batch) assert_rel_err_below(got, want, (size_t)(batch * width), 2e-6);
     (void)any_weights;
+    check_half_outputs(bag, q, out, want, width);
     /* F16 and BF16 tables are pooled straight from their rows, widened exactly: the bits of the
      * same tables converted to F32 (the pooling is the float32 row's) */
     tuk_table wide[8];
@@ -108,7 +149,177 @@ static void test_tbe_against_reference(void **state)
     for (int rep = 0; rep < 200; rep++) run_tbe_case();
 }
 
-/* Empty bags are zeros under sum and mean, weighted or not. */
+/* Batches of hundreds of bags on 1..4 threads, rows hundreds of columns wide: the F16/BF16
+ * outputs are pooled a chunk of bags at a time into each thread's float32 rows and rounded from
+ * there, so every chunk, part and row boundary must give the correctly rounded bits of the F32
+ * output, which is the same on any number of threads. */
+static void test_tbe_half_outputs_many_bags_and_threads(void **state)
+{
+    for (int rep = 0; rep < 6; rep++) {
+        const int nt = 2 + (int)tu_below(3);
+        const int64_t batch = 300 + tu_below(900);
+        tuk_table t[4];
+        tuk_lookup l[4];
+        int32_t width = 0;
+        for (int f = 0; f < nt; f++) {
+            const int32_t dim = 40 + (int32_t)tu_below(200);
+            tuk_table_fill(&t[f], (flame_dtype)tu_below(4), 50 + tu_below(500), dim, (flame_pooling)tu_below(2));
+            tuk_lookup_fill(&l[f], &t[f], batch, tu_below(3) == 0, rep % 2, 6);
+            width += dim;
+        }
+        flame_status st;
+        flame_embedding_bag *bag = make_bag_of(t, nt, false, rep % 3 == 0, &st);
+        if (st) fail_msg("create: %s", flame_last_error());
+        flame_embedding_bag_input in[4];
+        for (int f = 0; f < nt; f++) in[f] = tuk_input(&l[f]);
+        const int64_t ld = width + 1;
+        float *out = malloc((size_t)(batch * ld) * sizeof(float)), *out3 = malloc((size_t)(batch * ld) * sizeof(float));
+        tu_poison(out, (size_t)(batch * ld));
+        tu_poison(out3, (size_t)(batch * ld));
+        flame_embedding_bag_batch q = {sizeof q, batch, in, (size_t)nt, out, ld, FLAME_DTYPE_F32, NULL, 1, 0};
+        if (flame_embedding_bag_forward(bag, &q)) fail_msg("forward: %s", flame_last_error());
+        q.out = out3;
+        q.threads = 2 + (int32_t)tu_below(3);
+        if (flame_embedding_bag_forward(bag, &q)) fail_msg("forward, %d threads: %s", q.threads, flame_last_error());
+        assert_memory_equal(out, out3, (size_t)(batch * ld) * sizeof(float)); /* the gaps' NaNs too */
+        double *want = malloc((size_t)(batch * width) * sizeof(double));
+        tuk_tbe_reference(t, l, nt, false, batch, width, want);
+        check_half_outputs(bag, q, out, want, width);
+        free(want);
+        free(out);
+        free(out3);
+        flame_embedding_bag_destroy(bag);
+        for (int f = 0; f < nt; f++) {
+            tuk_table_free(&t[f]);
+            tuk_lookup_free(&l[f]);
+        }
+    }
+}
+
+/* F16 and BF16 outputs of chosen float32 values (one-id bags of a one-column F32 table, with and
+ * without weights of 1, so each output is its row's value): rounded to nearest, ties to even,
+ * the bits given here. Ties either way, the values either side of a tie, the largest finite
+ * values and the ties past them (to infinity), subnormals of both formats and their ties,
+ * float32 subnormals (to zero of their sign). */
+static void test_tbe_half_output_rounding(void **state)
+{
+    static const struct {
+        uint32_t f32;
+        uint16_t f16, bf16;
+    } c[] = {
+        {0x3f800000u, 0x3c00u, 0x3f80u}, /* 1 */
+        {0x3f801000u, 0x3c00u, 0x3f80u}, /* 1 + 2^-11: fp16 tie, to the even 1 */
+        {0x3f803000u, 0x3c02u, 0x3f80u}, /* 1 + 3 2^-11: fp16 tie, to the even 1 + 2^-9 */
+        {0x3f801001u, 0x3c01u, 0x3f80u}, /* just past an fp16 tie: up */
+        {0x3f800fffu, 0x3c00u, 0x3f80u}, /* just below it: down */
+        {0x3f808000u, 0x3c04u, 0x3f80u}, /* 1 + 2^-8: bf16 tie, to the even 1 */
+        {0x3f818000u, 0x3c0cu, 0x3f82u}, /* 1 + 3 2^-8: bf16 tie, to the even 0x3f82 */
+        {0x3f818001u, 0x3c0cu, 0x3f82u},
+        {0x3f808001u, 0x3c04u, 0x3f81u}, /* just past a bf16 tie: up */
+        {0xbf803000u, 0xbc02u, 0xbf80u}, /* negative ties */
+        {0x477fe000u, 0x7bffu, 0x4780u}, /* 65504, the largest finite fp16 */
+        {0x477fefffu, 0x7bffu, 0x4780u}, /* just below 65520 */
+        {0x477ff000u, 0x7c00u, 0x4780u}, /* 65520: the tie past 65504 rounds to infinity */
+        {0xc77ff000u, 0xfc00u, 0xc780u},
+        {0x387fc000u, 0x03ffu, 0x3880u}, /* 1023 2^-24, the largest fp16 subnormal */
+        {0x387fe000u, 0x0400u, 0x3880u}, /* 1023.5 2^-24: tie, to the even smallest normal */
+        {0x33800000u, 0x0001u, 0x3380u}, /* 2^-24, the smallest fp16 subnormal */
+        {0x33c00000u, 0x0002u, 0x33c0u}, /* 1.5 2^-24: tie, to the even 2 2^-24 */
+        {0x33000000u, 0x0000u, 0x3300u}, /* 2^-25: tie, to the even 0 */
+        {0x33000001u, 0x0001u, 0x3300u}, /* just past it: the smallest subnormal */
+        {0xb3000000u, 0x8000u, 0xb300u}, /* -2^-25: to -0 */
+        {0x7f7fffffu, 0x7c00u, 0x7f80u}, /* the largest float32: past both formats' largest */
+        {0x7f7f7fffu, 0x7c00u, 0x7f7fu}, /* just below the bf16 tie past its largest */
+        {0x7f7f8000u, 0x7c00u, 0x7f80u}, /* that tie: to infinity */
+        {0xff7f8000u, 0xfc00u, 0xff80u},
+        {0x00018000u, 0x0000u, 0x0002u}, /* a bf16 subnormal tie: to the even 0x0002 */
+        {0x00008000u, 0x0000u, 0x0000u}, /* to the even 0 */
+        {0x00000001u, 0x0000u, 0x0000u}, /* the smallest float32 subnormal */
+        {0x80000001u, 0x8000u, 0x8000u},
+        {0x00000000u, 0x0000u, 0x0000u},
+    };
+    enum { N = sizeof c / sizeof *c };
+    static float table[N];
+    int64_t ids[N];
+    float w[N];
+    for (int i = 0; i < N; i++) {
+        memcpy(&table[i], &c[i].f32, sizeof(float));
+        ids[i] = i;
+        w[i] = 1.0f;
+        /* the tests' reference rounding agrees with the bits given here */
+        assert_int_equal(tuh_nearest(false, table[i]), c[i].f16);
+        assert_int_equal(tuh_nearest(true, table[i]), c[i].bf16);
+    }
+    tuk_table t = {FLAME_DTYPE_F32, FLAME_POOLING_SUM, N, 1, table, NULL, NULL};
+    for (int borrow = 0; borrow < 2; borrow++) {
+        flame_status st;
+        flame_embedding_bag *bag = make_bag_of(&t, 1, false, borrow, &st);
+        assert_int_equal(st, FLAME_OK);
+        for (int weighted = 0; weighted < 2; weighted++)
+            for (int bf16 = 0; bf16 < 2; bf16++) {
+                flame_embedding_bag_input in = {sizeof in, ids, NULL, N, weighted ? w : NULL};
+                uint16_t *out = half_out(N);
+                flame_embedding_bag_batch q = {sizeof q, N, &in, 1, out, 0, bf16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F16,
+                                               NULL, 0, 0};
+                assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+                for (int i = 0; i < N; i++)
+                    if (out[i] != (bf16 ? c[i].bf16 : c[i].f16))
+                        fail_msg("%s out of float32 %08x: %04x, not %04x (weights %d)", bf16 ? "BF16" : "F16",
+                                 (unsigned)c[i].f32, out[i], bf16 ? c[i].bf16 : c[i].f16, weighted);
+                assert_int_equal(out[N], HALF_POISON);
+                free(out);
+            }
+        flame_embedding_bag_destroy(bag);
+    }
+}
+
+/* An F16 or BF16 output's extent is counted in its 2-byte elements: an output that ends where
+ * the (borrowed) table begins runs as F16 or BF16 and is refused as F32 (it would then reach
+ * into the rows); a misaligned one names its 2-byte elements; nothing is written on refusal. */
+static void test_tbe_half_output_extent_and_alignment(void **state)
+{
+    /* one buffer: 2 bags x 4 columns of output, then the table's 10 rows of 4 */
+    uint16_t *buf = calloc(8 + 40 + 1, sizeof(uint16_t));
+    tuk_table t;
+    tuk_table_fill(&t, FLAME_DTYPE_F16, 10, 4, FLAME_POOLING_SUM);
+    memcpy(buf + 8, t.data, 40 * sizeof(uint16_t));
+    flame_embedding_table d = tuk_desc(&t);
+    d.data = buf + 8;
+    flame_embedding_bag_params p = {sizeof p, FLAME_DEVICE_CPU, FLAME_COMBINE_CONCAT, &d, 1, 1, 0};
+    flame_embedding_bag *bag;
+    assert_int_equal(flame_embedding_bag_create(&p, &bag), FLAME_OK);
+    int64_t ids[2] = {3, 9};
+    flame_embedding_bag_input in = {sizeof in, ids, NULL, 2, NULL};
+    flame_embedding_bag_batch q = {sizeof q, 2, &in, 1, buf, 0, FLAME_DTYPE_F16, NULL, 0, 0};
+    uint16_t keep[49];
+    for (int dt = FLAME_DTYPE_F16; dt <= FLAME_DTYPE_BF16; dt++) {
+        q.out_dtype = (flame_dtype)dt;
+        q.out = buf;
+        for (int i = 0; i < 8; i++) buf[i] = HALF_POISON;
+        assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < 4; j++)
+                assert_int_equal(buf[4 * r + j], tuh_nearest(dt == FLAME_DTYPE_BF16, t.value[ids[r] * 4 + j]));
+        q.out = (char *)buf + 1;
+        memcpy(keep, buf, sizeof keep);
+        assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG,
+                          "out is not aligned to its 2-byte elements");
+        assert_memory_equal(keep, buf, sizeof keep);
+        q.out = buf + 2; /* two columns later: the second row's last column is the table's first */
+        assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "out overlaps table 0's table");
+        assert_memory_equal(keep, buf, sizeof keep);
+    }
+    float *f32_out = (float *)(void *)buf; /* 16 bytes, 4-byte aligned (calloc) */
+    q.out = f32_out;
+    q.out_dtype = FLAME_DTYPE_F32;
+    assert_status_msg(flame_embedding_bag_forward(bag, &q), FLAME_ERR_INVALID_ARG, "out overlaps table 0's table");
+    assert_memory_equal(keep, buf, sizeof keep);
+    flame_embedding_bag_destroy(bag);
+    tuk_table_free(&t);
+    free(buf);
+}
+
+/* Empty bags are zeros under sum and mean, weighted or not, in every output dtype. */
 static void test_tbe_empty_bags_are_zero(void **state)
 {
     for (int pool = 0; pool < 2; pool++)
@@ -126,6 +337,15 @@ static void test_tbe_empty_bags_are_zero(void **state)
             flame_embedding_bag_batch q = {sizeof q, 3, &in, 1, out, 0, FLAME_DTYPE_F32, NULL, 0, 0};
             assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
             for (int i = 0; i < 21; i++) assert_true(out[i] == 0.0f);
+            for (int dt = FLAME_DTYPE_F16; dt <= FLAME_DTYPE_BF16; dt++) {
+                uint16_t *h = half_out(21);
+                q.out = h;
+                q.out_dtype = (flame_dtype)dt;
+                assert_int_equal(flame_embedding_bag_forward(bag, &q), FLAME_OK);
+                for (int i = 0; i < 21; i++) assert_int_equal(h[i], 0); /* +0 */
+                assert_int_equal(h[21], HALF_POISON);
+                free(h);
+            }
             flame_embedding_bag_destroy(bag);
             tuk_table_free(&t);
         }
@@ -195,7 +415,6 @@ static void test_tbe_borrow_half(void **state)
         tuk_table_free(&t);
     }
 }
-
 
 /* update_rows replaces rows (INT8 with its scale and bias); a forward sees them. */
 static void test_tbe_update_rows(void **state)
@@ -370,8 +589,8 @@ static void test_tbe_rejections(void **state)
     q.ld_out = 6;
     REJECT(FLAME_ERR_INVALID_ARG, "ld_out 6 is outside width 7..2^40");
     q.ld_out = 0;
-    q.out_dtype = FLAME_DTYPE_F16;
-    REJECT(FLAME_ERR_INVALID_ARG, "out_dtype F16 is not written by the CPU");
+    q.out_dtype = FLAME_DTYPE_INT8;
+    REJECT(FLAME_ERR_INVALID_ARG, "out_dtype INT8 is not written by the CPU (F32, F16 or BF16)");
     q.out_dtype = FLAME_DTYPE_F32;
     q.threads = -1;
     REJECT(FLAME_ERR_INVALID_ARG, "threads -1 is outside 0..1024");
@@ -946,6 +1165,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tbe_against_reference),
         cmocka_unit_test(test_tbe_empty_bags_are_zero),
+        cmocka_unit_test(test_tbe_half_outputs_many_bags_and_threads),
+        cmocka_unit_test(test_tbe_half_output_rounding),
+        cmocka_unit_test(test_tbe_half_output_extent_and_alignment),
         cmocka_unit_test(test_tbe_borrow),
         cmocka_unit_test(test_tbe_borrow_half),
         cmocka_unit_test(test_tbe_update_rows),

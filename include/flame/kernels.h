@@ -175,7 +175,11 @@ typedef struct flame_embedding_bag_batch {
                                              * CPU, device memory of the handle's GPU; only
                                              * columns 0..width-1 of each row are written */
     int64_t ld_out;                         /* row stride in elements, >= width; 0 = width */
-    flame_dtype out_dtype;                  /* F32 (default); a GPU also writes F16 and BF16 */
+    flame_dtype out_dtype;                  /* F32 (default), F16 or BF16, on every device and
+                                             * for tables of any dtypes: each element is pooled
+                                             * in float32 and rounded once to out_dtype, to
+                                             * nearest with ties to even (see the forward's Math);
+                                             * INT8 is refused */
     void *cuda_stream;                      /* GPU: the cudaStream_t to enqueue on (NULL: the legacy
                                              * default stream); CPU: ignored */
     int32_t threads;                        /* CPU: threads (the caller and libflame's pool, at most
@@ -206,7 +210,7 @@ typedef struct flame_embedding_bag_batch {
  *   bag      the handle.
  *   batch    the lookups and the output (above): out[b, col_t + j] = pool over bag b of table t
  *            of row[j] (CONCAT), or the sum over the tables (SUM); rows [batch, width], dtype
- *            out_dtype, accumulated in float32.
+ *            out_dtype, accumulated in float32 and rounded once to out_dtype.
  * Thread-safety: concurrent forwards on one handle are safe (they only read the tables);
  *   device_indices forwards also share the handle's index record, see
  *   flame_embedding_bag_index_status for how they are ordered. On
@@ -218,19 +222,29 @@ typedef struct flame_embedding_bag_batch {
  * Returns: FLAME_OK (batch 0 writes and enqueues nothing); FLAME_ERR_INVALID_ARG (NULL
  *   bag/batch, NULL out with batch > 0, struct_size outside 8..4096, num_inputs not the
  *   number of tables, batch, ld_out or threads out of range, batch x ld_out above 2^50, an
- *   out_dtype the device does not write, num_ids above 2^47, offsets that do not start at 0,
+ *   out_dtype other than F32, F16 or BF16 (named), num_ids above 2^47, offsets that do not start at 0,
  *   decrease, or end elsewhere than num_ids, num_ids != batch without offsets, an id outside
  *   0..rows-1, a non-finite weight, ids, offsets, weights or out not aligned to their
  *   elements' size (8, 8, 4, out_dtype's), an out that overlaps any table's ids, offsets,
- *   weights, rows or qparams (rows are written while later bags still read them): the message names
+ *   weights, rows or qparams (rows are written while later bags still read them; out's extent is
+ *   counted in out_dtype's elements): the message names
  *   the table, the bag and the value, and nothing is written or enqueued; on a GPU also an
  *   out that is not memory of the device, and under device_indices an ids, offsets or weights
  *   array that is not, or a device_indices other than 0 or 1; the values of device indices
  *   are not checked here but on the stream, see flame_embedding_bag_index_status);
  *   FLAME_ERR_UNSUPPORTED (cuda_stream is capturing a CUDA graph);
- *   FLAME_ERR_NOMEM; FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
+ *   FLAME_ERR_NOMEM (on the CPU, the float32 rows an F16/BF16 output is pooled into: a few
+ *   tens of KiB a thread, or one output row each when rows are wider; checked before anything
+ *   is written); FLAME_ERR_INTERNAL (a CUDA call failed; the message names it).
  * Math: table-batched embedding bag as in FBGEMM's TBE (Khudia et al., arXiv:2101.05615) and
- *   torch.nn.functional.embedding_bag: out = sum_i w_i * row(ids_i), divided by n under MEAN.
+ *   torch.nn.functional.embedding_bag: out = sum_i w_i * row(ids_i), divided by n under MEAN,
+ *   in float32. An F16 or BF16 output is that float32 value rounded once, to nearest with ties
+ *   to even (IEEE 754 roundTiesToEven; the GPU's __float2half_rn and __float2bfloat16_rn, the
+ *   CPU's vcvtps2ph or the same rule in integer arithmetic, whatever the floating-point
+ *   environment): subnormal results are kept, a magnitude from the largest finite value plus
+ *   half its spacing on (F16: 65520; BF16: (2 - 2^-8) * 2^127) becomes infinity of its sign,
+ *   and a NaN (only from non-finite table values) stays a NaN. On the CPU the F16/BF16 output
+ *   is bitwise the F32 output rounded so, on any number of threads.
  */
 FLAME_API flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_embedding_bag_batch *batch);
 

@@ -309,9 +309,9 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
                         bag->num_tables);
     if (!q.inputs) return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: inputs is NULL");
     const bool cpu = bag->device == FLAME_DEVICE_CPU;
-    if (q.out_dtype != FLAME_DTYPE_F32 && (cpu || (q.out_dtype != FLAME_DTYPE_F16 && q.out_dtype != FLAME_DTYPE_BF16)))
-        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out_dtype %s is not written by the %s (%s)",
-                        dtype_name(q.out_dtype), cpu ? "CPU" : "GPU", cpu ? "F32" : "F32, F16 or BF16");
+    if (q.out_dtype != FLAME_DTYPE_F32 && q.out_dtype != FLAME_DTYPE_F16 && q.out_dtype != FLAME_DTYPE_BF16)
+        return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: out_dtype %s is not written by the %s (F32, F16 or BF16)",
+                        dtype_name(q.out_dtype), cpu ? "CPU" : "GPU");
     const int64_t ld = q.ld_out ? q.ld_out : bag->width;
     if (ld < bag->width || ld > (INT64_C(1) << 40))
         return fl_error(FLAME_ERR_INVALID_ARG, "embedding bag: ld_out %lld is outside width %d..2^40",
@@ -359,9 +359,9 @@ flame_status flame_embedding_bag_forward(flame_embedding_bag *bag, const flame_e
         return fl_gpu_tbe_forward(bag->device, bag->t, bag->num_tables, bag->sum_combine, bag->width, lk, q.batch,
                                   q.out, ld, q.out_dtype, q.cuda_stream, threads);
     pthread_rwlock_rdlock(&bag->lock);
-    fl_tbe_cpu_forward(bag->t, bag->num_tables, lk, q.batch, q.out, ld, bag->width, threads);
+    st = fl_tbe_cpu_forward(bag->t, bag->num_tables, lk, q.batch, q.out, ld, q.out_dtype, bag->width, threads);
     pthread_rwlock_unlock(&bag->lock);
-    return FLAME_OK;
+    return st;
 }
 
 flame_status flame_embedding_bag_index_status(flame_embedding_bag *bag, void *cuda_stream)

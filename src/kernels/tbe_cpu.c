@@ -2,7 +2,9 @@
  * (fl_cpu_embedding_bag) on slices of the batch, one per thread; per-id weights, which that
  * kernel does not take, run the loop below with the same float32 operations per row
  * (value = scale * q + bias for int8 rows, an fp16 or bf16 value widened exactly, then the
- * pooling weight times the value). */
+ * pooling weight times the value). An F16 or BF16 output is pooled in float32 a chunk of bags
+ * at a time into the thread's scratch rows, which are then rounded into the output. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/kernels.h"
@@ -11,6 +13,11 @@
 
 /* Bags per thread below which a thread is not worth starting. */
 #define MIN_BAGS_PER_THREAD 64
+/* Threads that run at once at most (the pool's limit): the parts of a batch. */
+#define MAX_PARTS 256
+/* Floats of float32 rows a part pools before rounding them into an F16/BF16 output: 32 KiB,
+ * so they are still in cache when read back (a single row may be wider). */
+#define CHUNK_FLOATS 8192
 
 static bool half_table(const fl_tbe_table *t)
 {
@@ -22,11 +29,12 @@ static fl_half_kind half_kind(flame_dtype d)
     return d == FLAME_DTYPE_BF16 ? FL_HALF_BF16 : FL_HALF_F16;
 }
 
+/* Bags b0..b1-1 into rows out[0..b1-b0) of stride ld. */
 static void weighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t b0,
                      int64_t b1, float *out, int64_t ld, int32_t width)
 {
     for (int64_t b = b0; b < b1; b++) {
-        float *row = out + b * ld;
+        float *row = out + (b - b0) * ld;
         memset(row, 0, (size_t)width * sizeof *row);
         for (int f = 0; f < num_tables; f++) {
             const fl_tbe_table *t = &tables[f];
@@ -53,6 +61,7 @@ static void weighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_lo
     }
 }
 
+/* Bags b0..b1-1 into rows out[0..b1-b0) of stride ld. */
 static void unweighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t b0,
                        int64_t b1, float *out, int64_t ld, int32_t width)
 {
@@ -77,7 +86,7 @@ static void unweighted(const fl_tbe_table *tables, int num_tables, const fl_tbe_
             .h16_kind = half_kind(t->dtype),
         };
     }
-    fl_cpu_embedding_bag(fe, num_tables, b1 - b0, out + b0 * ld, ld, width);
+    fl_cpu_embedding_bag(fe, num_tables, b1 - b0, out, ld, width);
 }
 
 typedef struct tbe_job {
@@ -87,30 +96,60 @@ typedef struct tbe_job {
     bool any_weights;
     int64_t batch, parts, ld;
     int32_t width;
-    float *out;
+    void *out;
+    flame_dtype out_dtype;
+    float *scratch; /* F16/BF16 output: chunk rows of width floats per part */
+    int64_t chunk;
 } tbe_job;
+
+static void pool_rows(const tbe_job *j, int64_t b0, int64_t b1, float *rows, int64_t ld)
+{
+    if (j->any_weights)
+        weighted(j->tables, j->num_tables, j->lookups, b0, b1, rows, ld, j->width);
+    else
+        unweighted(j->tables, j->num_tables, j->lookups, b0, b1, rows, ld, j->width);
+}
 
 static void tbe_part(void *ctx, int64_t p, int worker)
 {
     const tbe_job *j = ctx;
     (void)worker;
     const int64_t b0 = j->batch * p / j->parts, b1 = j->batch * (p + 1) / j->parts;
-    if (j->any_weights)
-        weighted(j->tables, j->num_tables, j->lookups, b0, b1, j->out, j->ld, j->width);
-    else
-        unweighted(j->tables, j->num_tables, j->lookups, b0, b1, j->out, j->ld, j->width);
+    if (j->out_dtype == FLAME_DTYPE_F32) {
+        pool_rows(j, b0, b1, (float *)j->out + b0 * j->ld, j->ld);
+        return;
+    }
+    float *rows = j->scratch + (size_t)p * (size_t)j->chunk * (size_t)j->width;
+    const fl_half_kind kind = half_kind(j->out_dtype);
+    for (int64_t c0 = b0; c0 < b1; c0 += j->chunk) {
+        const int64_t c1 = c0 + j->chunk < b1 ? c0 + j->chunk : b1;
+        pool_rows(j, c0, c1, rows, j->width);
+        for (int64_t b = c0; b < c1; b++)
+            fl_cpu_round_half((uint16_t *)j->out + b * j->ld, rows + (b - c0) * j->width, j->width, kind);
+    }
 }
 
-void fl_tbe_cpu_forward(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups, int64_t batch,
-                        float *out, int64_t ld, int32_t width, int threads)
+flame_status fl_tbe_cpu_forward(const fl_tbe_table *tables, int num_tables, const fl_tbe_lookup *lookups,
+                                int64_t batch, void *out, int64_t ld, flame_dtype out_dtype, int32_t width,
+                                int threads)
 {
     bool any_weights = false;
     for (int f = 0; f < num_tables; f++) any_weights = any_weights || lookups[f].weights;
     int64_t parts = batch / MIN_BAGS_PER_THREAD;
     parts = parts < 1 ? 1 : parts > threads ? threads : parts;
-    /* contiguous bag ranges, one task each, on libflame's pool (a bag's sum is the same code
-     * whichever thread runs it) */
+    if (parts > MAX_PARTS) parts = MAX_PARTS;
     tbe_job j = {.tables = tables, .lookups = lookups, .num_tables = num_tables, .any_weights = any_weights,
-                 .batch = batch, .parts = parts, .ld = ld, .width = width, .out = out};
+                 .batch = batch, .parts = parts, .ld = ld, .width = width, .out = out, .out_dtype = out_dtype};
+    if (out_dtype != FLAME_DTYPE_F32) {
+        j.chunk = width < CHUNK_FLOATS ? CHUNK_FLOATS / width : 1;
+        const size_t floats = (size_t)parts * (size_t)j.chunk * (size_t)width;
+        if (!(j.scratch = malloc(floats * sizeof(float))))
+            return fl_error(FLAME_ERR_NOMEM, "embedding bag: %zu bytes of float32 rows for a %s output",
+                            floats * sizeof(float), out_dtype == FLAME_DTYPE_F16 ? "F16" : "BF16");
+    }
+    /* contiguous bag ranges, one task each, on libflame's pool (a bag's sum is the same code
+     * whichever thread runs it, and so is its rounding) */
     fl_parallel((int)parts, parts, tbe_part, &j);
+    free(j.scratch);
+    return FLAME_OK;
 }
