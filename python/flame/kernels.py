@@ -178,6 +178,9 @@ def _unit_columns(v: _dlpack.View, what: str, ndim: int) -> int:
 _DL_FLOAT = {(_dlpack.KDL_FLOAT, 32): 0, (_dlpack.KDL_FLOAT, 16): 1, (_dlpack.KDL_BFLOAT, 16): 2}
 _TORCH_OUT = {0: "float32", 1: "float16", 2: "bfloat16"}
 OUT_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+# host outputs: numpy has no bfloat16, so a bfloat16 output is its bit patterns (as bfloat16 tables are given)
+_NP_OUT = {0: np.dtype(np.float32), 1: np.dtype(np.float16), 2: np.dtype(np.uint16)}
+_NP_OUT_NAME = {0: "float32", 1: "float16", 2: "uint16 (bfloat16 bit patterns)"}
 
 
 def _i64(a: Any, what: str) -> np.ndarray:
@@ -213,15 +216,13 @@ class EmbeddingBag(Handle):
       CUDA tensors (DLPack) on the handle's device.
     pooling: "sum" or "mean", for every table or one per table.
     combine: "concat" (table t owns its own columns, in order) or "sum" (equal dims, added).
-    copy: True (default) copies host tables into the handle (on a GPU: uploads them); False
-      borrows float32 and int8 host tables in place on the CPU (this object keeps the arrays
+    copy: True (default) copies host tables into the handle, each in its own dtype (a float16
+      or bfloat16 table takes half the memory of a float32 one; on a GPU: uploads them); False
+      borrows host tables of every dtype in place on the CPU (this object keeps the arrays
       alive): they (and int8 tables' qparams) must be C-contiguous and of exactly that dtype,
       else ShapeError/DTypeError; a read-only array (a read-only mmap, bytes) may be borrowed,
-      and update_rows then refuses its table. float16 and bfloat16 tables are always copied
-      there, as float32; since a handle borrows all its tables or none, copy=False refuses
-      them beside float32 or int8 ones (DTypeError). CUDA tables are
-      always used in place (borrowed: this object keeps them alive and update_rows writes
-      into them).
+      and update_rows then refuses its table. CUDA tables are always used in place (borrowed:
+      this object keeps them alive and update_rows writes into them).
     device: None (default: cuda:N when the tables are CUDA tensors, else the CPU), "cpu",
       "cuda", "cuda:N" or N.
     threads: the threads of each CPU call, the caller and libflame's pool (its default); on a
@@ -265,7 +266,7 @@ class EmbeddingBag(Handle):
                 data, qp, dt = self._table(i, t, borrow)
                 data_ptr, qp_ptr, shape = data.ctypes.data, _ptr(qp, F32P), data.shape
                 self._keep += [data] + ([qp] if qp is not None else [])
-                if borrow and dt in (F32, INT8) and not all(x.flags.writeable for x in (data, qp) if x is not None):
+                if borrow and not all(x.flags.writeable for x in (data, qp) if x is not None):
                     self._read_only.append(i)
             d = descs[i]
             d.struct_size = C.sizeof(EmbeddingTable)
@@ -279,15 +280,6 @@ class EmbeddingBag(Handle):
         p = new(EmbeddingBagParams)
         p.device, p.combine = (DEVICE_CPU if self.device is None else self.device), _choice(combine, COMBINE, "combine")
         p.tables, p.num_tables, p.borrow = descs, len(tables), 1 if borrow else 0
-        half = [i for i, dt in enumerate(self.dtypes) if dt in (F16, BF16)]
-        if self.device is None and borrow and half:
-            # the CPU kernel reads float32, so those are converted, and the handle borrows all of
-            # its tables or none: the float32 and int8 ones would be copied behind the caller's back
-            if len(half) < len(tables):
-                raise errors.DTypeError(f"copy=False: table {half[0]} is {'float16' if self.dtypes[half[0]] == F16 else 'bfloat16'}, "
-                                        f"which the CPU holds converted to float32, so no table could be borrowed; "
-                                        f"pass copy=True or give float32 tables")
-            p.borrow = 0  # every table converted: nothing to borrow, as the docstring says
         _lib.check(_lib.lib().flame_embedding_bag_create(C.byref(p), C.byref(self._handle)))
         if p.borrow == 0:
             self._keep, self._read_only = [], []  # copied: the arrays are no longer needed
@@ -322,9 +314,9 @@ class EmbeddingBag(Handle):
 
     @staticmethod
     def _table(i: int, t: TableLike, borrow: bool) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
-        """(data, qparams, dtype) of a host table; a borrowed float32 or int8 table is used in
-        place, so it must be C-contiguous and of its own dtype (a silent copy would leave the
-        caller's array behind: update_rows would miss it)."""
+        """(data, qparams, dtype) of a host table; a borrowed table is used in place, so it must
+        be C-contiguous and of its own dtype (a silent copy would leave the caller's array
+        behind: update_rows would miss it)."""
         def in_place(x: Any, what: str, dtype: Any = None) -> np.ndarray:
             a = np.asarray(x)
             if borrow and not a.flags.c_contiguous:
@@ -348,7 +340,7 @@ class EmbeddingBag(Handle):
             if isinstance(t[0], str):
                 if t[0] != "bfloat16":
                     raise errors.DTypeError(f"table {i}: dtype name {t[0]!r} (only 'bfloat16' is given by name)")
-                a = np.ascontiguousarray(t[1])
+                a = in_place(t[1], "bfloat16 table")
                 if a.dtype != np.uint16 or a.ndim != 2:
                     raise errors.DTypeError(f"table {i}: bfloat16 tables are 2-D uint16 arrays of bit patterns")
                 return a, None, BF16
@@ -359,8 +351,8 @@ class EmbeddingBag(Handle):
                 raise errors.ShapeError(f"table {i}: qparams has shape {qp.shape}, the table needs ({a.shape[0]}, 2)")
             return a, qp, INT8
         a = np.asarray(t)
-        if a.dtype == np.float32:
-            a = in_place(a, "float32 table")
+        if a.dtype in (np.float32, np.float16):
+            a = in_place(a, f"{a.dtype} table")
         a = np.ascontiguousarray(a)
         if a.ndim != 2:
             raise errors.ShapeError(f"table {i}: a table is 2-D [rows, dim], not {a.shape}")
@@ -378,10 +370,13 @@ class EmbeddingBag(Handle):
         or None: one id per bag), weights[t] (a float32 per id, in ids[t]'s shape, or None;
         ShapeError otherwise). Returns out ([batch, width] of out_dtype, made when not given: a
         torch tensor when torch tensors were given, else numpy; a given one may have a row
-        stride). CPU handles take host arrays and write float32. GPU handles take the index
-        arrays all on the host or all as CUDA tensors of the handle's device (checked on the
-        device; see the module docstring for check and stream), write float32, float16 or
-        bfloat16, and need torch (or a CUDA `out`) for the output."""
+        stride). out_dtype "float32", "float16" or "bfloat16" on every device, whatever the
+        tables' dtypes: pooled in float32, then rounded once to nearest even. CPU handles take
+        host arrays; a numpy bfloat16 output is a uint16 array of bit patterns (as bfloat16
+        tables are given), a torch one a bfloat16 tensor. GPU handles take the index arrays all
+        on the host or all as CUDA tensors of the handle's device (checked on the device; see
+        the module docstring for check and stream), and need torch (or a CUDA `out`) for the
+        output."""
         n = self.num_tables
         ids = list(ids)
         offs = [None] * n if offsets is None else list(offsets)
@@ -399,26 +394,26 @@ class EmbeddingBag(Handle):
         if self.device is not None:
             return self._forward_gpu(ids, offs, ws, out, odt, stream, check, use_torch, all(on_dev) and bool(given),
                                      self.threads if threads is None else _arrays.c_int(threads, "threads", 32))
-        if odt != F32:
-            raise errors.InvalidArgumentError(f"out_dtype {out_dtype!r}: the CPU writes float32")
         inputs, batch, keep = self._host_inputs(ids, offs, ws)
         result = None
         if out is None and use_torch:
-            result = _torch().empty((batch, self.width), dtype=_torch().float32)
+            result = _torch().empty((batch, self.width), dtype=getattr(_torch(), _TORCH_OUT[odt]))
             out = result
         if _dlpack.has_dlpack(out):
             result = out if result is None else result
-            out = _dlpack.View(out).array()
+            out = _dlpack.View(out).array()  # a bfloat16 tensor: its uint16 bit patterns
+        np_out = _NP_OUT[odt]
+        size = np_out.itemsize
         if out is None:
-            out = np.empty((batch, self.width), dtype=np.float32)
-        elif (out.dtype != np.float32 or out.ndim != 2 or out.shape != (batch, self.width) or not out.flags.writeable
-              or (out.size and ((self.width > 1 and out.strides[1] != 4)
-                                or (batch > 1 and (out.strides[0] % 4 or out.strides[0] < 4 * self.width))))):
-            raise errors.ShapeError(f"out must be a writeable float32 [{batch}, {self.width}] array with unit column "
-                                    f"stride, got {out.dtype} {out.shape}")
+            out = np.empty((batch, self.width), dtype=np_out)
+        elif (out.dtype != np_out or out.ndim != 2 or out.shape != (batch, self.width) or not out.flags.writeable
+              or (out.size and ((self.width > 1 and out.strides[1] != size)
+                                or (batch > 1 and (out.strides[0] % size or out.strides[0] < size * self.width))))):
+            raise errors.ShapeError(f"out must be a writeable {_NP_OUT_NAME[odt]} [{batch}, {self.width}] array with "
+                                    f"unit column stride, got {out.dtype} {out.shape}")
         q = new(EmbeddingBagBatch)
         q.batch, q.inputs, q.num_inputs = batch, inputs, n
-        q.out, q.ld_out, q.out_dtype = out.ctypes.data, out.strides[0] // 4 if batch > 1 else 0, F32
+        q.out, q.ld_out, q.out_dtype = out.ctypes.data, out.strides[0] // size if batch > 1 else 0, odt
         q.threads = self.threads if threads is None else _arrays.c_int(threads, "threads", 32)
         with self._use() as h:
             _lib.check(_lib.lib().flame_embedding_bag_forward(h, C.byref(q)))

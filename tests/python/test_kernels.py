@@ -16,6 +16,26 @@ def bf16_bits(x):
     return (np.asarray(x, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
+def bf16_value(bits):
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_nearest(x):
+    """bfloat16 bit patterns of float32 values rounded to nearest, ties to even: of the two
+    patterns around x (its top half, and the next one away from zero) the nearer in float64,
+    the even one on a tie (finite x; the next pattern past the largest finite one is infinity,
+    as IEEE 754's overflow has it: 2^128 for the distance)"""
+    x = np.asarray(x, dtype=np.float32)
+    lo = (x.view(np.uint32) >> 16).astype(np.uint16)
+    hi = lo + np.uint16(1)
+    a = np.abs(x.astype(np.float64))
+    vlo = np.abs(bf16_value(lo).astype(np.float64))
+    vhi = np.abs(bf16_value(hi).astype(np.float64))
+    vhi[(hi & 0x7fff) == 0x7f80] = 2.0 ** 128
+    take_hi = (vhi - a < a - vlo) | ((vhi - a == a - vlo) & (lo % 2 == 1))
+    return np.where(take_hi, hi, lo)
+
+
 def random_tables(n, same_dim=None):
     tables, values = [], []
     for _ in range(n):
@@ -70,17 +90,54 @@ def test_embedding_bag_against_reference(rep):
         ids.append(RNG.integers(0, v.shape[0], k).astype(np.int64))
         offsets.append(o)
         weights.append(RNG.uniform(-2, 2, k).astype(np.float32) if RNG.integers(3) == 0 else None)
-    half = [(isinstance(t, np.ndarray) and t.dtype == np.float16) or (isinstance(t, tuple) and isinstance(t[0], str))
-            for t in tables]
-    copy = bool(RNG.integers(2)) or (any(half) and not all(half))  # copy=False refuses that mix
+    copy = bool(RNG.integers(2))  # float16 and bfloat16 tables are borrowed in place too
     with fk.EmbeddingBag(tables, pooling=pools, combine=combine, copy=copy, threads=2) as bag:
         out = np.full((batch, bag.width + 3), np.nan, dtype=np.float32)
         got = bag(ids, offsets, weights, out=out[:, :bag.width])
+        # float16 and bfloat16 outputs: the float32 output rounded once, to nearest even
+        f16 = bag(ids, offsets, weights, out_dtype="float16")
+        b16 = np.full((batch, bag.width + 2), 0xffff, dtype=np.uint16)  # a NaN pattern
+        assert bag(ids, offsets, weights, out=b16[:, :bag.width], out_dtype="bfloat16") is not None
     want = reference_bag(values, pools, ids, offsets, weights, combine)
     assert got.shape == want.shape
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max(initial=0))))
     assert np.all(np.isnan(out[:, bag.width:]))  # the stride's gap is not written
+    assert f16.dtype == np.float16 and f16.shape == want.shape
+    np.testing.assert_array_equal(f16.view(np.uint16), got.astype(np.float16).view(np.uint16))  # numpy rounds to even
+    np.testing.assert_array_equal(b16[:, :bag.width], bf16_nearest(got))
+    assert np.all(b16[:, bag.width:] == 0xffff)
+    scale = max(1.0, float(np.abs(want).max(initial=0)))
+    np.testing.assert_allclose(f16.astype(np.float64), want, rtol=1e-3, atol=1e-3 * scale)
+    np.testing.assert_allclose(bf16_value(b16[:, :bag.width]).astype(np.float64), want, rtol=8e-3, atol=8e-3 * scale)
+
+
+def test_half_outputs_round_to_nearest_even():
+    """Chosen float32 values, each a bag of one id of a one-column table: float16 and bfloat16
+    outputs are them rounded to nearest with ties to even (the bits given here): ties, the
+    values beside them, the largest finite values and the ties past them (to infinity),
+    subnormals and the ties between them."""
+    cases = [  # float32 bits, float16 bits, bfloat16 bits
+        (0x3F801000, 0x3C00, 0x3F80), (0x3F803000, 0x3C02, 0x3F80), (0x3F801001, 0x3C01, 0x3F80),
+        (0x3F808000, 0x3C04, 0x3F80), (0x3F818000, 0x3C0C, 0x3F82), (0x3F808001, 0x3C04, 0x3F81),
+        (0x477FE000, 0x7BFF, 0x4780), (0x477FEFFF, 0x7BFF, 0x4780), (0x477FF000, 0x7C00, 0x4780),
+        (0xC77FF000, 0xFC00, 0xC780), (0x387FE000, 0x0400, 0x3880), (0x33000000, 0x0000, 0x3300),
+        (0x33000001, 0x0001, 0x3300), (0x33C00000, 0x0002, 0x33C0), (0x7F7F7FFF, 0x7C00, 0x7F7F),
+        (0x7F7F8000, 0x7C00, 0x7F80), (0x00018000, 0x0000, 0x0002), (0x80000001, 0x8000, 0x8000),
+    ]
+    table = np.array([[c[0]] for c in cases], dtype=np.uint32).view(np.float32)
+    with fk.EmbeddingBag([table], copy=False) as bag:
+        ids = np.arange(len(cases))
+        np.testing.assert_array_equal(bag([ids], out_dtype="float16").view(np.uint16)[:, 0], [c[1] for c in cases])
+        np.testing.assert_array_equal(bag([ids], out_dtype="bfloat16")[:, 0], [c[2] for c in cases])
+        out = np.zeros((len(cases), 1), np.float32)
+        with pytest.raises(flame.ShapeError, match=r"out must be a writeable float16 \[18, 1\] array"):
+            bag([ids], out=out, out_dtype="float16")
+        with pytest.raises(flame.ShapeError, match=r"uint16 \(bfloat16 bit patterns\)"):
+            bag([ids], out=out.view(np.float32).astype(np.float16), out_dtype="bfloat16")
+        with pytest.raises(flame.InvalidArgumentError, match="out_dtype 'int8' is not one of"):
+            bag([ids], out_dtype="int8")
+    np.testing.assert_array_equal(bf16_nearest(table[:, 0]), [c[2] for c in cases])  # the tests' reference too
 
 
 def test_embedding_bag_rejections_name_table_bag_value():
@@ -173,11 +230,28 @@ def test_embedding_bag_borrow_rules():
     q = np.zeros((8, 4), np.int8)
     with pytest.raises(flame.DTypeError, match="table 1: copy=False borrows the qparams in place: it must be float32"):
         fk.EmbeddingBag([t, (q, np.ones((8, 2)))], copy=False)
-    with pytest.raises(flame.DTypeError, match="copy=False: table 1 is float16"):
-        fk.EmbeddingBag([t, t.astype(np.float16)], copy=False)  # the float32 one would be copied too
+    with pytest.raises(flame.ShapeError, match="table 1: copy=False borrows the float16 table in place: it must "
+                                               "be C-contiguous"):
+        fk.EmbeddingBag([t, t.astype(np.float16)[:, ::2]], copy=False)
+    with pytest.raises(flame.ShapeError, match="table 0: copy=False borrows the bfloat16 table in place"):
+        fk.EmbeddingBag([("bfloat16", bf16_bits(t)[::2])], copy=False)
     with fk.EmbeddingBag([t], copy=False) as bag:  # writeable: updates land in the caller's array
         bag.update_rows(0, 3, [[7, 7, 7, 7]])  # numbers a float table can hold are converted
         assert t[3].tolist() == [7.0] * 4
+    # float16 and bfloat16 tables beside float32 ones are borrowed too: read and updated in place
+    h, b = t.astype(np.float16), bf16_bits(np.round(t * 64) / 64)
+    with fk.EmbeddingBag([t, h, ("bfloat16", b)], copy=False) as bag:
+        h[5] = 0.5
+        b[5] = bf16_bits(np.full(4, -2.0))
+        np.testing.assert_array_equal(bag([[5], [5], [5]]), [[*t[5], 0.5, 0.5, 0.5, 0.5, -2.0, -2.0, -2.0, -2.0]])
+        bag.update_rows(1, 2, [[1, 2, 3, 4]])
+        bag.update_rows(2, 2, bf16_bits(np.array([[1, 2, 3, 4]], np.float32)))
+        assert h[2].tolist() == [1, 2, 3, 4] and bf16_value(b[2]).tolist() == [1, 2, 3, 4]
+    hr = h.copy()
+    hr.flags.writeable = False
+    with fk.EmbeddingBag([hr], copy=False) as bag:  # a read-only float16 table is read, never written
+        with pytest.raises(flame.InvalidArgumentError, match="table 0 is borrowed read-only memory"):
+            bag.update_rows(0, 0, np.zeros((1, 4), np.float16))
     ro = t.copy()
     ro.flags.writeable = False
     with fk.EmbeddingBag([ro], copy=False) as bag:  # read-only memory (a read-only mmap, bytes) is read

@@ -253,6 +253,34 @@ def test_torch_cpu_embedding_bag_against_functional(mode):
         bag(bad, offsets=offs, weights=w)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_cpu_embedding_bag_half_tables_and_outputs(dtype):
+    """CPU tensors of float16 or bfloat16 borrowed in place (copy=False: a change to the tensor
+    shows in the next lookup), and outputs of that dtype: torch tensors holding the float32
+    output rounded by torch's own conversion (to nearest even), bit for bit."""
+    torch = _torch()
+    dt = getattr(torch, dtype)
+    tables = [torch.randn(80, 16).to(dt), torch.randn(40, 8)]
+    batch = 23
+    ids, offs = [], []
+    for t in tables:
+        o = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randint(0, 6, (batch,)).cumsum(0)])
+        ids.append(torch.randint(0, t.shape[0], (int(o[-1]),)))
+        offs.append(o)
+    bag = fk.EmbeddingBag(tables, pooling="mean", copy=False)
+    f32 = bag(ids, offsets=offs)
+    assert f32.dtype == torch.float32
+    want = torch.cat([torch.nn.functional.embedding_bag(i, t.double(), o, mode="mean", include_last_offset=True)
+                      for t, i, o in zip(tables, ids, offs)], 1)
+    torch.testing.assert_close(f32.double(), want, rtol=1e-5, atol=1e-5)
+    half = bag(ids, offsets=offs, out_dtype=dtype)
+    assert half.dtype == dt and half.shape == (batch, 24)
+    assert torch.equal(half.view(torch.int16), f32.to(dt).view(torch.int16))
+    tables[0].zero_()  # borrowed: the next lookup reads the tensor as it is now
+    again = bag(ids, offsets=offs)
+    assert torch.equal(again[:, :16], torch.zeros(batch, 16)) and torch.equal(again[:, 16:], f32[:, 16:])
+
+
 @pytest.mark.parametrize("mask", ["sumi", "causal", "none"])
 def test_torch_cpu_attention_against_masked_sdpa(mask):
     torch = _torch()
