@@ -1,16 +1,20 @@
 /* cpu-embedding-bench: the CPU table-batched embedding bag (src/cpu/embedding.c) on float32
- * tables and on int8 row-wise quantized tables (docs/model-format.md, "int8 tables").
+ * tables, on fp16 and bf16 tables (widened to float32 as they are read, src/cpu/half.c) and on
+ * int8 row-wise quantized tables (docs/model-format.md, "int8 tables").
  *
- *   bench/cpu-embedding-bench [--json] [--reps N] [--rows R]
+ *   bench/cpu-embedding-bench [--json] [--reps N] [--rows R] [--dtypes fp32,fp16,bf16,int8]
  *
  * Cases: T4 tables x R rows (250000 by default: 1 GB of float32 rows at D256, far beyond the
  * caches), B2048 bags per table of P20 uniform ids, sum pooling, one call for all tables,
  * output [B, T*D] float32 (concatenated, as FBGEMM TBE lays it out); D 64, 128, 256, each
- * with float32 and int8 tables. One thread (the kernel is single-threaded; the engine calls
- * it once per request part). Each time is the median over --reps calls, each on another id
- * set, float32 and int8 calls alternating (a shared machine's load hits both alike). GB/s = bytes of the rows read (int8: the values plus the 8-byte (scale, bias) of each
- * row) / time; lookups/s = ids / time. Before timing, every case is checked against a float64
- * reference on every bag of one call. */
+ * with float32, fp16, bf16 and int8 tables (half the rows' bytes of float32 for fp16 and bf16,
+ * a quarter for int8). One thread (the kernel is single-threaded; the engine calls it once per
+ * request part). Each time is the median over --reps calls, each on another id set, the calls
+ * of the dtypes alternating (a shared machine's load hits all alike; --dtypes picks some, in
+ * this order, e.g. fp32,int8 for the alternation of the runs before fp16 and bf16 existed). GB/s = bytes of the
+ * rows read (int8: the values plus the 8-byte (scale, bias) of each row) / time; lookups/s =
+ * ids / time. Before timing, every case is checked against a float64 reference on every bag of
+ * one call. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,25 +54,42 @@ typedef struct result {
 } result;
 
 enum { T = 4, B = 2048, P = 20, SETS = 4 };
+enum { FP32 = 0, FP16 = 1, BF16 = 2, INT8 = 3, KINDS = 4 };
+static const char *const kind_name[KINDS] = {"fp32", "fp16", "bf16", "int8"};
 
 /* One case's tables, id sets and output. */
 typedef struct bench_case {
-    int q8, D;
+    int kind, D;
     int64_t rows;
     float *ftab[T], *qp[T], *out;
     int8_t *qtab[T];
+    uint16_t *htab[T];
     int64_t *off, *ids[SETS][T];
     fl_emb_feature fe[SETS][T];
     double *t;
 } bench_case;
 
-static void setup_case(bench_case *c, int q8, int D, int64_t rows, int reps)
+/* The float32 value of element i of a half table (widened exactly). */
+static double half_at(const bench_case *c, int f, size_t i)
+{
+    float v = 0.0f;
+    fl_cpu_add_row_half(&v, c->htab[f] + i, 1, 1.0f, c->kind == BF16 ? FL_HALF_BF16 : FL_HALF_F16);
+    return v;
+}
+
+static void setup_case(bench_case *c, int kind, int D, int64_t rows, int reps)
 {
     memset(c, 0, sizeof *c);
-    c->q8 = q8, c->D = D, c->rows = rows;
+    c->kind = kind, c->D = D, c->rows = rows;
     const size_t n = (size_t)rows * D;
     for (int f = 0; f < T; f++) {
-        if (q8) {
+        if (kind == FP16 || kind == BF16) { /* uniform float32 values rounded to the format */
+            float *v = malloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) v[i] = (float)((next_u64() >> 40) * (2.0 / 16777216.0) - 1.0);
+            c->htab[f] = malloc(n * sizeof(uint16_t));
+            fl_cpu_round_half(c->htab[f], v, (int64_t)n, kind == BF16 ? FL_HALF_BF16 : FL_HALF_F16);
+            free(v);
+        } else if (kind == INT8) {
             c->qtab[f] = malloc(n);
             c->qp[f] = malloc((size_t)rows * 2 * sizeof(float));
             for (size_t i = 0; i < n; i++) c->qtab[f][i] = (int8_t)(next_u64() & 255);
@@ -89,7 +110,8 @@ static void setup_case(bench_case *c, int q8, int D, int64_t rows, int reps)
             for (int i = 0; i < B * P; i++) c->ids[s][f][i] = (int64_t)(next_u64() % (uint64_t)rows);
             c->fe[s][f] = (fl_emb_feature){.table = c->ftab[f], .rows = rows, .dim = D, .pooling = FL_KPOOL_SUM,
                                            .offsets = c->off, .ids = c->ids[s][f], .out_col = f * D,
-                                           .table_q8 = c->qtab[f], .qparams = c->qp[f]};
+                                           .table_q8 = c->qtab[f], .qparams = c->qp[f], .table_h16 = c->htab[f],
+                                           .h16_kind = kind == BF16 ? FL_HALF_BF16 : FL_HALF_F16};
         }
     c->out = malloc((size_t)B * T * D * sizeof(float));
     c->t = malloc((size_t)reps * sizeof(double));
@@ -108,8 +130,9 @@ static double check_case(bench_case *c)
                 double want = 0;
                 for (int p = 0; p < P; p++) {
                     const int64_t id = c->ids[0][f][b * P + p];
-                    want += c->q8 ? (double)c->qp[f][2 * id] * c->qtab[f][id * D + j] + c->qp[f][2 * id + 1]
-                                  : (double)c->ftab[f][id * D + j];
+                    want += c->kind == INT8   ? (double)c->qp[f][2 * id] * c->qtab[f][id * D + j] + c->qp[f][2 * id + 1]
+                            : c->kind == FP32 ? (double)c->ftab[f][id * D + j]
+                                              : half_at(c, f, (size_t)(id * D + j));
                 }
                 const double got = c->out[(size_t)b * W + f * D + j];
                 if (isnan(got)) num = INFINITY;
@@ -129,12 +152,12 @@ static void time_call(bench_case *c, int i)
 
 static result finish_case(bench_case *c, int reps, double err)
 {
-    result r = {c->q8 ? "int8" : "fp32", c->D, 0, 0, 0, err, err < 1e-5};
+    result r = {kind_name[c->kind], c->D, 0, 0, 0, err, err < 1e-5};
     qsort(c->t, (size_t)reps, sizeof *c->t, cmp_double);
     const double sec = reps % 2 ? c->t[reps / 2] : 0.5 * (c->t[reps / 2 - 1] + c->t[reps / 2]);
     const double lookups = (double)T * B * P;
     r.us = sec * 1e6;
-    r.gbps = lookups * (c->q8 ? c->D + 8.0 : 4.0 * c->D) / sec / 1e9;
+    r.gbps = lookups * (c->kind == INT8 ? c->D + 8.0 : c->kind == FP32 ? 4.0 * c->D : 2.0 * c->D) / sec / 1e9;
     r.mlookups = lookups / sec / 1e6;
     free(c->t);
     free(c->out);
@@ -145,6 +168,7 @@ static result finish_case(bench_case *c, int reps, double err)
         free(c->ftab[f]);
         free(c->qtab[f]);
         free(c->qp[f]);
+        free(c->htab[f]);
     }
     return r;
 }
@@ -153,6 +177,7 @@ int main(int argc, char **argv)
 {
     int json = 0, reps = 15;
     int64_t rows = 250000;
+    bool use[KINDS] = {true, true, true, true};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
@@ -160,8 +185,21 @@ int main(int argc, char **argv)
             { long long v_; if (!cli_int("cpu-embedding-bench", "--reps", argv[++i], 1, 1000000, &v_)) return 2; reps = (int)v_; }
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc)
             { long long v_; if (!cli_int("cpu-embedding-bench", "--rows", argv[++i], 1, 1LL << 31, &v_)) return 2; rows = (int64_t)v_; }
-        else {
-            fprintf(stderr, "usage: cpu-embedding-bench [--json] [--reps N] [--rows R]\n");
+        else if (!strcmp(argv[i], "--dtypes") && i + 1 < argc) {
+            char list[64];
+            snprintf(list, sizeof list, "%s", argv[++i]);
+            memset(use, 0, sizeof use);
+            for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+                int k = 0;
+                while (k < KINDS && strcmp(tok, kind_name[k])) k++;
+                if (k == KINDS) {
+                    fprintf(stderr, "cpu-embedding-bench: --dtypes: %s is none of fp32, fp16, bf16, int8\n", tok);
+                    return 2;
+                }
+                use[k] = true;
+            }
+        } else {
+            fprintf(stderr, "usage: cpu-embedding-bench [--json] [--reps N] [--rows R] [--dtypes fp32,fp16,bf16,int8]\n");
             return 2;
         }
     }
@@ -170,19 +208,22 @@ int main(int argc, char **argv)
         return 2;
     }
     static const int dims[] = {64, 128, 256};
-    result res[6];
+    result res[3 * KINDS];
     int k = 0, all_ok = 1;
-    for (int d = 0; d < 3; d++) { /* float32 and int8 calls alternate, so both see the same machine */
-        bench_case c[2];
-        double err[2];
-        for (int q8 = 0; q8 < 2; q8++) {
-            setup_case(&c[q8], q8, dims[d], rows, reps);
-            err[q8] = check_case(&c[q8]);
+    for (int d = 0; d < 3; d++) { /* the dtypes' calls alternate, so all see the same machine */
+        bench_case c[KINDS];
+        double err[KINDS];
+        for (int kind = 0; kind < KINDS; kind++) {
+            if (!use[kind]) continue;
+            setup_case(&c[kind], kind, dims[d], rows, reps);
+            err[kind] = check_case(&c[kind]);
         }
         for (int i = 0; i < reps; i++)
-            for (int q8 = 0; q8 < 2; q8++) time_call(&c[q8], i);
-        for (int q8 = 0; q8 < 2; q8++) {
-            res[k] = finish_case(&c[q8], reps, err[q8]);
+            for (int kind = 0; kind < KINDS; kind++)
+                if (use[kind]) time_call(&c[kind], i);
+        for (int kind = 0; kind < KINDS; kind++) {
+            if (!use[kind]) continue;
+            res[k] = finish_case(&c[kind], reps, err[kind]);
             all_ok = all_ok && res[k].ok;
             k++;
         }

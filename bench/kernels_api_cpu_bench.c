@@ -10,9 +10,15 @@
  *     against fl_cpu_embedding_bag over the same tables, ids and output.
  *   sumi_attn_b8_l256_m64_h4_dh32_f32: flame_sumi_attention against fl_cpu_attention_sumi
  *     called per sequence.
- * Each time is the median over --reps calls; public and direct calls alternate, so a shared
- * machine's load hits both alike. Outputs of both are compared (they must be bitwise equal:
- * the same kernel on the same inputs). */
+ *   tbe_..._f16, tbe_..._bf16: the first case's tables rounded to fp16 / bf16 and borrowed
+ *     (half their bytes), pooled straight from them; against fl_cpu_embedding_bag on the same
+ *     16-bit tables. The float32 output of both must be bitwise equal.
+ *   tbe_..._f32_out_f16, tbe_..._f32_out_bf16: the first case's float32 tables with an fp16 /
+ *     bf16 output; against the same call with a float32 output (the ratio is the cost of the
+ *     rounding pass). The output must be the float32 output rounded (fl_cpu_round_half).
+ * Each time is the median over --reps calls; public and direct (or peer) calls alternate, so
+ * a shared machine's load hits both alike. Outputs of both are compared (they must be bitwise
+ * equal: the same kernel on the same inputs). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,17 +142,87 @@ int main(int argc, char **argv)
     }
     const int attn_equal = !memcmp(a1, a2, (size_t)rows * W * sizeof(float));
     const double attn_api = median(ta, reps) * 1e6, attn_direct = median(tb, reps) * 1e6;
-    if (json)
+
+    /* 16-bit tables (borrowed, pooled from their rows), then 16-bit outputs of the float32 tables */
+    const char *const half_name[2] = {"f16", "bf16"};
+    double half_tab_api[2], half_tab_direct[2], half_out_api[2], half_out_f32[2];
+    int half_equal = 1;
+    uint16_t *htab = malloc((size_t)T * R * D * sizeof(uint16_t)), *ho = malloc((size_t)B * T * D * sizeof(uint16_t));
+    uint16_t *hr = malloc((size_t)B * T * D * sizeof(uint16_t));
+    for (int k = 0; k < 2; k++) {
+        const fl_half_kind kind = k ? FL_HALF_BF16 : FL_HALF_F16;
+        fl_cpu_round_half(htab, tab, (int64_t)T * R * D, kind);
+        for (int f = 0; f < T; f++) {
+            t[f].dtype = k ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F16;
+            t[f].data = htab + (size_t)f * R * D;
+            fe[f].table = NULL;
+            fe[f].table_h16 = htab + (size_t)f * R * D;
+            fe[f].h16_kind = kind;
+        }
+        CHECK(flame_embedding_bag_create(&p, &bag));
+        q.out = o1;
+        for (int r = 0; r < reps; r++) {
+            double t0 = now();
+            CHECK(flame_embedding_bag_forward(bag, &q));
+            ta[r] = now() - t0;
+            t0 = now();
+            fl_cpu_embedding_bag(fe, T, B, o2, T * D, T * D);
+            tb[r] = now() - t0;
+        }
+        half_equal = half_equal && !memcmp(o1, o2, (size_t)B * T * D * sizeof(float));
+        half_tab_api[k] = median(ta, reps) * 1e6, half_tab_direct[k] = median(tb, reps) * 1e6;
+        flame_embedding_bag_destroy(bag);
+    }
+    for (int f = 0; f < T; f++) {
+        t[f].dtype = FLAME_DTYPE_F32;
+        t[f].data = tab + (size_t)f * R * D;
+    }
+    CHECK(flame_embedding_bag_create(&p, &bag));
+    for (int k = 0; k < 2; k++) {
+        for (int r = 0; r < reps; r++) {
+            q.out = ho;
+            q.out_dtype = k ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F16;
+            double t0 = now();
+            CHECK(flame_embedding_bag_forward(bag, &q));
+            ta[r] = now() - t0;
+            q.out = o1;
+            q.out_dtype = FLAME_DTYPE_F32;
+            t0 = now();
+            CHECK(flame_embedding_bag_forward(bag, &q));
+            tb[r] = now() - t0;
+        }
+        fl_cpu_round_half(hr, o1, (int64_t)B * T * D, k ? FL_HALF_BF16 : FL_HALF_F16);
+        half_equal = half_equal && !memcmp(ho, hr, (size_t)B * T * D * sizeof(uint16_t));
+        half_out_api[k] = median(ta, reps) * 1e6, half_out_f32[k] = median(tb, reps) * 1e6;
+    }
+    flame_embedding_bag_destroy(bag);
+    const int all_equal = tbe_equal && attn_equal && half_equal;
+    if (json) {
         printf("{\"reps\":%d,\"rows_per_table\":%lld,\"api_cpu_tbe_T4_B2048_P20_D128_f32_us\":%.1f,"
                "\"direct_cpu_tbe_T4_B2048_P20_D128_f32_us\":%.1f,\"api_cpu_sumi_attn_b8_l256_m64_h4_dh32_us\":%.1f,"
-               "\"direct_cpu_sumi_attn_b8_l256_m64_h4_dh32_us\":%.1f,\"bitwise_equal\":%s}\n",
-               reps, (long long)R, tbe_api, tbe_direct, attn_api, attn_direct, tbe_equal && attn_equal ? "true" : "false");
-    else {
+               "\"direct_cpu_sumi_attn_b8_l256_m64_h4_dh32_us\":%.1f,",
+               reps, (long long)R, tbe_api, tbe_direct, attn_api, attn_direct);
+        for (int k = 0; k < 2; k++)
+            printf("\"api_cpu_tbe_T4_B2048_P20_D128_%s_us\":%.1f,\"direct_cpu_tbe_T4_B2048_P20_D128_%s_us\":%.1f,"
+                   "\"api_cpu_tbe_T4_B2048_P20_D128_f32_out_%s_us\":%.1f,\"api_cpu_tbe_T4_B2048_P20_D128_f32_out_f32_"
+                   "beside_%s_us\":%.1f,",
+                   half_name[k], half_tab_api[k], half_name[k], half_tab_direct[k], half_name[k], half_out_api[k],
+                   half_name[k], half_out_f32[k]);
+        printf("\"bitwise_equal\":%s}\n", all_equal ? "true" : "false");
+    } else {
         printf("median of %d, one thread; %lld rows per table\n", reps, (long long)R);
         printf("TBE T4 B2048 P20 D128 f32    public %9.1f us  direct %9.1f us  public/direct %.3f  %s\n", tbe_api,
                tbe_direct, tbe_api / tbe_direct, tbe_equal ? "bitwise equal" : "OUTPUTS DIFFER");
         printf("SUMI attn B8 L256 M64 H4 dh32 public %9.1f us  direct %9.1f us  public/direct %.3f  %s\n", attn_api,
                attn_direct, attn_api / attn_direct, attn_equal ? "bitwise equal" : "OUTPUTS DIFFER");
+        for (int k = 0; k < 2; k++)
+            printf("TBE T4 B2048 P20 D128 %-4s   public %9.1f us  direct %9.1f us  public/direct %.3f  (borrowed %s "
+                   "tables)\n",
+                   half_name[k], half_tab_api[k], half_tab_direct[k], half_tab_api[k] / half_tab_direct[k], half_name[k]);
+        for (int k = 0; k < 2; k++)
+            printf("TBE ... f32 tables, %-4s out %9.1f us  f32 out %9.1f us  ratio %.3f\n", half_name[k],
+                   half_out_api[k], half_out_f32[k], half_out_api[k] / half_out_f32[k]);
+        printf("16-bit cases: %s\n", half_equal ? "bitwise equal" : "OUTPUTS DIFFER");
     }
-    return tbe_equal && attn_equal ? 0 : 1;
+    return all_equal ? 0 : 1;
 }
