@@ -237,13 +237,14 @@ static int no_space(void)
 
 static ino_t made_again; /* the inode of the object another process made under the name */
 
-static ino_t inode_of_name(void)
+/* What the name names now (its object's inode and size), as /dev/shm shows it. */
+static struct stat stat_of_name(void)
 {
     struct stat sb;
     char path[128];
     snprintf(path, sizeof path, "/dev/shm%s", name);
     assert_int_equal(stat(path, &sb), 0);
-    return sb.st_ino;
+    return sb;
 }
 
 /* Inside a creation, before its reservation fails: an operator unlinks the name and another
@@ -259,7 +260,7 @@ static int name_made_again_then_no_space(void)
     }
     int status = -1;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return EIO;
-    made_again = inode_of_name();
+    made_again = stat_of_name().st_ino;
     return ENOSPC;
 }
 
@@ -274,7 +275,7 @@ static void test_failed_creation_leaves_a_name_made_again(void **state)
                       "cannot reserve");
     assert_null(c);
     c = open_cache(FLAME_USER_CACHE_ATTACH, &theirs);
-    assert_int_equal(inode_of_name(), made_again);
+    assert_int_equal(stat_of_name().st_ino, made_again);
     assert_put_then_get(c, 3, 4, &theirs);
     flame_user_cache_destroy(c);
 }
@@ -568,15 +569,6 @@ static void test_other_layout_without_ready(void **state)
 }
 
 /* ---- CREATE_OR_ATTACH takes over a table whose creator died before it was ready */
-static off_t size_of_name(void)
-{
-    struct stat sb;
-    char path[128];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
-    assert_int_equal(stat(path, &sb), 0);
-    return sb.st_size;
-}
-
 /* Fills the object from `from` to its end with `byte`: bytes that are not zero, as a creator
  * killed half way through initialising the buckets of its layout leaves. */
 static void fill_object(off_t from, int byte)
@@ -603,7 +595,7 @@ static void assert_fresh_table(flame_user_cache *c, const flame_user_cache_param
     assert_int_equal(got.max_ids, p->max_ids);
     assert_int_equal(got.max_dense, p->max_dense);
     flame_user_cache_stats s = stats_of(c);
-    assert_int_equal(size_of_name(), (off_t)s.table_bytes);
+    assert_int_equal(stat_of_name().st_size, (off_t)s.table_bytes);
     assert_int_equal(s.records, 0);
     assert_int_equal(s.puts + s.evictions + s.recoveries, 0);
     for (int64_t u = 0; u < 50; u++) { /* nothing the dead creator left reads as a record */
@@ -683,7 +675,7 @@ static void test_create_or_attach_takes_over_nothing_else(void **state)
         assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &p, &c), FLAME_ERR_FORMAT,
                           "is not a libflame user cache");
         assert_null(c);
-        assert_int_equal(size_of_name(), (off_t)sizes[k]);
+        assert_int_equal(stat_of_name().st_size, (off_t)sizes[k]);
         assert_int_equal(pread(fd, back, sizes[k], 0), (ssize_t)sizes[k]);
         assert_memory_equal(back, junk, sizes[k]);
         close(fd);
@@ -692,7 +684,7 @@ static void test_create_or_attach_takes_over_nothing_else(void **state)
     /* another layout version, not ready: unfinished or not, it is not ours to rewrite */
     c = open_cache(FLAME_USER_CACHE_CREATE, &p);
     assert_put_then_get(c, 3, 6, &p);
-    const off_t size = size_of_name();
+    const off_t size = stat_of_name().st_size;
     flame_user_cache_destroy(c);
     poke_u32(offsetof(fl_uc_header, ready), 0);
     poke_u32(offsetof(fl_uc_header, layout_version), 0);
@@ -700,7 +692,7 @@ static void test_create_or_attach_takes_over_nothing_else(void **state)
     assert_status_msg(flame_user_cache_open(name, FLAME_USER_CACHE_CREATE_OR_ATTACH, &other, &c), FLAME_ERR_FORMAT,
                       "has layout version 0; this libflame reads version 2");
     assert_null(c);
-    assert_int_equal(size_of_name(), size);
+    assert_int_equal(stat_of_name().st_size, size);
     /* put back as it was, it holds its record: nothing was written */
     poke_u32(offsetof(fl_uc_header, layout_version), FL_UC_LAYOUT_VERSION);
     poke_u32(offsetof(fl_uc_header, ready), FL_UC_READY);
@@ -913,7 +905,7 @@ static void test_create_or_attach_while_unlinked(void **state)
     assert_int_equal(atomic_load(&unlinks_before_lock), 0);
     struct stat mine;
     assert_int_equal(fstat(c->fd, &mine), 0);
-    assert_true(mine.st_nlink == 1 && mine.st_ino == inode_of_name());
+    assert_true(mine.st_nlink == 1 && mine.st_ino == stat_of_name().st_ino);
     assert_put_then_get(c, 12, 3, &p);
     flame_user_cache_destroy(c);
 }
