@@ -10,6 +10,9 @@
  * version gives the same bits. */
 #include <stdatomic.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 #include "cpu/kernels.h"
 
@@ -253,8 +256,10 @@ static bool have_f16c(void)
     int f = atomic_load_explicit(&f16c_cache, memory_order_relaxed);
     if (f < 0) {
 #if defined(__x86_64__) && defined(__GNUC__)
-        __builtin_cpu_init();
-        f = __builtin_cpu_supports("f16c") ? 1 : 0;
+        /* CPUID leaf 1, ECX bit 29 (cpuid.h's bit_F16C): __builtin_cpu_supports has no "f16c"
+         * in older clang; the OS's saving of the AVX state is the AVX2 level's check */
+        unsigned a, b, c, d;
+        f = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) ? 1 : 0;
 #else
         f = 0;
 #endif
