@@ -151,13 +151,6 @@ __attribute__((target("avx2,fma"))) static void dot_rows_256(const float *h, int
 }
 #endif
 
-static fl_cpu_isa dot_isa(void)
-{
-    static int isa = -1; /* a race here writes the same value */
-    if (isa < 0) isa = (int)fl_cpu_isa_detect();
-    return (fl_cpu_isa)isa;
-}
-
 void fl_cpu_dot_rows_isa(fl_cpu_isa isa, const float *h, int32_t d, const float *table, const int64_t *ids,
                          int64_t first, int64_t n, float *out, int64_t stride)
 {
@@ -178,7 +171,7 @@ void fl_cpu_dot_rows_isa(fl_cpu_isa isa, const float *h, int32_t d, const float 
 void fl_cpu_dot_rows(const float *h, int32_t d, const float *table, const int64_t *ids, int64_t first, int64_t n,
                      float *out, int64_t stride)
 {
-    fl_cpu_dot_rows_isa(dot_isa(), h, d, table, ids, first, n, out, stride);
+    fl_cpu_dot_rows_isa(fl_cpu_isa_detect(), h, d, table, ids, first, n, out, stride);
 }
 
 /* Rows per thread below which splitting costs more than it saves. */

@@ -8,11 +8,7 @@
  * float32 row's (one product, one sum, unfused), and the rounding is exact integer arithmetic
  * or vcvtps2ph with its rounding given in the instruction (the MXCSR's mode is not read): every
  * version gives the same bits. */
-#include <stdatomic.h>
 #include <string.h>
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#endif
 
 #include "cpu/kernels.h"
 
@@ -84,6 +80,16 @@ static void add_row_f16_base(float *restrict dst, const uint16_t *restrict src, 
 static void add_row_bf16_base(float *restrict dst, const uint16_t *restrict src, int32_t n, float w)
 {
     for (int32_t j = 0; j < n; j++) dst[j] += w * bf16_value(src[j]);
+}
+
+void fl_cpu_widen_half(float *dst, const void *src, int64_t n, fl_half_kind kind)
+{
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, sizeof h);
+        dst[i] = kind == FL_HALF_BF16 ? bf16_value(h) : f16_value(h);
+    }
 }
 
 static void round_f16_base(uint16_t *restrict dst, const float *restrict src, int64_t n)
@@ -237,37 +243,6 @@ ROUND_256(T256H, round_f16_256, round8_f16)
 ROUND_256(T256, round_bf16_256, round8_bf16)
 #endif
 
-/* The CPU's widest set, and whether it has F16C (read once; relaxed atomics, so concurrent
- * first calls race on nothing). -1: not read yet. */
-static _Atomic int half_isa_cache = -1, f16c_cache = -1;
-
-static fl_cpu_isa half_isa(void)
-{
-    int isa = atomic_load_explicit(&half_isa_cache, memory_order_relaxed);
-    if (isa < 0) {
-        isa = (int)fl_cpu_isa_detect();
-        atomic_store_explicit(&half_isa_cache, isa, memory_order_relaxed);
-    }
-    return (fl_cpu_isa)isa;
-}
-
-static bool have_f16c(void)
-{
-    int f = atomic_load_explicit(&f16c_cache, memory_order_relaxed);
-    if (f < 0) {
-#if defined(__x86_64__) && defined(__GNUC__)
-        /* CPUID leaf 1, ECX bit 29 (cpuid.h's bit_F16C): __builtin_cpu_supports has no "f16c"
-         * in older clang; the OS's saving of the AVX state is the AVX2 level's check */
-        unsigned a, b, c, d;
-        f = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) ? 1 : 0;
-#else
-        f = 0;
-#endif
-        atomic_store_explicit(&f16c_cache, f, memory_order_relaxed);
-    }
-    return f == 1;
-}
-
 void fl_cpu_add_row_half_isa(fl_cpu_isa isa, float *dst, const uint16_t *src, int32_t n, float w, fl_half_kind kind)
 {
     const bool bf16 = kind == FL_HALF_BF16;
@@ -276,7 +251,7 @@ void fl_cpu_add_row_half_isa(fl_cpu_isa isa, float *dst, const uint16_t *src, in
         (bf16 ? add_row_bf16_512 : add_row_f16_512)(dst, src, n, w);
         return;
     }
-    if (isa == FL_ISA_AVX2 && (bf16 || have_f16c())) {
+    if (isa == FL_ISA_AVX2 && (bf16 || fl_cpu_has_f16c())) {
         (bf16 ? add_row_bf16_256 : add_row_f16_256)(dst, src, n, w);
         return;
     }
@@ -286,7 +261,7 @@ void fl_cpu_add_row_half_isa(fl_cpu_isa isa, float *dst, const uint16_t *src, in
 
 void fl_cpu_add_row_half(float *dst, const uint16_t *src, int32_t n, float w, fl_half_kind kind)
 {
-    fl_cpu_add_row_half_isa(half_isa(), dst, src, n, w, kind);
+    fl_cpu_add_row_half_isa(fl_cpu_isa_detect(), dst, src, n, w, kind);
 }
 
 void fl_cpu_round_half_isa(fl_cpu_isa isa, uint16_t *dst, const float *src, int64_t n, fl_half_kind kind)
@@ -297,7 +272,7 @@ void fl_cpu_round_half_isa(fl_cpu_isa isa, uint16_t *dst, const float *src, int6
         (bf16 ? round_bf16_512 : round_f16_512)(dst, src, n);
         return;
     }
-    if (isa == FL_ISA_AVX2 && (bf16 || have_f16c())) {
+    if (isa == FL_ISA_AVX2 && (bf16 || fl_cpu_has_f16c())) {
         (bf16 ? round_bf16_256 : round_f16_256)(dst, src, n);
         return;
     }
@@ -307,5 +282,5 @@ void fl_cpu_round_half_isa(fl_cpu_isa isa, uint16_t *dst, const float *src, int6
 
 void fl_cpu_round_half(uint16_t *dst, const float *src, int64_t n, fl_half_kind kind)
 {
-    fl_cpu_round_half_isa(half_isa(), dst, src, n, kind);
+    fl_cpu_round_half_isa(fl_cpu_isa_detect(), dst, src, n, kind);
 }

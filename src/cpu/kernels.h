@@ -10,8 +10,12 @@ typedef enum fl_pooling_kind { FL_KPOOL_SUM = 0, FL_KPOOL_MEAN = 1 } fl_pooling_
 typedef enum fl_act_kind { FL_KACT_NONE = 0, FL_KACT_GELU_ERF, FL_KACT_GELU_TANH, FL_KACT_RELU } fl_act_kind;
 /* Vector instruction sets of the own kernels, chosen from the CPU's feature bits. */
 typedef enum fl_cpu_isa { FL_ISA_BASE = 0, FL_ISA_AVX2 = 1, FL_ISA_AVX512 = 2 } fl_cpu_isa;
-/* The widest set this CPU and operating system run: AVX-512F, else AVX2 with FMA, else base. */
+/* The widest set this CPU and operating system run: AVX-512F, else AVX2 with FMA, else base
+ * (read once, then cached). */
 fl_cpu_isa fl_cpu_isa_detect(void);
+/* Whether the CPU converts fp16 in vector registers (F16C), which the AVX2 level does not
+ * imply (read once, then cached). */
+bool fl_cpu_has_f16c(void);
 const char *fl_cpu_isa_name(fl_cpu_isa isa);
 
 
@@ -53,6 +57,10 @@ void fl_cpu_add_row_half(float *dst, const uint16_t *src, int32_t n, float w, fl
  * the base code on a CPU without F16C). */
 void fl_cpu_add_row_half_isa(fl_cpu_isa isa, float *dst, const uint16_t *src, int32_t n, float w,
                              fl_half_kind kind);
+
+/* dst[i] = src[i] widened exactly to float32 (the values fl_cpu_add_row_half adds); src is n
+ * 16-bit patterns at any address (a mapped file's bytes). */
+void fl_cpu_widen_half(float *dst, const void *src, int64_t n, fl_half_kind kind);
 
 /* dst[i] = src[i] rounded to fp16 or bf16, to nearest with ties to even (IEEE 754
  * roundTiesToEven, whatever the floating-point environment): subnormal results are kept, a

@@ -10,30 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cpu/kernels.h"
 #include "model/model.h"
 #include "model/safetensors.h"
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13); /* inf / nan */
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: renormalize */
-        int e = -1;
-        do {
-            man <<= 1;
-            e++;
-        } while (!(man & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 /* FLAME_ERR_FORMAT naming the tensor and the first NaN or Inf among its float32 values: one
  * such weight makes every score NaN. The blocks are scanned branch-free (vectorized); only a
@@ -72,20 +51,10 @@ static flame_status convert(struct flame_model *m, const fl_st_file *f, const fl
     if (!dst) return fl_error(FLAME_ERR_NOMEM, "out of memory converting tensor '%s' (%llu floats)", t->name,
                               (unsigned long long)count);
     const uint8_t *src = f->data + t->begin;
-    for (uint64_t i = 0; i < count; i++) {
-        if (t->dtype == FL_DTYPE_F32) {
-            memcpy(&dst[i], src + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            if (t->dtype == FL_DTYPE_BF16) {
-                uint32_t bits = (uint32_t)h << 16;
-                memcpy(&dst[i], &bits, 4);
-            } else {
-                dst[i] = f16_to_f32(h);
-            }
-        }
-    }
+    if (t->dtype == FL_DTYPE_F32)
+        memcpy(dst, src, count * sizeof(float));
+    else
+        fl_cpu_widen_half(dst, src, (int64_t)count, t->dtype == FL_DTYPE_BF16 ? FL_HALF_BF16 : FL_HALF_F16);
     flame_status st = fl_model_own(m, dst);
     if (!st) st = check_finite(t, dst, count);
     if (st) return st;
