@@ -246,10 +246,8 @@ def dot_user_state(model, history, lengths):
     valid = slot[None, :] >= (L - lengths)[:, None]
     x = model._embed(history.masked_fill(~valid, 0), None)
     rule = cfg["position"]["rule"]
-    if rule == "from_oldest":  # row i for each history's i-th oldest item (it depends on the length)
-        x = x + model.position((slot[None, :] - (L - lengths)[:, None]).clamp(min=0))
-    elif rule != "none":
-        x = x + model.position(ml - L + slot if rule == "left_padded_slot" else L - 1 - slot)
+    if rule != "none":
+        x = x + model.history_positions(L, lengths)
     i, j = slot[:, None], slot[None, :]
     mask = ((j <= i)[None] & valid[:, None, :]) | (i == j)[None]
     if cfg["input_layernorm"]:

@@ -316,11 +316,8 @@ class FlameModel(nn.Module):
         valid = slot[None, :] >= (L - lengths)[:, None]  # [B, L]
         x = self._embed(history.masked_fill(~valid, 0), history_side)
         rule = cfg["position"]["rule"]
-        if rule == "from_oldest":  # item i of n_b gets row i: slot s - (L - n_b), whatever n_b is
-            x = x + self.position((slot[None, :] - (L - lengths)[:, None]).clamp(min=0))
-        elif rule != "none":
-            # history item i of n sits in slot s = L - n + i of the window
-            x = x + self.position(ml - L + slot if rule == "left_padded_slot" else L - 1 - slot)
+        if rule != "none":
+            x = x + self.history_positions(L, lengths)
         if self.sumi:
             c = self._embed(candidates, self._check_side(candidate_side, "candidate_side"))
             cp = cfg["position"].get("candidate_position", -1)
@@ -354,6 +351,16 @@ class FlameModel(nn.Module):
         h = h * (lengths > 0)[:, None].to(h.dtype)  # no history, no user state: scores 0
         table = self.tables[cfg["head"]["table"]]
         return (table(candidates) * h[:, None, :]).sum(-1, keepdim=True)
+
+    def history_positions(self, L: int, lengths: torch.Tensor) -> torch.Tensor:
+        """The position embeddings of a left-padded window of L slots holding lengths[b] items
+        (position rule not "none"): [L, d], or [B, L, d] under from_oldest, whose rows depend
+        on the length. History item i of n sits in slot s = L - n + i."""
+        rule, ml = self.config["position"]["rule"], self.config["max_len"]
+        slot = torch.arange(L, device=lengths.device)
+        if rule == "from_oldest":  # row i: slot s - (L - n_b), clamped in the padding
+            return self.position((slot[None, :] - (L - lengths)[:, None]).clamp(min=0))
+        return self.position(ml - L + slot if rule == "left_padded_slot" else L - 1 - slot)
 
     def use_sdpa_lse(self, device, dtype: torch.dtype) -> Optional[str]:
         """Attention "sdpa_lse" with the first log-sum-exp kernel that is right on this device
